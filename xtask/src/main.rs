@@ -1,0 +1,93 @@
+//! Project automation: `cargo xtask <command>`.
+//!
+//! ```text
+//! cargo xtask test             fetch pinned libnccl wheels into target/, run every test
+//! cargo xtask bindgen          regenerate crates/nccl-sys/tests/reference/*.rs
+//! cargo xtask bindgen --check  fail if regenerating would change a file
+//! cargo xtask fetch            only fetch the pinned wheels (and libclang)
+//! cargo xtask ci               fmt --check, clippy -D warnings, docs, test, bindgen --check
+//! ```
+
+mod bindgen;
+mod fetch;
+mod pins;
+mod test;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+/// xtask's error type: every failure ends the command with its message.
+pub type Result<T, E = Box<dyn std::error::Error>> = std::result::Result<T, E>;
+
+const USAGE: &str = "usage: cargo xtask <command>
+
+commands:
+  test              fetch the pinned NCCL wheels into target/nccl and run all tests
+  bindgen [--check] regenerate the reference bindings (--check: fail if stale)
+  fetch             fetch the pinned NCCL wheels and libclang only
+  ci                what CI runs: fmt, clippy, docs, test, bindgen --check";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let outcome = match args.as_slice() {
+        ["test"] => test::run_tests(),
+        ["bindgen"] => bindgen::run(false),
+        ["bindgen", "--check"] => bindgen::run(true),
+        ["fetch"] => fetch::all_nccl().and_then(|()| fetch::libclang().map(drop)),
+        ["ci"] => ci(),
+        ["help" | "--help" | "-h"] | [] => {
+            println!("{USAGE}");
+            Ok(())
+        }
+        _ => Err(format!("unknown arguments {args:?}\n\n{USAGE}").into()),
+    };
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The workspace root (the parent of `xtask/`).
+pub fn workspace_root() -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest.parent().unwrap_or(manifest).to_path_buf()
+}
+
+/// Runs a command, echoing it; a non-zero exit is an error.
+pub fn run(cmd: &mut Command) -> Result<()> {
+    eprintln!("xtask: $ {}", display(cmd).lines().next().unwrap_or_default());
+    let status = cmd.status().map_err(|e| format!("cannot start {}: {e}", display(cmd)))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("`{}` failed with {status}", display(cmd)).into())
+    }
+}
+
+fn display(cmd: &Command) -> String {
+    let mut text = cmd.get_program().to_string_lossy().into_owned();
+    for arg in cmd.get_args() {
+        text.push(' ');
+        text.push_str(&arg.to_string_lossy());
+    }
+    text
+}
+
+/// `cargo` as invoked us, so the same toolchain runs the sub-steps.
+pub fn cargo() -> Command {
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.current_dir(workspace_root());
+    cmd
+}
+
+fn ci() -> Result<()> {
+    run(cargo().args(["fmt", "--all", "--check"]))?;
+    run(cargo().args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))?;
+    run(cargo().args(["doc", "--workspace", "--no-deps"]).env("RUSTDOCFLAGS", "-D warnings"))?;
+    test::run_tests()?;
+    bindgen::run(true)
+}

@@ -1,0 +1,46 @@
+//! `cargo xtask test`: everything a fresh machine needs, then every test.
+//!
+//! 1. fetches the pinned NCCL wheels into `target/nccl/<version>` (pip);
+//! 2. runs `cargo test --workspace` with `NCCL_SYS_PINNED` pointing there
+//!    and `NCCL_LIBRARY` at the newest pinned library (unless set);
+//! 3. runs the GPU tests when `nvidia-smi` sees GPUs.
+
+use std::process::Command;
+
+use crate::{Result, cargo, fetch, pins, run};
+
+pub fn run_tests() -> Result<()> {
+    fetch::all_nccl()?;
+    let pinned = fetch::nccl_root();
+    let mut cmd = cargo();
+    cmd.args(["test", "--workspace", "--all-targets"]).env("NCCL_SYS_PINNED", &pinned);
+    let mut doc = cargo();
+    doc.args(["test", "--workspace", "--doc"]).env("NCCL_SYS_PINNED", &pinned);
+    if std::env::var_os("NCCL_LIBRARY").is_none() {
+        let newest = fetch::nccl_dir(pins::NEWEST).join("lib/libnccl.so.2");
+        cmd.env("NCCL_LIBRARY", &newest);
+        doc.env("NCCL_LIBRARY", &newest);
+    }
+    run(&mut cmd)?;
+    run(&mut doc)?;
+    match gpu_count() {
+        0 => eprintln!("xtask: no GPUs visible: CPU tests only"),
+        n => eprintln!(
+            "xtask: {n} GPU(s) visible, but this workspace has no GPU tests yet \
+             (they arrive with nccl-safe and `cargo xtask gpu-test`)"
+        ),
+    }
+    Ok(())
+}
+
+
+
+/// GPUs `nvidia-smi -L` lists; 0 when it is missing or fails.
+pub fn gpu_count() -> usize {
+    match Command::new("nvidia-smi").arg("-L").output() {
+        Ok(out) if out.status.success() => {
+            String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.starts_with("GPU ")).count()
+        }
+        _ => 0,
+    }
+}
