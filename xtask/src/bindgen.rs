@@ -88,8 +88,14 @@ const SHIM_HEADERS: &[(&str, &str)] = &[
          typedef struct CUstream_st* cudaStream_t;\ntypedef struct CUevent_st* cudaEvent_t;\n",
     ),
     ("cuda_fp16.h", "#pragma once\n"),
-    ("cuda_bf16.h", "#pragma once\n#define __CUDA_BF16_TYPES_EXIST__\n"),
-    ("cuda_fp8.h", "#pragma once\n#define __CUDA_FP8_TYPES_EXIST__\n"),
+    (
+        "cuda_bf16.h",
+        "#pragma once\n#define __CUDA_BF16_TYPES_EXIST__\n",
+    ),
+    (
+        "cuda_fp8.h",
+        "#pragma once\n#define __CUDA_FP8_TYPES_EXIST__\n",
+    ),
 ];
 
 /// Where the reference file of `version` lives.
@@ -225,7 +231,9 @@ fn generate(version: &str, include: &Path, shim: &Path) -> Result<String> {
     out.push_str("}\n\n");
     out.push_str("#[allow(dead_code, non_camel_case_types, non_upper_case_globals, non_snake_case, unused_imports)]\npub mod signatures {\n    use nccl_sys::*;\n\n");
     out.push_str(&indent(&signatures));
-    out.push_str("\n    /// Every host function this header declares (minus deliberate exclusions).\n");
+    out.push_str(
+        "\n    /// Every host function this header declares (minus deliberate exclusions).\n",
+    );
     out.push_str("    pub const FUNCTIONS: &[&str] = &[\n");
     for name in &names {
         out.push_str(&format!("        \"{name}\",\n"));
@@ -233,7 +241,9 @@ fn generate(version: &str, include: &Path, shim: &Path) -> Result<String> {
     out.push_str("    ];\n}\n\n");
     out.push_str(&tables(&layout));
     out.push_str("/// Compile-time proof that each hand-written signature is bindgen's.\n");
-    out.push_str("#[allow(dead_code)]\nmod same_signatures {\n    use super::signatures as reference;\n\n");
+    out.push_str(
+        "#[allow(dead_code)]\nmod same_signatures {\n    use super::signatures as reference;\n\n",
+    );
     for name in &names {
         out.push_str(&format!(
             "    const _: reference::PFN_{name} = None::<nccl_sys::pfn::{name}>;\n"
@@ -254,14 +264,21 @@ fn tables(layout: &str) -> String {
     let mut consts = String::new();
     let mut lines = layout.lines().peekable();
     while let Some(line) = lines.next() {
-        if let Some(name) = line.strip_prefix("pub struct ").and_then(|r| r.strip_suffix(" {")) {
+        if let Some(name) = line
+            .strip_prefix("pub struct ")
+            .and_then(|r| r.strip_suffix(" {"))
+        {
             let mut fields = String::new();
             for field in lines.by_ref() {
                 if field == "}" {
                     break;
                 }
-                let Some(rest) = field.trim().strip_prefix("pub ") else { continue };
-                let Some((field_name, _)) = rest.split_once(':') else { continue };
+                let Some(rest) = field.trim().strip_prefix("pub ") else {
+                    continue;
+                };
+                let Some((field_name, _)) = rest.split_once(':') else {
+                    continue;
+                };
                 if field_name == "bindgen_union_field" {
                     continue;
                 }
@@ -275,7 +292,10 @@ fn tables(layout: &str) -> String {
                  align: ::core::mem::align_of::<layout::{name}>(),\n        \
                  fields: &[\n{fields}        ],\n    }},\n"
             ));
-        } else if let Some(name) = line.strip_prefix("impl ").and_then(|r| r.strip_suffix(" {")) {
+        } else if let Some(name) = line
+            .strip_prefix("impl ")
+            .and_then(|r| r.strip_suffix(" {"))
+        {
             let mut body = String::new();
             for item in lines.by_ref() {
                 if item == "}" {
@@ -290,12 +310,11 @@ fn tables(layout: &str) -> String {
                     ));
                 }
             }
-        } else if let Some(rest) = line.strip_prefix("pub const ") {
-            if let Some((konst, ty)) = rest.split_once(": ") {
-                if ty.starts_with("u32 ") || ty.starts_with("i32 ") {
-                    consts.push_str(&format!("    (\"{konst}\", layout::{konst} as i64),\n"));
-                }
-            }
+        } else if let Some(rest) = line.strip_prefix("pub const ")
+            && let Some((konst, ty)) = rest.split_once(": ")
+            && (ty.starts_with("u32 ") || ty.starts_with("i32 "))
+        {
+            consts.push_str(&format!("    (\"{konst}\", layout::{konst} as i64),\n"));
         }
     }
     format!(
@@ -328,7 +347,10 @@ fn indent(text: &str) -> String {
 
 fn sha256_hex(data: &[u8]) -> String {
     use sha2::Digest;
-    sha2::Sha256::digest(data).iter().map(|b| format!("{b:02x}")).collect()
+    sha2::Sha256::digest(data)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 #[cfg(test)]

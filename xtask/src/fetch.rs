@@ -31,15 +31,24 @@ pub fn nccl(pin: &NcclPin) -> Result<PathBuf> {
     if marker.exists() {
         return Ok(dir);
     }
-    eprintln!("xtask: fetching {}=={} ({})", pin.package, pin.version, pin.why);
+    eprintln!(
+        "xtask: fetching {}=={} ({})",
+        pin.package, pin.version, pin.why
+    );
     let downloads = nccl_root().join("wheels");
     let wheel = download(pin.package, pin.version, &downloads)?;
     eprintln!("xtask: unpacking {}", wheel.display());
     unpack(
         &wheel,
         &[
-            ("nvidia/nccl/include/nccl.h", &dir.join("include").join("nccl.h")),
-            ("nvidia/nccl/lib/libnccl.so.2", &dir.join("lib").join("libnccl.so.2")),
+            (
+                "nvidia/nccl/include/nccl.h",
+                &dir.join("include").join("nccl.h"),
+            ),
+            (
+                "nvidia/nccl/lib/libnccl.so.2",
+                &dir.join("lib").join("libnccl.so.2"),
+            ),
         ],
     )?;
     std::fs::remove_file(&wheel)?;
@@ -59,15 +68,24 @@ pub fn all_nccl() -> Result<()> {
 /// directory that holds `libclang.so`.
 pub fn libclang() -> Result<PathBuf> {
     let (package, version) = pins::LIBCLANG;
-    let dir = workspace_root().join("target").join("libclang").join(version);
+    let dir = workspace_root()
+        .join("target")
+        .join("libclang")
+        .join(version);
     let marker = dir.join(".complete");
     if marker.exists() {
         return Ok(dir);
     }
     eprintln!("xtask: fetching {package}=={version} for bindgen");
-    let downloads = workspace_root().join("target").join("libclang").join("wheels");
+    let downloads = workspace_root()
+        .join("target")
+        .join("libclang")
+        .join("wheels");
     let wheel = download(package, version, &downloads)?;
-    unpack(&wheel, &[("clang/native/libclang.so", &dir.join("libclang.so"))])?;
+    unpack(
+        &wheel,
+        &[("clang/native/libclang.so", &dir.join("libclang.so"))],
+    )?;
     std::fs::remove_file(&wheel)?;
     std::fs::write(&marker, format!("{package}=={version}\n"))?;
     Ok(dir)
@@ -85,12 +103,19 @@ fn download(package: &str, version: &str, into: &Path) -> Result<PathBuf> {
     let prefix = format!("{}-{version}-", package.replace('-', "_"));
     for entry in std::fs::read_dir(into)? {
         let path = entry?.path();
-        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
         if name.starts_with(&prefix) && name.ends_with(".whl") {
             return Ok(path);
         }
     }
-    Err(format!("pip reported success but no {prefix}*.whl is in {}", into.display()).into())
+    Err(format!(
+        "pip reported success but no {prefix}*.whl is in {}",
+        into.display()
+    )
+    .into())
 }
 
 /// Extracts single members of a wheel (a zip file) to the given paths,

@@ -59,8 +59,13 @@ pub fn workspace_root() -> PathBuf {
 
 /// Runs a command, echoing it; a non-zero exit is an error.
 pub fn run(cmd: &mut Command) -> Result<()> {
-    eprintln!("xtask: $ {}", display(cmd).lines().next().unwrap_or_default());
-    let status = cmd.status().map_err(|e| format!("cannot start {}: {e}", display(cmd)))?;
+    eprintln!(
+        "xtask: $ {}",
+        display(cmd).lines().next().unwrap_or_default()
+    );
+    let status = cmd
+        .status()
+        .map_err(|e| format!("cannot start {}: {e}", display(cmd)))?;
     if status.success() {
         Ok(())
     } else {
@@ -86,8 +91,17 @@ pub fn cargo() -> Command {
 
 fn ci() -> Result<()> {
     run(cargo().args(["fmt", "--all", "--check"]))?;
-    run(cargo().args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))?;
-    run(cargo().args(["doc", "--workspace", "--no-deps"]).env("RUSTDOCFLAGS", "-D warnings"))?;
+    run(cargo().args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
+    run(cargo()
+        .args(["doc", "--workspace", "--no-deps"])
+        .env("RUSTDOCFLAGS", "-D warnings"))?;
     test::run_tests()?;
     bindgen::run(true)
 }

@@ -13,9 +13,11 @@ pub fn run_tests() -> Result<()> {
     fetch::all_nccl()?;
     let pinned = fetch::nccl_root();
     let mut cmd = cargo();
-    cmd.args(["test", "--workspace", "--all-targets"]).env("NCCL_SYS_PINNED", &pinned);
+    cmd.args(["test", "--workspace", "--all-targets"])
+        .env("NCCL_SYS_PINNED", &pinned);
     let mut doc = cargo();
-    doc.args(["test", "--workspace", "--doc"]).env("NCCL_SYS_PINNED", &pinned);
+    doc.args(["test", "--workspace", "--doc"])
+        .env("NCCL_SYS_PINNED", &pinned);
     if std::env::var_os("NCCL_LIBRARY").is_none() {
         let newest = fetch::nccl_dir(pins::NEWEST).join("lib/libnccl.so.2");
         cmd.env("NCCL_LIBRARY", &newest);
@@ -33,14 +35,13 @@ pub fn run_tests() -> Result<()> {
     Ok(())
 }
 
-
-
 /// GPUs `nvidia-smi -L` lists; 0 when it is missing or fails.
 pub fn gpu_count() -> usize {
     match Command::new("nvidia-smi").arg("-L").output() {
-        Ok(out) if out.status.success() => {
-            String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.starts_with("GPU ")).count()
-        }
+        Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.starts_with("GPU "))
+            .count(),
         _ => 0,
     }
 }

@@ -32,13 +32,23 @@ impl fmt::Display for AttemptFailure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             AttemptFailure::Missing => f.write_str("no such file"),
-            AttemptFailure::Open(e) => write!(f, "could not be loaded: {e}"),
+            AttemptFailure::Open(e) => {
+                // libloading keeps the loader's own words in `source()`.
+                write!(f, "could not be loaded: {e}")?;
+                match e.source() {
+                    Some(reason) => write!(f, ": {reason}"),
+                    None => Ok(()),
+                }
+            }
             AttemptFailure::NotNccl => {
                 f.write_str("loaded, but it has no ncclGetVersion: not an NCCL library")
             }
             AttemptFailure::VersionQuery(r) => write!(f, "ncclGetVersion failed with {r:?}"),
             AttemptFailure::BadVersion(code) => {
-                write!(f, "ncclGetVersion reported {code}, which is not a version code")
+                write!(
+                    f,
+                    "ncclGetVersion reported {code}, which is not a version code"
+                )
             }
             AttemptFailure::TooOld(v) => write!(
                 f,
@@ -62,7 +72,13 @@ pub struct Attempt {
 
 impl fmt::Display for Attempt {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} ({}): {}", self.target.display(), self.source, self.failure)
+        write!(
+            f,
+            "{} ({}): {}",
+            self.target.display(),
+            self.source,
+            self.failure
+        )
     }
 }
 
@@ -96,7 +112,11 @@ impl fmt::Display for LoadError {
         match self {
             LoadError::Rejected(attempt) => write!(f, "cannot use NCCL library {attempt}"),
             LoadError::NotFound { attempts } => {
-                write!(f, "no usable NCCL library found; tried {} places:", attempts.len())?;
+                write!(
+                    f,
+                    "no usable NCCL library found; tried {} places:",
+                    attempts.len()
+                )?;
                 for (i, attempt) in attempts.iter().enumerate() {
                     write!(f, "\n  {}. {attempt}", i + 1)?;
                 }

@@ -64,10 +64,10 @@ impl Nccl {
                 }),
             }
         }
-        if paths.nccl_library.is_some() {
-            if let Some(attempt) = attempts.pop() {
-                return Err(LoadError::Rejected(Box::new(attempt)));
-            }
+        if paths.nccl_library.is_some()
+            && let Some(attempt) = attempts.pop()
+        {
+            return Err(LoadError::Rejected(Box::new(attempt)));
         }
         Err(LoadError::NotFound { attempts })
     }
@@ -78,7 +78,10 @@ impl Nccl {
     ///
     /// As for [`Nccl::load`], for the file at `path`.
     pub unsafe fn open(path: impl AsRef<Path>) -> Result<Nccl, LoadError> {
-        let candidate = Candidate { source: Source::Explicit, target: path.as_ref().to_path_buf() };
+        let candidate = Candidate {
+            source: Source::Explicit,
+            target: path.as_ref().to_path_buf(),
+        };
         // SAFETY: the caller vouches for `path`.
         unsafe { Nccl::try_candidate(&candidate) }.map_err(|failure| {
             LoadError::Rejected(Box::new(Attempt {
@@ -99,8 +102,8 @@ impl Nccl {
         }
         // SAFETY: the caller vouches that this file is NCCL, so running its
         // initialisers is sound.
-        let library = unsafe { libloading::Library::new(&candidate.target) }
-            .map_err(AttemptFailure::Open)?;
+        let library =
+            unsafe { libloading::Library::new(&candidate.target) }.map_err(AttemptFailure::Open)?;
         let mut nccl = Nccl {
             library,
             path: candidate.target.clone(),
@@ -150,12 +153,20 @@ impl Nccl {
 
     /// Every function of [`Symbol::ALL`] the library exports.
     pub fn available(&self) -> Vec<Symbol> {
-        Symbol::ALL.iter().copied().filter(|s| self.has(*s)).collect()
+        Symbol::ALL
+            .iter()
+            .copied()
+            .filter(|s| self.has(*s))
+            .collect()
     }
 
     /// Every function of [`Symbol::ALL`] the library lacks.
     pub fn missing(&self) -> Vec<Symbol> {
-        Symbol::ALL.iter().copied().filter(|s| !self.has(*s)).collect()
+        Symbol::ALL
+            .iter()
+            .copied()
+            .filter(|s| !self.has(*s))
+            .collect()
     }
 
     /// The address of `symbol`, looked up once and cached.
@@ -164,14 +175,16 @@ impl Nccl {
         let address = *slot.get_or_init(|| {
             // SAFETY: the symbol is only read as an address here; the typed
             // accessors give it its checked signature.
-            let found =
-                unsafe { self.library.get::<unsafe extern "C" fn()>(symbol.c_name()) };
+            let found = unsafe { self.library.get::<unsafe extern "C" fn()>(symbol.c_name()) };
             match found {
                 Ok(f) => Some(*f as usize).filter(|a| *a != 0),
                 Err(_) => None,
             }
         });
-        address.ok_or(SymbolError { symbol, library: self.version })
+        address.ok_or(SymbolError {
+            symbol,
+            library: self.version,
+        })
     }
 
     /// `ncclGetErrorString(result)` as Rust text, or `None` when the

@@ -8,8 +8,9 @@
 //! 4. The layout of NVIDIA's pip wheels, `site-packages/nvidia/nccl/lib`,
 //!    under the active virtualenv (`VIRTUAL_ENV`), the active conda
 //!    environment (`CONDA_PREFIX`), the user's Python prefix
-//!    (`PYTHONUSERBASE`, else `~/.local`) and the system's (`/usr/local`,
-//!    `/usr`).
+//!    (`PYTHONUSERBASE`, else `~/.local`) and the system's: the prefix of
+//!    the `python3` on `PATH` (found without running it), `/usr/local` and
+//!    `/usr`.
 
 use std::ffi::OsString;
 use std::fmt;
@@ -101,9 +102,19 @@ impl SearchPaths {
         if let Some(user) = user_base {
             python_prefixes.push((Source::PythonUser, user));
         }
-        for system in ["/usr/local", "/usr"] {
-            python_prefixes.push((Source::PythonSystem, PathBuf::from(system)));
+        // The prefix of the `python3` on PATH (a pyenv or a toolchain
+        // install), then the distribution's own prefixes.
+        let mut system = Vec::new();
+        if let Some(path) = lookup("PATH") {
+            system.extend(python_prefix_on_path(&path));
         }
+        for prefix in ["/usr/local", "/usr"] {
+            let prefix = PathBuf::from(prefix);
+            if !system.contains(&prefix) {
+                system.push(prefix);
+            }
+        }
+        python_prefixes.extend(system.into_iter().map(|p| (Source::PythonSystem, p)));
         SearchPaths {
             nccl_library: non_empty("NCCL_LIBRARY"),
             nccl_home: non_empty("NCCL_HOME"),
@@ -114,7 +125,10 @@ impl SearchPaths {
 
     /// Only the one file `path`.
     pub fn only(path: impl Into<PathBuf>) -> Self {
-        SearchPaths { nccl_library: Some(path.into()), ..SearchPaths::default() }
+        SearchPaths {
+            nccl_library: Some(path.into()),
+            ..SearchPaths::default()
+        }
     }
 
     /// Every candidate, in order. Python prefixes contribute one candidate
@@ -122,24 +136,37 @@ impl SearchPaths {
     /// them, newest Python first.
     pub fn candidates(&self) -> Vec<Candidate> {
         if let Some(file) = &self.nccl_library {
-            return vec![Candidate { source: Source::NcclLibrary, target: file.clone() }];
+            return vec![Candidate {
+                source: Source::NcclLibrary,
+                target: file.clone(),
+            }];
         }
         let mut out = Vec::new();
         if let Some(home) = &self.nccl_home {
             for name in LIBRARY_NAMES {
-                out.push(Candidate { source: Source::NcclHome, target: home.join("lib").join(name) });
+                out.push(Candidate {
+                    source: Source::NcclHome,
+                    target: home.join("lib").join(name),
+                });
             }
         }
         if self.system_loader {
             for name in LIBRARY_NAMES {
-                out.push(Candidate { source: Source::SystemLoader, target: PathBuf::from(name) });
+                out.push(Candidate {
+                    source: Source::SystemLoader,
+                    target: PathBuf::from(name),
+                });
             }
         }
         for (source, prefix) in &self.python_prefixes {
             for site in site_package_dirs(prefix) {
                 out.push(Candidate {
                     source: *source,
-                    target: site.join("nvidia").join("nccl").join("lib").join(LIBRARY_NAMES[0]),
+                    target: site
+                        .join("nvidia")
+                        .join("nccl")
+                        .join("lib")
+                        .join(LIBRARY_NAMES[0]),
                 });
             }
         }
@@ -147,18 +174,41 @@ impl SearchPaths {
     }
 }
 
+/// The installation prefix of the first `python3` on `path`: the parent of
+/// the `bin` directory its real file lives in. Found without running it.
+fn python_prefix_on_path(path: &std::ffi::OsStr) -> Option<PathBuf> {
+    for dir in std::env::split_paths(path) {
+        let candidate = dir.join("python3");
+        if !candidate.is_file() {
+            continue;
+        }
+        let real = std::fs::canonicalize(&candidate).ok()?;
+        let bin = real.parent()?;
+        if bin.file_name()? != "bin" {
+            return None;
+        }
+        return bin.parent().map(Path::to_path_buf);
+    }
+    None
+}
+
 /// `site-packages` and `dist-packages` directories under a Python prefix:
 /// `lib/pythonX.Y/…`, `lib64/pythonX.Y/…` and Debian's `lib/python3/…`.
 fn site_package_dirs(prefix: &Path) -> Vec<PathBuf> {
     let mut found = Vec::new();
     for lib in ["lib", "lib64"] {
-        let Ok(entries) = std::fs::read_dir(prefix.join(lib)) else { continue };
+        let Ok(entries) = std::fs::read_dir(prefix.join(lib)) else {
+            continue;
+        };
         let mut pythons: Vec<(Vec<u32>, PathBuf)> = entries
             .filter_map(Result::ok)
             .filter_map(|e| {
                 let name = e.file_name().into_string().ok()?;
                 let rest = name.strip_prefix("python")?;
-                let key = rest.split('.').map(|p| p.parse::<u32>().ok()).collect::<Option<Vec<_>>>()?;
+                let key = rest
+                    .split('.')
+                    .map(|p| p.parse::<u32>().ok())
+                    .collect::<Option<Vec<_>>>()?;
                 Some((key, e.path()))
             })
             .collect();
@@ -182,8 +232,10 @@ mod tests {
     use std::collections::HashMap;
 
     fn lookup(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<OsString> {
-        let map: HashMap<String, OsString> =
-            vars.iter().map(|(k, v)| (k.to_string(), OsString::from(v))).collect();
+        let map: HashMap<String, OsString> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), OsString::from(v)))
+            .collect();
         move |k| map.get(k).cloned()
     }
 
@@ -195,7 +247,10 @@ mod tests {
         ]));
         assert_eq!(
             paths.candidates(),
-            vec![Candidate { source: Source::NcclLibrary, target: "/opt/x/libnccl.so.2".into() }]
+            vec![Candidate {
+                source: Source::NcclLibrary,
+                target: "/opt/x/libnccl.so.2".into()
+            }]
         );
     }
 
@@ -212,11 +267,23 @@ mod tests {
         ]));
         let got = paths.candidates();
         let targets: Vec<_> = got.iter().map(|c| (c.source, c.target.clone())).collect();
-        assert_eq!(targets[0], (Source::NcclHome, "/opt/nccl/lib/libnccl.so.2".into()));
-        assert_eq!(targets[1], (Source::NcclHome, "/opt/nccl/lib/libnccl.so".into()));
+        assert_eq!(
+            targets[0],
+            (Source::NcclHome, "/opt/nccl/lib/libnccl.so.2".into())
+        );
+        assert_eq!(
+            targets[1],
+            (Source::NcclHome, "/opt/nccl/lib/libnccl.so".into())
+        );
         assert_eq!(targets[2], (Source::SystemLoader, "libnccl.so.2".into()));
         assert_eq!(targets[3], (Source::SystemLoader, "libnccl.so".into()));
-        assert_eq!(targets[4], (Source::Virtualenv, site.join("nvidia/nccl/lib/libnccl.so.2")));
+        assert_eq!(
+            targets[4],
+            (
+                Source::Virtualenv,
+                site.join("nvidia/nccl/lib/libnccl.so.2")
+            )
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -236,7 +303,11 @@ mod tests {
             ("PYTHONUSERBASE", "/u"),
             ("HOME", "/h"),
         ]));
-        let sources: Vec<_> = paths.python_prefixes.iter().map(|(s, p)| (*s, p.clone())).collect();
+        let sources: Vec<_> = paths
+            .python_prefixes
+            .iter()
+            .map(|(s, p)| (*s, p.clone()))
+            .collect();
         assert_eq!(
             sources,
             vec![

@@ -87,7 +87,11 @@ const fn min_u32(a: u32, b: u32) -> u32 {
 
 macro_rules! field {
     ($ty:ty, $name:ident, $since:expr) => {
-        ConfigField { name: stringify!($name), since: $since, offset: offset_of!($ty, $name) }
+        ConfigField {
+            name: stringify!($name),
+            since: $since,
+            offset: offset_of!($ty, $name),
+        }
     };
 }
 

@@ -85,7 +85,9 @@ pub struct ncclUniqueId {
 impl ncclUniqueId {
     /// An all-zero id, to be filled by `ncclGetUniqueId`.
     pub const fn zeroed() -> Self {
-        Self { internal: [0; NCCL_UNIQUE_ID_BYTES] }
+        Self {
+            internal: [0; NCCL_UNIQUE_ID_BYTES],
+        }
     }
 
     /// Wraps bytes received from another rank.

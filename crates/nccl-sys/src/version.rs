@@ -27,7 +27,11 @@ impl Version {
 
     /// Builds a version from its parts.
     pub const fn new(major: u32, minor: u32, patch: u32) -> Self {
-        Self { major, minor, patch }
+        Self {
+            major,
+            minor,
+            patch,
+        }
     }
 
     /// Decodes what `ncclGetVersion` wrote. Releases up to 2.8 encode
@@ -96,7 +100,11 @@ mod tests {
 
     #[test]
     fn code_round_trips_in_both_encodings() {
-        for v in [Version::new(2, 8, 4), Version::new(2, 18, 3), Version::new(2, 32, 3)] {
+        for v in [
+            Version::new(2, 8, 4),
+            Version::new(2, 18, 3),
+            Version::new(2, 32, 3),
+        ] {
             assert_eq!(Version::from_code(v.code() as i32), Some(v));
         }
         assert_eq!(Version::new(2, 8, 4).code(), 2804);
