@@ -363,7 +363,7 @@ mod tests {
         );
         assert_eq!(
             super::sha256_hex(b"abc"),
-            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cac0e99ea410ff61a"
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
         );
     }
 }

@@ -17,6 +17,23 @@
 //! 2. set only fields whose [`ConfigField::since`] is at or below the loaded
 //!    version ([`ncclConfig_t::field_known`] answers that); anything newer
 //!    would be dropped by the library.
+//!
+//! ```
+//! use nccl_sys::{Version, ncclConfig_t};
+//!
+//! // What `Nccl::version()` reported, say the 2.28.9 of our GPU hosts.
+//! let loaded = Version::new(2, 28, 9).code();
+//! let mut config = ncclConfig_t::initializer_for(loaded);
+//! assert_eq!(config.version, 22809);
+//! // The 2.28 header's struct ends after `nvlinkCentricSched`.
+//! assert_eq!(config.size, core::mem::offset_of!(ncclConfig_t, graphUsageMode));
+//!
+//! assert_eq!(ncclConfig_t::field_known("blocking", loaded), Some(true));
+//! config.blocking = 0;
+//! // `graphUsageMode` arrived in 2.29: 2.28.9 would ignore it, so don't set it.
+//! assert_eq!(ncclConfig_t::field_known("graphUsageMode", loaded), Some(false));
+//! assert_eq!(ncclConfig_t::field_known("noSuchField", loaded), None);
+//! ```
 
 use core::ffi::{c_char, c_int, c_uint, c_void};
 use core::mem::{align_of, offset_of, size_of};

@@ -11,43 +11,49 @@
 use core::ffi::{c_int, c_uint};
 use core::fmt;
 
-/// Opaque communicator object behind [`ncclComm_t`].
-#[repr(C)]
-pub struct ncclComm {
-    _opaque: [u8; 0],
-    _not_send_sync_unpin: core::marker::PhantomData<(*mut u8, core::marker::PhantomPinned)>,
+/// Declares an opaque C object that is only ever handled by pointer: no
+/// size, not `Send`/`Sync`/`Unpin` (the C side owns its threading and
+/// address), per the Rustonomicon's advice for opaque FFI types.
+macro_rules! opaque {
+    ($(#[$meta:meta])* $name:ident) => {
+        $(#[$meta])*
+        #[repr(C)]
+        pub struct $name {
+            _opaque: [u8; 0],
+            _not_send_sync_unpin: core::marker::PhantomData<(*mut u8, core::marker::PhantomPinned)>,
+        }
+    };
+}
+
+opaque! {
+    /// Opaque communicator object behind [`ncclComm_t`].
+    ncclComm
 }
 
 /// Handle to a communicator (`struct ncclComm*`). Null is `NCCL_COMM_NULL`.
 pub type ncclComm_t = *mut ncclComm;
 
-/// Opaque object behind [`ncclWindow_t`]. The C tag was `struct ncclWindow`
-/// in 2.27 and `struct ncclWindow_vidmem` from 2.28; only the pointer crosses
-/// the boundary, so the rename does not change the ABI.
-#[repr(C)]
-pub struct ncclWindow_vidmem {
-    _opaque: [u8; 0],
-    _not_send_sync_unpin: core::marker::PhantomData<(*mut u8, core::marker::PhantomPinned)>,
+opaque! {
+    /// Opaque object behind [`ncclWindow_t`]. The C tag was `struct ncclWindow`
+    /// in 2.27 and `struct ncclWindow_vidmem` from 2.28; only the pointer crosses
+    /// the boundary, so the rename does not change the ABI.
+    ncclWindow_vidmem
 }
 
 /// Handle to a registered memory window (NCCL 2.27).
 pub type ncclWindow_t = *mut ncclWindow_vidmem;
 
-/// Opaque object behind [`ncclParamHandle_t`].
-#[repr(C)]
-pub struct ncclParamHandle {
-    _opaque: [u8; 0],
-    _not_send_sync_unpin: core::marker::PhantomData<(*mut u8, core::marker::PhantomPinned)>,
+opaque! {
+    /// Opaque object behind [`ncclParamHandle_t`].
+    ncclParamHandle
 }
 
 /// Handle to a runtime parameter, owned by NCCL's parameter system (NCCL 2.30).
 pub type ncclParamHandle_t = *mut ncclParamHandle;
 
-/// Opaque CUDA runtime stream object (`struct CUstream_st`).
-#[repr(C)]
-pub struct CUstream_st {
-    _opaque: [u8; 0],
-    _not_send_sync_unpin: core::marker::PhantomData<(*mut u8, core::marker::PhantomPinned)>,
+opaque! {
+    /// Opaque CUDA runtime stream object (`struct CUstream_st`).
+    CUstream_st
 }
 
 /// CUDA stream handle as NCCL takes it. The runtime's `cudaStream_t` and the
@@ -55,11 +61,9 @@ pub struct CUstream_st {
 /// can be cast to this type. Null is the legacy default stream.
 pub type cudaStream_t = *mut CUstream_st;
 
-/// Opaque CUDA runtime event object (`struct CUevent_st`).
-#[repr(C)]
-pub struct CUevent_st {
-    _opaque: [u8; 0],
-    _not_send_sync_unpin: core::marker::PhantomData<(*mut u8, core::marker::PhantomPinned)>,
+opaque! {
+    /// Opaque CUDA runtime event object (`struct CUevent_st`).
+    CUevent_st
 }
 
 /// CUDA event handle (same pointer as the driver's `CUevent`).
