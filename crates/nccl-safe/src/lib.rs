@@ -1,14 +1,71 @@
 //! Sound, typed, RAII NCCL on top of [`nccl_sys`] and cudarc.
 //!
-//! This layer owns what `nccl-sys` leaves out: communicators as RAII values
-//! (`Send` but not `Sync`, because NCCL allows one thread at a time per
-//! communicator), collectives that validate lengths, devices, ranks and
-//! aliasing before any FFI call, typed errors that carry NCCL's last-error
-//! text, group guards, PreMulSum, fp8 and CUDA-graph capture. It leaves
-//! device meshes, launch bootstrap and watchdogs to `nccl-dist`.
+//! This layer owns what `nccl-sys` leaves out:
 //!
-//! Status: not implemented yet. The crate exists so the workspace has its
-//! final shape; see `docs/architecture.md` and the project's issues for
-//! what lands here next. Until then use [`nccl_sys`] directly.
+//! - [`Comm`]: an owned communicator, `Send` but not `Sync` (NCCL allows
+//!   one thread at a time per communicator), with an [`AbortHandle`] for
+//!   other threads; `Drop` finalizes and destroys, falls back to abort,
+//!   and never panics.
+//! - Collectives that check lengths, devices, ranks, aliasing and overflow
+//!   before any FFI call and answer with typed [`Error`]s that carry the
+//!   offending values; NCCL failures carry `ncclGetLastError`'s text.
+//! - Groups ([`GroupGuard`], [`group`]) that hold the borrowed buffers until
+//!   NCCL launches the work, `PreMulSum`, fp8, [`NcclMemory`], buffer
+//!   [`Registration`] and symmetric [`Window`]s.
+//! - [`Capabilities`] from the loaded library's version and symbols, so a
+//!   feature an older NCCL lacks is [`Error::Unsupported`], not a crash.
+//!
+//! It leaves device meshes, launch bootstrap and watchdogs to `nccl-dist`.
+//!
+//! # Example: one process, every local GPU
+//!
+//! ```no_run
+//! use cudarc::driver::CudaContext;
+//! use nccl_safe::{Comm, Config, ReduceOp, group};
+//!
+//! let n = CudaContext::device_count()? as usize;
+//! let devices: Vec<usize> = (0..n).collect();
+//! let comms = Comm::init_all(&devices, &Config::new())?;
+//! let mut grads = comms
+//!     .iter()
+//!     .map(|c| c.stream().clone_htod(&vec![1.0f32; 1 << 20]))
+//!     .collect::<Result<Vec<_>, _>>()?;
+//! // One thread drives every GPU, so the calls go in one group.
+//! group(|g| {
+//!     for (comm, grad) in comms.iter().zip(grads.iter_mut()) {
+//!         g.on(comm).all_reduce_in_place(grad, ReduceOp::Avg)?;
+//!     }
+//!     Ok(())
+//! })?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
+mod buffer;
+mod capabilities;
+mod collectives;
+mod comm;
+mod config;
+mod dtype;
+mod error;
+mod group;
+mod library;
+mod memory;
+mod reduce_op;
+mod unique_id;
+mod validate;
+
+pub use buffer::{Access, DeviceBuffer, DeviceBufferMut};
+pub use capabilities::{Capabilities, FP8_REDUCTION_MIN_CC, Feature};
+pub use collectives::OnStream;
+pub use comm::{AbortHandle, Comm, CommStatus};
+pub use config::{Config, DEFAULT_TIMEOUT};
+pub use dtype::NcclType;
+pub use error::{Error, Result, Role};
+pub use group::{GroupGuard, group, take_dropped_group_error};
+pub use library::Library;
+pub use memory::{NcclMemory, Registration, Window};
+pub use reduce_op::{PreMulSum, ReduceOp, Reduction};
+pub use unique_id::UniqueId;
+
+pub use cudarc;
 pub use nccl_sys;

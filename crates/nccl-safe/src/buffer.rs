@@ -1,0 +1,143 @@
+//! Device memory as collectives see it: a pointer, an element count and a
+//! device, plus the stream ordering the memory's owner needs.
+
+use cudarc::driver::{
+    CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop,
+};
+
+use crate::dtype::NcclType;
+
+/// Keeps the memory owner's stream bookkeeping alive while NCCL work is
+/// enqueued; dropping it records that work for the owner (cudarc records an
+/// event so later users and the final free wait for it).
+#[must_use = "drop it only after the NCCL call that uses the pointer"]
+pub struct Access<'a>(Option<SyncOnDrop<'a>>);
+
+impl<'a> Access<'a> {
+    /// No bookkeeping: for memory whose owner orders work by other means.
+    pub fn none() -> Access<'a> {
+        Access(None)
+    }
+
+    /// Wraps cudarc's guard.
+    pub fn cudarc(guard: SyncOnDrop<'a>) -> Access<'a> {
+        Access(Some(guard))
+    }
+}
+
+impl std::fmt::Debug for Access<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Access(cudarc)"
+        } else {
+            "Access(none)"
+        })
+    }
+}
+
+/// Device memory a collective may read: `len()` elements of `T` on GPU
+/// `device()`.
+///
+/// Implemented for cudarc's `CudaSlice`, `CudaView` and `CudaViewMut`, and
+/// for [`crate::NcclMemory`]. Frameworks implement it for their own tensors.
+///
+/// # Safety
+///
+/// The pointer [`DeviceBuffer::read`] returns must address `len()` valid
+/// elements of `T` in memory of device `device()`, and that memory must stay
+/// allocated until the work enqueued on `stream` while the returned
+/// [`Access`] lived has finished (free it stream-ordered after that work, or
+/// synchronise first).
+pub unsafe trait DeviceBuffer<T: NcclType> {
+    /// Number of elements.
+    fn len(&self) -> usize;
+
+    /// `true` when there are no elements.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// CUDA device ordinal of the memory.
+    fn device(&self) -> usize;
+
+    /// The device address for reading on `stream`, after making `stream`
+    /// wait for pending writes to this memory.
+    fn read<'a>(&'a self, stream: &'a CudaStream) -> (u64, Access<'a>);
+}
+
+/// Device memory a collective may write.
+///
+/// # Safety
+///
+/// As for [`DeviceBuffer`], for [`DeviceBufferMut::write`], which must also
+/// make `stream` wait for pending reads and writes of this memory.
+pub unsafe trait DeviceBufferMut<T: NcclType>: DeviceBuffer<T> {
+    /// The device address for writing on `stream`.
+    fn write<'a>(&'a mut self, stream: &'a CudaStream) -> (u64, Access<'a>);
+}
+
+fn ordinal_of(stream: &CudaStream) -> usize {
+    stream.context().ordinal()
+}
+
+// SAFETY: cudarc's slice owns `len` elements on its stream's device and its
+// `device_ptr` orders `stream` after pending writes, recording the read in
+// the returned guard; its `Drop` frees after recorded work.
+unsafe impl<T: NcclType> DeviceBuffer<T> for CudaSlice<T> {
+    fn len(&self) -> usize {
+        DeviceSlice::len(self)
+    }
+    fn device(&self) -> usize {
+        ordinal_of(DeviceSlice::stream(self))
+    }
+    fn read<'a>(&'a self, stream: &'a CudaStream) -> (u64, Access<'a>) {
+        let (ptr, guard) = self.device_ptr(stream);
+        (ptr, Access::cudarc(guard))
+    }
+}
+
+// SAFETY: as for `CudaSlice`, with `device_ptr_mut` ordering after pending
+// reads and writes.
+unsafe impl<T: NcclType> DeviceBufferMut<T> for CudaSlice<T> {
+    fn write<'a>(&'a mut self, stream: &'a CudaStream) -> (u64, Access<'a>) {
+        let (ptr, guard) = self.device_ptr_mut(stream);
+        (ptr, Access::cudarc(guard))
+    }
+}
+
+// SAFETY: a view borrows its slice, which stays allocated for the view's
+// lifetime; cudarc orders and records as for the slice.
+unsafe impl<T: NcclType> DeviceBuffer<T> for CudaView<'_, T> {
+    fn len(&self) -> usize {
+        DeviceSlice::len(self)
+    }
+    fn device(&self) -> usize {
+        ordinal_of(DeviceSlice::stream(self))
+    }
+    fn read<'a>(&'a self, stream: &'a CudaStream) -> (u64, Access<'a>) {
+        let (ptr, guard) = self.device_ptr(stream);
+        (ptr, Access::cudarc(guard))
+    }
+}
+
+// SAFETY: as for `CudaView`.
+unsafe impl<T: NcclType> DeviceBuffer<T> for CudaViewMut<'_, T> {
+    fn len(&self) -> usize {
+        DeviceSlice::len(self)
+    }
+    fn device(&self) -> usize {
+        ordinal_of(DeviceSlice::stream(self))
+    }
+    fn read<'a>(&'a self, stream: &'a CudaStream) -> (u64, Access<'a>) {
+        let (ptr, guard) = self.device_ptr(stream);
+        (ptr, Access::cudarc(guard))
+    }
+}
+
+// SAFETY: as for `CudaSlice`.
+unsafe impl<T: NcclType> DeviceBufferMut<T> for CudaViewMut<'_, T> {
+    fn write<'a>(&'a mut self, stream: &'a CudaStream) -> (u64, Access<'a>) {
+        let (ptr, guard) = self.device_ptr_mut(stream);
+        (ptr, Access::cudarc(guard))
+    }
+}

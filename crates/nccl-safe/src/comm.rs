@@ -1,0 +1,1091 @@
+//! `Comm`: an owned NCCL communicator, and `AbortHandle`.
+//!
+//! # Thread safety
+//!
+//! NCCL allows one thread at a time to call into a communicator; calls from
+//! several threads must not overlap, but a communicator may move between
+//! threads. So `Comm` is `Send` and not `Sync`. The one call NCCL allows
+//! from elsewhere is `ncclCommAbort`, whose purpose is to stop a
+//! communicator another thread is stuck on; [`AbortHandle`] (`Send + Sync`)
+//! makes it. The raw handle lives behind a mutex shared by the two, so it is
+//! freed exactly once, by whoever gets there first.
+//!
+//! # Teardown
+//!
+//! Dropping a `Comm` finalizes and destroys it, and aborts it if that
+//! fails; it never panics. `ncclCommFinalize` waits for the other local
+//! ranks, so communicators that one thread created together (`init_all`,
+//! `split_all`) are finalized together, in one group, when the last of them
+//! is dropped; they may be dropped in any order.
+
+use std::cell::Cell;
+use std::marker::PhantomData;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use cudarc::driver::{CudaContext, CudaStream};
+use nccl_sys::{NCCL_SPLIT_NOCOLOR, ncclComm_t, ncclResult_t};
+
+use crate::capabilities::{Capabilities, FP8_REDUCTION_MIN_CC};
+use crate::config::{Config, RawConfig};
+use crate::group::GroupGuard;
+use crate::library::Library;
+use crate::unique_id::UniqueId;
+use crate::{Error, Feature, Result};
+
+enum State {
+    Live(ncclComm_t),
+    Aborted,
+    Closed,
+}
+
+/// What `Comm` and `AbortHandle` share.
+pub(crate) struct Shared {
+    state: Mutex<State>,
+    lib: &'static Library,
+    ctx: Arc<CudaContext>,
+    blocking: bool,
+    timeout: Duration,
+    clique: Option<Arc<Clique>>,
+}
+
+// SAFETY: the only non-thread-safe part is the raw `ncclComm_t`, which is
+// only touched with `state` locked, so calls on it never overlap. NCCL lets
+// a communicator be used from different threads one after another, and
+// `ncclCommAbort` from any thread (NCCL's fault-tolerance model).
+unsafe impl Send for Shared {}
+// SAFETY: as above: shared access goes through the mutex.
+unsafe impl Sync for Shared {}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Runs `f` on the live handle with the device's context current.
+    pub(crate) fn with_raw<R>(
+        &self,
+        op: &'static str,
+        f: impl FnOnce(ncclComm_t) -> Result<R>,
+    ) -> Result<R> {
+        let state = self.lock();
+        match *state {
+            State::Live(raw) => {
+                self.ctx
+                    .bind_to_thread()
+                    .map_err(|source| Error::Cuda { op, source })?;
+                f(raw)
+            }
+            State::Aborted => Err(Error::Aborted { op }),
+            State::Closed => Err(Error::Finalized { op }),
+        }
+    }
+
+    /// Polls `ncclCommGetAsyncError` until the communicator is no longer
+    /// `ncclInProgress`, against the communicator's deadline. The lock is
+    /// released between polls so an abort can get in.
+    pub(crate) fn wait_ready(&self, op: &'static str) -> Result<()> {
+        let started = Instant::now();
+        let mut pause = Duration::from_micros(10);
+        loop {
+            let status = self.with_raw(op, |raw| async_status(self.lib, raw))?;
+            if status == ncclResult_t::ncclSuccess {
+                return Ok(());
+            }
+            if status != ncclResult_t::ncclInProgress {
+                return self.with_raw(op, |raw| self.lib.check(op, status, raw));
+            }
+            if started.elapsed() >= self.timeout {
+                return Err(Error::Timeout {
+                    op,
+                    waited: started.elapsed(),
+                });
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(1));
+        }
+    }
+
+    fn abort(&self) -> Result<()> {
+        let mut state = self.lock();
+        let State::Live(raw) = *state else {
+            return Ok(());
+        };
+        *state = State::Aborted;
+        if let Some(clique) = &self.clique {
+            clique.withdraw();
+        }
+        let _span = tracing::debug_span!("nccl.abort").entered();
+        self.ctx.bind_to_thread().map_err(|source| Error::Cuda {
+            op: "ncclCommAbort",
+            source,
+        })?;
+        let abort = self.lib.raw().ncclCommAbort()?;
+        // SAFETY: `raw` is live and now unreachable from anyone else (the
+        // state says Aborted), so it is aborted and freed exactly once.
+        let code = unsafe { abort(raw) };
+        self.lib.check("ncclCommAbort", code, std::ptr::null_mut())
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        let state = std::mem::replace(
+            self.state.get_mut().unwrap_or_else(|p| p.into_inner()),
+            State::Closed,
+        );
+        let State::Live(raw) = state else { return };
+        let member = Member {
+            raw,
+            lib: self.lib,
+            ctx: Arc::clone(&self.ctx),
+            blocking: self.blocking,
+            timeout: self.timeout,
+        };
+        match &self.clique {
+            Some(clique) => clique.hand_in(member),
+            None => member.teardown_alone(),
+        }
+    }
+}
+
+fn async_status(lib: &Library, raw: ncclComm_t) -> Result<ncclResult_t> {
+    let get = lib.raw().ncclCommGetAsyncError()?;
+    let mut status = ncclResult_t::ncclSuccess;
+    // SAFETY: `raw` is live (caller holds the lock); one result is written.
+    let code = unsafe { get(raw, &mut status) };
+    lib.check("ncclCommGetAsyncError", code, raw)?;
+    Ok(status)
+}
+
+/// A communicator handed in for teardown.
+struct Member {
+    raw: ncclComm_t,
+    lib: &'static Library,
+    ctx: Arc<CudaContext>,
+    blocking: bool,
+    timeout: Duration,
+}
+
+// SAFETY: a member is no longer reachable from any `Comm`; it moves to the
+// thread that tears the clique down, which is the only user.
+unsafe impl Send for Member {}
+
+impl Member {
+    fn finalize_call(&self) -> ncclResult_t {
+        if self.ctx.bind_to_thread().is_err() {
+            return ncclResult_t::ncclUnhandledCudaError;
+        }
+        match self.lib.raw().ncclCommFinalize() {
+            // SAFETY: `raw` is live and owned by this member alone.
+            Ok(finalize) => unsafe { finalize(self.raw) },
+            Err(_) => ncclResult_t::ncclInvalidUsage,
+        }
+    }
+
+    /// Waits out a nonblocking finalize; `false` on error or timeout.
+    fn settle(&self) -> bool {
+        let started = Instant::now();
+        loop {
+            match async_status(self.lib, self.raw) {
+                Ok(ncclResult_t::ncclSuccess) => return true,
+                Ok(ncclResult_t::ncclInProgress) if started.elapsed() < self.timeout => {
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                _ => return false,
+            }
+        }
+    }
+
+    fn destroy_or_abort(self, finalized: bool) {
+        let _ = self.ctx.bind_to_thread();
+        if finalized && let Ok(destroy) = self.lib.raw().ncclCommDestroy() {
+            // SAFETY: finalized and owned by this member alone; freed once.
+            let code = unsafe { destroy(self.raw) };
+            if code == ncclResult_t::ncclSuccess {
+                return;
+            }
+            tracing::warn!(
+                ?code,
+                "ncclCommDestroy failed during drop; the communicator leaks"
+            );
+            return;
+        }
+        if let Ok(abort) = self.lib.raw().ncclCommAbort() {
+            // SAFETY: not destroyed above; owned by this member alone.
+            let code = unsafe { abort(self.raw) };
+            if code != ncclResult_t::ncclSuccess {
+                tracing::warn!(?code, "ncclCommAbort failed during drop");
+            }
+        }
+    }
+
+    fn teardown_alone(self) {
+        let _span = tracing::debug_span!("nccl.drop").entered();
+        let code = self.finalize_call();
+        let finalized = match code {
+            ncclResult_t::ncclSuccess if self.blocking => true,
+            ncclResult_t::ncclSuccess | ncclResult_t::ncclInProgress => self.settle(),
+            _ => false,
+        };
+        self.destroy_or_abort(finalized);
+    }
+}
+
+/// Communicators one thread created together; torn down together.
+pub(crate) struct Clique {
+    pending: Mutex<(Vec<Member>, usize)>,
+}
+
+impl Clique {
+    fn new(members: usize) -> Arc<Clique> {
+        Arc::new(Clique {
+            pending: Mutex::new((Vec::new(), members)),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, (Vec<Member>, usize)> {
+        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A member was aborted: one fewer to wait for.
+    fn withdraw(&self) {
+        let ready = {
+            let mut pending = self.lock();
+            pending.1 = pending.1.saturating_sub(1);
+            pending.0.len() == pending.1 && !pending.0.is_empty()
+        };
+        if ready {
+            self.teardown();
+        }
+    }
+
+    fn hand_in(&self, member: Member) {
+        let ready = {
+            let mut pending = self.lock();
+            pending.0.push(member);
+            pending.0.len() >= pending.1
+        };
+        if ready {
+            self.teardown();
+        }
+    }
+
+    fn teardown(&self) {
+        let members = std::mem::take(&mut self.lock().0);
+        if members.is_empty() {
+            return;
+        }
+        let _span = tracing::debug_span!("nccl.drop_clique", members = members.len()).entered();
+        let lib = members[0].lib;
+        let codes: Vec<ncclResult_t> = match (lib.raw().ncclGroupStart(), lib.raw().ncclGroupEnd())
+        {
+            (Ok(start), Ok(end)) => {
+                // SAFETY: no arguments; the group is closed below.
+                let _ = unsafe { start() };
+                let codes = members.iter().map(Member::finalize_call).collect();
+                // SAFETY: closes the group opened above.
+                let _ = unsafe { end() };
+                codes
+            }
+            _ => vec![ncclResult_t::ncclInvalidUsage; members.len()],
+        };
+        for (member, code) in members.into_iter().zip(codes) {
+            let finalized = match code {
+                ncclResult_t::ncclSuccess | ncclResult_t::ncclInProgress => member.settle(),
+                _ => false,
+            };
+            member.destroy_or_abort(finalized);
+        }
+    }
+}
+
+/// The state `ncclCommGetAsyncError` reports.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum CommStatus {
+    /// No error; nothing pending.
+    Ready,
+    /// A nonblocking call is still running.
+    InProgress,
+    /// An asynchronous error (a peer failed, a network error, ...).
+    Failed(Error),
+}
+
+/// An NCCL communicator on one GPU, with a CUDA stream for its work.
+///
+/// `Send`, not `Sync`: see the module docs for NCCL's rule.
+pub struct Comm {
+    shared: Arc<Shared>,
+    stream: Arc<CudaStream>,
+    rank: usize,
+    size: usize,
+    device: usize,
+    compute_capability: (i32, i32),
+    force_send_recv: Cell<bool>,
+    _not_sync: PhantomData<Cell<()>>,
+}
+
+impl std::fmt::Debug for Comm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Comm")
+            .field("rank", &self.rank)
+            .field("size", &self.size)
+            .field("device", &self.device)
+            .field("blocking", &self.shared.blocking)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Aborts a communicator from any thread. Cheap to clone.
+#[derive(Clone)]
+pub struct AbortHandle {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for AbortHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AbortHandle { .. }")
+    }
+}
+
+impl AbortHandle {
+    /// `ncclCommAbort`: stops the communicator's work and frees it. Later
+    /// calls on the `Comm` return `Error::Aborted`. Aborting twice is a
+    /// no-op. On a blocking communicator this waits for a call in progress
+    /// to return; a nonblocking one is interrupted between polls.
+    pub fn abort(&self) -> Result<()> {
+        self.shared.abort()
+    }
+
+    /// Whether the communicator was aborted.
+    pub fn is_aborted(&self) -> bool {
+        matches!(*self.shared.lock(), State::Aborted)
+    }
+}
+
+/// What a new `Comm` needs besides its raw handle.
+struct Parts {
+    lib: &'static Library,
+    ctx: Arc<CudaContext>,
+    blocking: bool,
+    timeout: Duration,
+}
+
+fn cuda(op: &'static str) -> impl FnOnce(cudarc::driver::DriverError) -> Error {
+    move |source| Error::Cuda { op, source }
+}
+
+fn c_int(op: &'static str, what: &'static str, value: usize) -> Result<i32> {
+    i32::try_from(value).map_err(|_| Error::InvalidArgument { op, reason: what })
+}
+
+impl Comm {
+    fn parts(device: usize, config: &Config) -> Result<(Parts, RawConfig)> {
+        let lib = Library::get()?;
+        if !config.is_blocking() {
+            lib.capabilities().require(Feature::Nonblocking)?;
+        }
+        let raw_config = config.to_raw(lib.version())?;
+        let ctx = CudaContext::new(device).map_err(cuda("CudaContext::new"))?;
+        ctx.bind_to_thread().map_err(cuda("bind_to_thread"))?;
+        Ok((
+            Parts {
+                lib,
+                ctx,
+                blocking: config.is_blocking(),
+                timeout: config.get_timeout(),
+            },
+            raw_config,
+        ))
+    }
+
+    /// Wraps a freshly created raw communicator; finishes a nonblocking
+    /// init by polling, then reads rank, size and device.
+    fn adopt(
+        raw: ncclComm_t,
+        parts: Parts,
+        clique: Option<Arc<Clique>>,
+        wait: bool,
+    ) -> Result<Comm> {
+        let Parts {
+            lib,
+            ctx,
+            blocking,
+            timeout,
+        } = parts;
+        let stream = ctx.new_stream().map_err(cuda("new_stream"));
+        let compute_capability = ctx.compute_capability().map_err(cuda("compute_capability"));
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State::Live(raw)),
+            lib,
+            ctx,
+            blocking,
+            timeout,
+            clique,
+        });
+        // From here on, `shared`'s Drop owns the handle.
+        if wait && !blocking {
+            shared.wait_ready("ncclCommInitRankConfig")?;
+        }
+        let (stream, compute_capability) = (stream?, compute_capability?);
+        let query = |op: &'static str,
+                     f: fn(
+            &Library,
+        )
+            -> Result<nccl_sys::pfn::ncclCommCount, nccl_sys::SymbolError>| {
+            shared.with_raw(op, |raw| {
+                let get = f(lib)?;
+                let mut value = 0;
+                // SAFETY: `raw` is live; one int is written.
+                let code = unsafe { get(raw, &mut value) };
+                lib.check(op, code, raw)?;
+                usize::try_from(value).map_err(|_| Error::InvalidArgument {
+                    op,
+                    reason: "negative value from NCCL",
+                })
+            })
+        };
+        let size = query("ncclCommCount", |l| l.raw().ncclCommCount())?;
+        let rank = query("ncclCommUserRank", |l| l.raw().ncclCommUserRank())?;
+        let device = query("ncclCommCuDevice", |l| l.raw().ncclCommCuDevice())?;
+        Ok(Comm {
+            shared,
+            stream,
+            rank,
+            size,
+            device,
+            compute_capability,
+            force_send_recv: Cell::new(false),
+            _not_sync: PhantomData,
+        })
+    }
+
+    /// `ncclCommInitRankConfig`: joins rank `rank` of `nranks` on GPU
+    /// `device`. Every rank passes the same `id` and `nranks` and calls at
+    /// the same time (a thread or process each).
+    pub fn init_rank(
+        id: &UniqueId,
+        rank: usize,
+        nranks: usize,
+        device: usize,
+        config: &Config,
+    ) -> Result<Comm> {
+        const OP: &str = "ncclCommInitRankConfig";
+        if nranks == 0 || rank >= nranks {
+            return Err(Error::RankOutOfRange {
+                op: OP,
+                what: "rank",
+                rank,
+                size: nranks,
+            });
+        }
+        let nranks_c = c_int(OP, "nranks exceeds i32", nranks)?;
+        let rank_c = c_int(OP, "rank exceeds i32", rank)?;
+        let (parts, mut raw_config) = Comm::parts(device, config)?;
+        let _span = tracing::debug_span!("nccl.init_rank", rank, nranks, device).entered();
+        let init = parts.lib.raw().ncclCommInitRankConfig()?;
+        let mut raw: ncclComm_t = std::ptr::null_mut();
+        // SAFETY: valid out-pointer and config; the id is passed by value.
+        let code = unsafe { init(&mut raw, nranks_c, id.raw(), rank_c, &mut raw_config.raw) };
+        if raw.is_null() {
+            parts.lib.check(OP, code, raw)?;
+            return Err(Error::InvalidArgument {
+                op: OP,
+                reason: "NCCL returned no communicator",
+            });
+        }
+        if code != ncclResult_t::ncclSuccess && code != ncclResult_t::ncclInProgress {
+            let err = parts.lib.check(OP, code, raw).err();
+            let _ = Comm::adopt_failed(raw, parts);
+            return Err(err.unwrap_or(Error::InvalidArgument {
+                op: OP,
+                reason: "init failed",
+            }));
+        }
+        Comm::adopt(raw, parts, None, true)
+    }
+
+    /// A handle NCCL gave back with an error: abort it so nothing leaks.
+    fn adopt_failed(raw: ncclComm_t, parts: Parts) -> Option<()> {
+        let abort = parts.lib.raw().ncclCommAbort().ok()?;
+        // SAFETY: a handle NCCL created; nobody else has it.
+        let _ = unsafe { abort(raw) };
+        Some(())
+    }
+
+    /// `ncclCommInitRankScalable`: as [`Comm::init_rank`] with several ids
+    /// (the same list on every rank) to spread the bootstrap. NCCL 2.23+.
+    pub fn init_rank_scalable(
+        ids: &[UniqueId],
+        rank: usize,
+        nranks: usize,
+        device: usize,
+        config: &Config,
+    ) -> Result<Comm> {
+        const OP: &str = "ncclCommInitRankScalable";
+        let lib = Library::get()?;
+        lib.capabilities().require(Feature::InitScalable)?;
+        if ids.is_empty() {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                reason: "no unique ids",
+            });
+        }
+        if nranks == 0 || rank >= nranks {
+            return Err(Error::RankOutOfRange {
+                op: OP,
+                what: "rank",
+                rank,
+                size: nranks,
+            });
+        }
+        let (parts, mut raw_config) = Comm::parts(device, config)?;
+        let _span = tracing::debug_span!(
+            "nccl.init_rank_scalable",
+            rank,
+            nranks,
+            device,
+            ids = ids.len()
+        )
+        .entered();
+        let init = lib.raw().ncclCommInitRankScalable()?;
+        let mut raw_ids: Vec<_> = ids.iter().map(UniqueId::raw).collect();
+        let mut raw: ncclComm_t = std::ptr::null_mut();
+        // SAFETY: valid out-pointer, id array of the stated length, config.
+        let code = unsafe {
+            init(
+                &mut raw,
+                c_int(OP, "nranks exceeds i32", nranks)?,
+                c_int(OP, "rank exceeds i32", rank)?,
+                c_int(OP, "too many ids", raw_ids.len())?,
+                raw_ids.as_mut_ptr(),
+                &mut raw_config.raw,
+            )
+        };
+        if raw.is_null()
+            || (code != ncclResult_t::ncclSuccess && code != ncclResult_t::ncclInProgress)
+        {
+            let err = lib.check(OP, code, raw).err();
+            if !raw.is_null() {
+                Comm::adopt_failed(raw, parts);
+            }
+            return Err(err.unwrap_or(Error::InvalidArgument {
+                op: OP,
+                reason: "NCCL returned no communicator",
+            }));
+        }
+        Comm::adopt(raw, parts, None, true)
+    }
+
+    /// One communicator per device of `devices`, all in this process and
+    /// driven from this thread (rank i on `devices[i]`). Created in one group
+    /// with `ncclCommInitRankConfig`, which is what `ncclCommInitAll` does,
+    /// but with a [`Config`]. Collectives on them must be issued inside a
+    /// group ([`GroupGuard`]); they may be dropped in any order.
+    pub fn init_all(devices: &[usize], config: &Config) -> Result<Vec<Comm>> {
+        const OP: &str = "ncclCommInitAll";
+        if devices.is_empty() {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                reason: "no devices",
+            });
+        }
+        for (i, d) in devices.iter().enumerate() {
+            if devices[..i].contains(d) {
+                return Err(Error::InvalidArgument {
+                    op: OP,
+                    reason: "a device is listed twice",
+                });
+            }
+        }
+        let nranks = c_int(OP, "too many devices", devices.len())?;
+        let id = UniqueId::new()?;
+        let _span = tracing::debug_span!("nccl.init_all", nranks = devices.len()).entered();
+        let mut created = Vec::with_capacity(devices.len());
+        let group = GroupGuard::start()?;
+        let mut failure = None;
+        for (rank, &device) in devices.iter().enumerate() {
+            let (parts, mut raw_config) = match Comm::parts(device, config) {
+                Ok(p) => p,
+                Err(e) => {
+                    failure = Some(e);
+                    break;
+                }
+            };
+            let init = parts.lib.raw().ncclCommInitRankConfig()?;
+            let mut raw: ncclComm_t = std::ptr::null_mut();
+            // SAFETY: valid out-pointer and config; inside a group NCCL
+            // records the call and initializes at group end.
+            let code =
+                unsafe { init(&mut raw, nranks, id.raw(), rank as i32, &mut raw_config.raw) };
+            if code != ncclResult_t::ncclSuccess && code != ncclResult_t::ncclInProgress {
+                failure = Some(parts.lib.check(OP, code, raw).err().unwrap_or(
+                    Error::InvalidArgument {
+                        op: OP,
+                        reason: "init failed",
+                    },
+                ));
+                if !raw.is_null() {
+                    created.push((raw, parts));
+                }
+                break;
+            }
+            created.push((raw, parts));
+        }
+        let ended = group.end();
+        if let Some(e) = failure.or(ended.err()) {
+            for (raw, parts) in created {
+                if !raw.is_null() {
+                    Comm::adopt_failed(raw, parts);
+                }
+            }
+            return Err(e);
+        }
+        let clique = Clique::new(created.len());
+        let mut comms = Vec::with_capacity(created.len());
+        for (raw, parts) in created {
+            // On failure the comms adopted so far drop through the clique;
+            // the rest are handed in as aborted members.
+            match Comm::adopt(raw, parts, Some(Arc::clone(&clique)), true) {
+                Ok(comm) => comms.push(comm),
+                Err(e) => {
+                    for c in comms {
+                        let _ = c.abort_handle().abort();
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(comms)
+    }
+
+    /// `ncclCommSplit` on this communicator alone (one thread per rank).
+    /// Ranks with the same `color` form a new communicator, ordered by
+    /// `key`; `None` takes no part and gets `Ok(None)`. `config: None`
+    /// inherits this communicator's configuration.
+    pub fn split(
+        &self,
+        color: Option<u32>,
+        key: i32,
+        config: Option<&Config>,
+    ) -> Result<Option<Comm>> {
+        let mut out = Comm::split_all(&[self], &[color], &[key], config)?;
+        Ok(out.pop().flatten())
+    }
+
+    /// `ncclCommSplit` on several communicators driven by this thread, in
+    /// one group. Returns one entry per input.
+    pub fn split_all(
+        comms: &[&Comm],
+        colors: &[Option<u32>],
+        keys: &[i32],
+        config: Option<&Config>,
+    ) -> Result<Vec<Option<Comm>>> {
+        const OP: &str = "ncclCommSplit";
+        if comms.len() != colors.len() || comms.len() != keys.len() {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                reason: "one color and one key per communicator",
+            });
+        }
+        let Some(first) = comms.first() else {
+            return Ok(Vec::new());
+        };
+        let lib = first.shared.lib;
+        lib.capabilities().require(Feature::Split)?;
+        let mut children = Vec::with_capacity(comms.len());
+        let group = GroupGuard::start()?;
+        let mut failure = None;
+        for ((comm, color), key) in comms.iter().zip(colors).zip(keys) {
+            let color = match color.map(i32::try_from).transpose() {
+                Ok(c) => c.unwrap_or(NCCL_SPLIT_NOCOLOR),
+                Err(_) => {
+                    failure = Some(Error::InvalidArgument {
+                        op: OP,
+                        reason: "color exceeds i32",
+                    });
+                    break;
+                }
+            };
+            let mut raw_config = match config.map(|c| c.to_raw(lib.version())).transpose() {
+                Ok(c) => c,
+                Err(e) => {
+                    failure = Some(e);
+                    break;
+                }
+            };
+            let blocking = config.map_or(comm.shared.blocking, Config::is_blocking);
+            let timeout = config.map_or(comm.shared.timeout, Config::get_timeout);
+            let result = comm.shared.with_raw(OP, |raw| {
+                let split = lib.raw().ncclCommSplit()?;
+                let mut child: ncclComm_t = std::ptr::null_mut();
+                let config_ptr = raw_config
+                    .as_mut()
+                    .map_or(std::ptr::null_mut(), |c| &mut c.raw as *mut _);
+                // SAFETY: `raw` is live; valid out-pointer; config null or
+                // valid for the call.
+                let code = unsafe { split(raw, color, *key, &mut child, config_ptr) };
+                if code != ncclResult_t::ncclSuccess && code != ncclResult_t::ncclInProgress {
+                    lib.check(OP, code, raw)?;
+                }
+                Ok(child)
+            });
+            match result {
+                Ok(child) => {
+                    let parts = Parts {
+                        lib,
+                        ctx: Arc::clone(&comm.shared.ctx),
+                        blocking,
+                        timeout,
+                    };
+                    children.push((child, parts));
+                }
+                Err(e) => {
+                    failure = Some(e);
+                    break;
+                }
+            }
+        }
+        let _span = tracing::debug_span!("nccl.split", comms = comms.len()).entered();
+        let ended = group.end();
+        if let Some(e) = failure.or(ended.err()) {
+            for (raw, parts) in children {
+                if !raw.is_null() {
+                    Comm::adopt_failed(raw, parts);
+                }
+            }
+            return Err(e);
+        }
+        let live = children.iter().filter(|(raw, _)| !raw.is_null()).count();
+        let clique = (comms.len() > 1 && live > 0).then(|| Clique::new(live));
+        let mut out = Vec::with_capacity(children.len());
+        for (raw, parts) in children {
+            if raw.is_null() {
+                out.push(None);
+            } else {
+                out.push(Some(Comm::adopt(raw, parts, clique.clone(), true)?));
+            }
+        }
+        Ok(out)
+    }
+
+    /// `ncclCommShrink`: a new communicator without the ranks in `exclude`
+    /// (NCCL 2.27+). With `abort_first`, the parent's pending work is
+    /// aborted first (`NCCL_SHRINK_ABORT`), as after a peer failure.
+    pub fn shrink(
+        &self,
+        exclude: &[usize],
+        abort_first: bool,
+        config: Option<&Config>,
+    ) -> Result<Comm> {
+        const OP: &str = "ncclCommShrink";
+        let lib = self.shared.lib;
+        lib.capabilities().require(Feature::Shrink)?;
+        let mut excluded = Vec::with_capacity(exclude.len());
+        for &r in exclude {
+            if r >= self.size {
+                return Err(Error::RankOutOfRange {
+                    op: OP,
+                    what: "excluded rank",
+                    rank: r,
+                    size: self.size,
+                });
+            }
+            excluded.push(r as i32);
+        }
+        if excluded.contains(&(self.rank as i32)) {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                reason: "a rank cannot shrink itself out; it should not call shrink",
+            });
+        }
+        let mut raw_config = config.map(|c| c.to_raw(lib.version())).transpose()?;
+        let _span = tracing::debug_span!("nccl.shrink", excluded = exclude.len()).entered();
+        let child = self.shared.with_raw(OP, |raw| {
+            let shrink = lib.raw().ncclCommShrink()?;
+            let mut child: ncclComm_t = std::ptr::null_mut();
+            let flags = if abort_first {
+                nccl_sys::NCCL_SHRINK_ABORT
+            } else {
+                nccl_sys::NCCL_SHRINK_DEFAULT
+            };
+            let config_ptr = raw_config
+                .as_mut()
+                .map_or(std::ptr::null_mut(), |c| &mut c.raw as *mut _);
+            // SAFETY: `raw` is live; the exclude list has the stated length;
+            // valid out-pointer; config null or valid.
+            let code = unsafe {
+                shrink(
+                    raw,
+                    excluded.as_mut_ptr(),
+                    excluded.len() as i32,
+                    &mut child,
+                    config_ptr,
+                    flags,
+                )
+            };
+            if code != ncclResult_t::ncclSuccess && code != ncclResult_t::ncclInProgress {
+                lib.check(OP, code, raw)?;
+            }
+            Ok(child)
+        })?;
+        if child.is_null() {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                reason: "NCCL returned no communicator",
+            });
+        }
+        let parts = Parts {
+            lib,
+            ctx: Arc::clone(&self.shared.ctx),
+            blocking: config.map_or(self.shared.blocking, Config::is_blocking),
+            timeout: config.map_or(self.shared.timeout, Config::get_timeout),
+        };
+        Comm::adopt(child, parts, None, true)
+    }
+
+    /// `ncclCommGetUniqueId`: an id for growing this communicator (root
+    /// rank only; NCCL 2.29+).
+    pub fn grow_id(&self) -> Result<UniqueId> {
+        const OP: &str = "ncclCommGetUniqueId";
+        let lib = self.shared.lib;
+        lib.capabilities().require(Feature::Grow)?;
+        self.shared.with_raw(OP, |raw| {
+            let get = lib.raw().ncclCommGetUniqueId()?;
+            let mut id = nccl_sys::ncclUniqueId::zeroed();
+            // SAFETY: `raw` is live; one id is written.
+            let code = unsafe { get(raw, &mut id) };
+            lib.check(OP, code, raw)?;
+            Ok(UniqueId::from_bytes(id.internal))
+        })
+    }
+
+    /// `ncclCommGrow` from an existing rank: the new communicator of
+    /// `new_size` ranks. The root passes the id from [`Comm::grow_id`];
+    /// the others pass `None`. NCCL 2.29+.
+    pub fn grow(
+        &self,
+        new_size: usize,
+        id: Option<&UniqueId>,
+        config: Option<&Config>,
+    ) -> Result<Comm> {
+        const OP: &str = "ncclCommGrow";
+        let lib = self.shared.lib;
+        lib.capabilities().require(Feature::Grow)?;
+        if new_size <= self.size {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                reason: "the new size must exceed the current one",
+            });
+        }
+        let mut raw_config = config.map(|c| c.to_raw(lib.version())).transpose()?;
+        let raw_id = id.map(UniqueId::raw);
+        let child = self.shared.with_raw(OP, |raw| {
+            let grow = lib.raw().ncclCommGrow()?;
+            let mut child: ncclComm_t = std::ptr::null_mut();
+            let id_ptr = raw_id.as_ref().map_or(std::ptr::null(), |i| i as *const _);
+            let config_ptr = raw_config
+                .as_mut()
+                .map_or(std::ptr::null_mut(), |c| &mut c.raw as *mut _);
+            // SAFETY: `raw` is live; id null or valid; rank -1 marks an
+            // existing rank; valid out-pointer; config null or valid.
+            let code = unsafe {
+                grow(
+                    raw,
+                    c_int(OP, "size exceeds i32", new_size)?,
+                    id_ptr,
+                    -1,
+                    &mut child,
+                    config_ptr,
+                )
+            };
+            if code != ncclResult_t::ncclSuccess && code != ncclResult_t::ncclInProgress {
+                lib.check(OP, code, raw)?;
+            }
+            Ok(child)
+        })?;
+        if child.is_null() {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                reason: "NCCL returned no communicator",
+            });
+        }
+        let parts = Parts {
+            lib,
+            ctx: Arc::clone(&self.shared.ctx),
+            blocking: config.map_or(self.shared.blocking, Config::is_blocking),
+            timeout: config.map_or(self.shared.timeout, Config::get_timeout),
+        };
+        Comm::adopt(child, parts, None, true)
+    }
+
+    /// `ncclCommRevoke`: stops in-flight work so that the communicator can
+    /// be split, shrunk or destroyed (NCCL 2.28.7+). It cannot be used for
+    /// collectives afterwards.
+    pub fn revoke(&self) -> Result<()> {
+        const OP: &str = "ncclCommRevoke";
+        let lib = self.shared.lib;
+        lib.capabilities().require(Feature::Revoke)?;
+        let code = self.shared.with_raw(OP, |raw| {
+            let revoke = lib.raw().ncclCommRevoke()?;
+            // SAFETY: `raw` is live; the flags are the only valid value.
+            Ok(unsafe { revoke(raw, nccl_sys::NCCL_REVOKE_DEFAULT) })
+        })?;
+        match code {
+            ncclResult_t::ncclSuccess => Ok(()),
+            ncclResult_t::ncclInProgress => self.shared.wait_ready(OP),
+            code => self.shared.with_raw(OP, |raw| lib.check(OP, code, raw)),
+        }
+    }
+
+    /// Finalizes and destroys the communicator, returning the errors
+    /// `Drop` can only log. For a communicator of a group created
+    /// together (`init_all`, `split_all`), this hands it in like `Drop` and
+    /// the group is torn down when its last member goes.
+    pub fn finalize(self) -> Result<()> {
+        const OP: &str = "ncclCommFinalize";
+        if self.shared.clique.is_some() {
+            return Ok(());
+        }
+        let lib = self.shared.lib;
+        let _span = tracing::debug_span!("nccl.finalize").entered();
+        let code = self.shared.with_raw(OP, |raw| {
+            let finalize = lib.raw().ncclCommFinalize()?;
+            // SAFETY: `raw` is live.
+            Ok(unsafe { finalize(raw) })
+        })?;
+        if code == ncclResult_t::ncclInProgress
+            || (code == ncclResult_t::ncclSuccess && !self.shared.blocking)
+        {
+            self.shared.wait_ready(OP)?;
+        } else {
+            self.shared.with_raw(OP, |raw| lib.check(OP, code, raw))?;
+        }
+        self.destroy()
+    }
+
+    /// `ncclCommDestroy` (which finalizes first if that was not done).
+    pub fn destroy(self) -> Result<()> {
+        const OP: &str = "ncclCommDestroy";
+        if self.shared.clique.is_some() {
+            return Ok(());
+        }
+        let lib = self.shared.lib;
+        let mut state = self.shared.lock();
+        let State::Live(raw) = *state else {
+            return Ok(());
+        };
+        *state = State::Closed;
+        drop(state);
+        self.shared.ctx.bind_to_thread().map_err(cuda(OP))?;
+        let destroy = lib.raw().ncclCommDestroy()?;
+        // SAFETY: `raw` was live and the state now says Closed, so nothing
+        // else frees or uses it.
+        let code = unsafe { destroy(raw) };
+        lib.check(OP, code, std::ptr::null_mut())
+    }
+
+    /// `ncclCommAbort` now.
+    pub fn abort(self) -> Result<()> {
+        self.shared.abort()
+    }
+
+    /// A handle that can abort this communicator from another thread.
+    pub fn abort_handle(&self) -> AbortHandle {
+        AbortHandle {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+
+    /// `ncclCommGetAsyncError`.
+    pub fn status(&self) -> Result<CommStatus> {
+        const OP: &str = "ncclCommGetAsyncError";
+        let lib = self.shared.lib;
+        self.shared.with_raw(OP, |raw| {
+            let status = async_status(lib, raw)?;
+            Ok(match status {
+                ncclResult_t::ncclSuccess => CommStatus::Ready,
+                ncclResult_t::ncclInProgress => CommStatus::InProgress,
+                code => CommStatus::Failed(lib.check("async error", code, raw).err().unwrap_or(
+                    Error::InvalidArgument {
+                        op: OP,
+                        reason: "unknown status",
+                    },
+                )),
+            })
+        })
+    }
+
+    /// This rank's index.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of ranks.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// CUDA device ordinal.
+    pub fn device(&self) -> usize {
+        self.device
+    }
+
+    /// The stream collectives use unless told otherwise.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// Whether NCCL calls block (the configuration's `blocking`).
+    pub fn is_blocking(&self) -> bool {
+        self.shared.blocking
+    }
+
+    /// The GPU's compute capability.
+    pub fn compute_capability(&self) -> (i32, i32) {
+        self.compute_capability
+    }
+
+    /// The loaded library.
+    pub fn library(&self) -> &'static Library {
+        self.shared.lib
+    }
+
+    /// The loaded library's capabilities.
+    pub fn capabilities(&self) -> &'static Capabilities {
+        self.shared.lib.capabilities()
+    }
+
+    /// Whether fp8 values can be reduced on this communicator's GPU.
+    pub fn fp8_reductions(&self) -> bool {
+        self.capabilities().has(Feature::Fp8) && self.compute_capability >= FP8_REDUCTION_MIN_CC
+    }
+
+    /// Build all-to-all, gather and scatter from grouped send/recv even
+    /// where the library has them natively (NCCL 2.28+). Both paths give
+    /// the same bytes; tests use this to prove it.
+    pub fn force_send_recv_collectives(&self, force: bool) {
+        self.force_send_recv.set(force);
+    }
+
+    pub(crate) fn uses_send_recv(&self, native: Feature) -> bool {
+        self.force_send_recv.get() || !self.capabilities().has(native)
+    }
+
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// The raw handle, for calls this crate does not wrap.
+    ///
+    /// # Safety
+    ///
+    /// The handle must not be freed, aborted or used concurrently with
+    /// this `Comm`, and not after it is dropped.
+    pub unsafe fn as_raw(&self) -> Result<ncclComm_t> {
+        self.shared.with_raw("as_raw", Ok)
+    }
+}

@@ -1,0 +1,221 @@
+//! Groups: `ncclGroupStart`/`ncclGroupEnd` as a guard and as a closure.
+//!
+//! Inside a group NCCL only records calls; `ncclGroupEnd` launches them.
+//! One thread driving several GPUs must put the calls for all of them in one
+//! group, and concurrent sends and receives must share a group to progress.
+//! Groups nest; only the outermost end launches.
+
+use std::cell::RefCell;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use crate::buffer::Access;
+use crate::collectives::OnStream;
+use crate::comm::Comm;
+
+use nccl_sys::{ncclResult_t, ncclSimInfo_t};
+
+use crate::comm::Shared;
+use crate::library::Library;
+use crate::{Error, Feature, Result};
+
+#[derive(Default)]
+struct GroupState {
+    depth: usize,
+    /// Nonblocking communicators used in the open group: their state must be
+    /// polled when `ncclGroupEnd` answers `ncclInProgress`.
+    touched: Vec<Arc<Shared>>,
+    /// The error of a group that a guard's `Drop` ended.
+    dropped_error: Option<Error>,
+}
+
+thread_local! {
+    static GROUP: RefCell<GroupState> = RefCell::new(GroupState::default());
+}
+
+/// Whether this thread is inside a group.
+pub(crate) fn in_group() -> bool {
+    GROUP.with(|g| g.borrow().depth > 0)
+}
+
+/// Records that a nonblocking communicator was used in the open group.
+pub(crate) fn touch(shared: &Arc<Shared>) {
+    GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        if !g.touched.iter().any(|s| Arc::ptr_eq(s, shared)) {
+            g.touched.push(Arc::clone(shared));
+        }
+    });
+}
+
+/// An open NCCL group. Collectives go in through [`GroupGuard::on`];
+/// `end()` launches them and returns NCCL's verdict. Dropping the guard
+/// without `end()` (an early return, a panic) still ends the group, so
+/// NCCL is never left with a group open, and keeps the error for
+/// [`take_dropped_group_error`].
+///
+/// `'g` is how long the buffers given to the group's collectives stay
+/// borrowed: NCCL only launches the work at `ncclGroupEnd`, so the buffers
+/// must outlive the guard. The guard also keeps each buffer owner's stream
+/// bookkeeping until after the launch. Collectives called directly on a
+/// `Comm` while a group is open are refused for that reason.
+///
+/// Not `Send`: NCCL's group state belongs to the thread that opened it.
+///
+/// ```no_run
+/// # fn demo(comms: &[nccl_safe::Comm], bufs: &mut [cudarc::driver::CudaSlice<f32>]) -> nccl_safe::Result<()> {
+/// use nccl_safe::{GroupGuard, ReduceOp};
+/// let group = GroupGuard::start()?;
+/// for (comm, buf) in comms.iter().zip(bufs.iter_mut()) {
+///     group.on(comm).all_reduce_in_place(buf, ReduceOp::Sum)?;
+/// }
+/// group.end()?;
+/// # Ok(()) }
+/// ```
+#[must_use = "a group does nothing until it is ended"]
+pub struct GroupGuard<'g> {
+    lib: &'static Library,
+    ended: bool,
+    held: RefCell<Vec<Access<'g>>>,
+    _not_send: PhantomData<*const ()>,
+}
+
+impl std::fmt::Debug for GroupGuard<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GroupGuard")
+            .field("ended", &self.ended)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'g> GroupGuard<'g> {
+    /// `ncclGroupStart`.
+    pub fn start() -> Result<GroupGuard<'g>> {
+        let lib = Library::get()?;
+        let start = lib.raw().ncclGroupStart()?;
+        // SAFETY: `ncclGroupStart` has no arguments and no preconditions.
+        let code = unsafe { start() };
+        lib.check("ncclGroupStart", code, std::ptr::null_mut())?;
+        GROUP.with(|g| g.borrow_mut().depth += 1);
+        Ok(GroupGuard {
+            lib,
+            ended: false,
+            held: RefCell::new(Vec::new()),
+            _not_send: PhantomData,
+        })
+    }
+
+    /// Issues collectives of `comm` (on its stream) into this group.
+    pub fn on<'s>(&'s self, comm: &'g Comm) -> OnStream<'s, 'g> {
+        OnStream::grouped(comm, comm.stream(), &self.held)
+    }
+
+    /// Issues collectives of `comm` on `stream` into this group.
+    pub fn on_stream<'s>(
+        &'s self,
+        comm: &'g Comm,
+        stream: &'g cudarc::driver::CudaStream,
+    ) -> OnStream<'s, 'g> {
+        OnStream::grouped(comm, stream, &self.held)
+    }
+
+    /// `ncclGroupEnd`: launches the group (if outermost) and waits for
+    /// nonblocking communicators used in it to finish enqueueing.
+    pub fn end(mut self) -> Result<()> {
+        self.ended = true;
+        let result = finish(self.lib);
+        self.held.borrow_mut().clear();
+        result
+    }
+
+    /// `ncclGroupSimulateEnd`: ends the group without launching it and
+    /// returns NCCL's estimate of its time, in microseconds. NCCL 2.22+.
+    pub fn simulate(mut self) -> Result<f32> {
+        self.lib.capabilities().require(Feature::GroupSimulate)?;
+        self.ended = true;
+        let simulate = self.lib.raw().ncclGroupSimulateEnd()?;
+        let mut info = ncclSimInfo_t::initializer();
+        // SAFETY: `info` is an initialized ncclSimInfo_t NCCL may write.
+        let code = unsafe { simulate(&mut info) };
+        drop(leave_group());
+        self.held.borrow_mut().clear();
+        self.lib
+            .check("ncclGroupSimulateEnd", code, std::ptr::null_mut())?;
+        Ok(info.estimatedTime)
+    }
+}
+
+impl Drop for GroupGuard<'_> {
+    fn drop(&mut self) {
+        if !self.ended
+            && let Err(e) = finish(self.lib)
+        {
+            tracing::debug!(error = %e, "group ended by drop failed");
+            GROUP.with(|g| g.borrow_mut().dropped_error = Some(e));
+        }
+        self.held.borrow_mut().clear();
+    }
+}
+
+/// Decrements the depth; at depth 0 returns the communicators to poll.
+fn leave_group() -> Vec<Arc<Shared>> {
+    GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        g.depth = g.depth.saturating_sub(1);
+        if g.depth == 0 {
+            std::mem::take(&mut g.touched)
+        } else {
+            Vec::new()
+        }
+    })
+}
+
+fn finish(lib: &'static Library) -> Result<()> {
+    let end = lib.raw().ncclGroupEnd()?;
+    // SAFETY: `ncclGroupEnd` has no arguments; a group is open (the guard
+    // exists).
+    let code = unsafe { end() };
+    let touched = leave_group();
+    if code == ncclResult_t::ncclInProgress {
+        for shared in &touched {
+            shared.wait_ready("ncclGroupEnd")?;
+        }
+        return Ok(());
+    }
+    lib.check("ncclGroupEnd", code, std::ptr::null_mut())
+}
+
+/// The error of the last group on this thread that a dropped guard ended,
+/// if it failed.
+pub fn take_dropped_group_error() -> Option<Error> {
+    GROUP.with(|g| g.borrow_mut().dropped_error.take())
+}
+
+/// Runs `f` inside a group. The group is ended whether `f` succeeds or not;
+/// `f`'s error wins over the group's.
+///
+/// ```no_run
+/// # fn demo(comms: &[nccl_safe::Comm], bufs: &mut [cudarc::driver::CudaSlice<f32>]) -> nccl_safe::Result<()> {
+/// use nccl_safe::{ReduceOp, group};
+/// group(|g| {
+///     for (comm, buf) in comms.iter().zip(bufs.iter_mut()) {
+///         g.on(comm).all_reduce_in_place(buf, ReduceOp::Sum)?;
+///     }
+///     Ok(())
+/// })?;
+/// # Ok(()) }
+/// ```
+pub fn group<'g, R>(f: impl FnOnce(&GroupGuard<'g>) -> Result<R>) -> Result<R> {
+    let guard = GroupGuard::start()?;
+    match f(&guard) {
+        Ok(value) => {
+            guard.end()?;
+            Ok(value)
+        }
+        Err(e) => {
+            drop(guard);
+            let _ = take_dropped_group_error();
+            Err(e)
+        }
+    }
+}

@@ -1,0 +1,277 @@
+//! NCCL-side memory: buffer registration, `ncclMemAlloc` allocations and
+//! symmetric windows. Each is an RAII value that borrows what it needs.
+
+use std::ffi::c_void;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaStream};
+
+use crate::buffer::{Access, DeviceBuffer, DeviceBufferMut};
+use crate::comm::Comm;
+use crate::dtype::NcclType;
+use crate::error::Role;
+use crate::library::Library;
+use crate::{Error, Feature, Result};
+
+/// Device memory from `ncclMemAlloc`, which every NCCL optimisation (user
+/// buffer registration, NVLS, symmetric windows) can use. Freed with
+/// `ncclMemFree` on drop, after the device finishes its pending work.
+pub struct NcclMemory<T: NcclType> {
+    ptr: u64,
+    len: usize,
+    ctx: Arc<CudaContext>,
+    lib: &'static Library,
+    _type: PhantomData<T>,
+}
+
+// SAFETY: the allocation is plain device memory owned by this value; moving
+// the owner between threads is fine, and `&NcclMemory` only hands out the
+// address.
+unsafe impl<T: NcclType> Send for NcclMemory<T> {}
+// SAFETY: as above.
+unsafe impl<T: NcclType> Sync for NcclMemory<T> {}
+
+impl<T: NcclType> std::fmt::Debug for NcclMemory<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NcclMemory")
+            .field("len", &self.len)
+            .field("device", &self.ctx.ordinal())
+            .finish()
+    }
+}
+
+impl<T: NcclType> NcclMemory<T> {
+    /// Allocates `len` elements on `comm`'s device (NCCL 2.19+). The
+    /// contents are unspecified until written.
+    pub fn alloc(comm: &Comm, len: usize) -> Result<NcclMemory<T>> {
+        const OP: &str = "ncclMemAlloc";
+        let lib = comm.library();
+        lib.capabilities().require(Feature::MemAlloc)?;
+        let bytes = len
+            .checked_mul(std::mem::size_of::<T>())
+            .ok_or(Error::Overflow {
+                op: OP,
+                count: len,
+                factor: std::mem::size_of::<T>(),
+            })?;
+        let ctx = Arc::clone(comm.stream().context());
+        ctx.bind_to_thread()
+            .map_err(|source| Error::Cuda { op: OP, source })?;
+        let alloc = lib.raw().ncclMemAlloc()?;
+        let mut ptr: *mut c_void = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; the current context is the device's.
+        let code = unsafe { alloc(&mut ptr, bytes.max(1)) };
+        lib.check(OP, code, std::ptr::null_mut())?;
+        Ok(NcclMemory {
+            ptr: ptr as u64,
+            len,
+            ctx,
+            lib,
+            _type: PhantomData,
+        })
+    }
+
+    /// The device address.
+    pub fn device_ptr(&self) -> u64 {
+        self.ptr
+    }
+}
+
+impl<T: NcclType> Drop for NcclMemory<T> {
+    fn drop(&mut self) {
+        // Work that uses the memory may still be queued: wait for it.
+        let _ = self.ctx.bind_to_thread();
+        let _ = self.ctx.synchronize();
+        if let Ok(free) = self.lib.raw().ncclMemFree() {
+            // SAFETY: `ptr` came from `ncclMemAlloc` and is freed once.
+            let code = unsafe { free(self.ptr as *mut c_void) };
+            if code != nccl_sys::ncclResult_t::ncclSuccess {
+                tracing::warn!(?code, "ncclMemFree failed");
+            }
+        }
+    }
+}
+
+// SAFETY: `len` elements at `ptr` on the allocation's device; the memory
+// lives until `Drop`, which synchronises the device first.
+unsafe impl<T: NcclType> DeviceBuffer<T> for NcclMemory<T> {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn device(&self) -> usize {
+        self.ctx.ordinal()
+    }
+    fn read<'a>(&'a self, _stream: &'a CudaStream) -> (u64, Access<'a>) {
+        (self.ptr, Access::none())
+    }
+}
+
+// SAFETY: as above; writes are ordered by the caller's stream.
+unsafe impl<T: NcclType> DeviceBufferMut<T> for NcclMemory<T> {
+    fn write<'a>(&'a mut self, _stream: &'a CudaStream) -> (u64, Access<'a>) {
+        (self.ptr, Access::none())
+    }
+}
+
+/// A buffer registered with a communicator (`ncclCommRegister`) for
+/// zero-copy use; deregistered on drop. Borrows both, so neither can go
+/// first.
+pub struct Registration<'c, 'b> {
+    comm: &'c Comm,
+    handle: *mut c_void,
+    _buffer: PhantomData<&'b ()>,
+}
+
+impl std::fmt::Debug for Registration<'_, '_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Registration { .. }")
+    }
+}
+
+impl<'c, 'b> Registration<'c, 'b> {
+    /// Registers `buffer` with `comm` (NCCL 2.19+).
+    pub fn new<T: NcclType>(
+        comm: &'c Comm,
+        buffer: &'b (impl DeviceBuffer<T> + ?Sized),
+    ) -> Result<Registration<'c, 'b>> {
+        const OP: &str = "ncclCommRegister";
+        let lib = comm.library();
+        lib.capabilities().require(Feature::Register)?;
+        if buffer.device() != comm.device() {
+            return Err(Error::WrongDevice {
+                op: OP,
+                role: Role::InPlace,
+                expected: comm.device(),
+                found: buffer.device(),
+            });
+        }
+        let bytes = buffer.len() * std::mem::size_of::<T>();
+        if bytes == 0 {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                reason: "cannot register an empty buffer",
+            });
+        }
+        let (ptr, access) = buffer.read(comm.stream());
+        drop(access);
+        let handle = comm.shared().with_raw(OP, |raw| {
+            let register = lib.raw().ncclCommRegister()?;
+            let mut handle: *mut c_void = std::ptr::null_mut();
+            // SAFETY: `raw` is live; `bytes` bytes of device memory at `ptr`
+            // that the borrow keeps alive until deregistration.
+            let code = unsafe { register(raw, ptr as *mut c_void, bytes, &mut handle) };
+            lib.check(OP, code, raw)?;
+            Ok(handle)
+        })?;
+        Ok(Registration {
+            comm,
+            handle,
+            _buffer: PhantomData,
+        })
+    }
+}
+
+impl Drop for Registration<'_, '_> {
+    fn drop(&mut self) {
+        let lib = self.comm.library();
+        let handle = self.handle;
+        let result = self.comm.shared().with_raw("ncclCommDeregister", |raw| {
+            let deregister = lib.raw().ncclCommDeregister()?;
+            // SAFETY: `handle` came from `ncclCommRegister` on `raw` and is
+            // released once.
+            let code = unsafe { deregister(raw, handle) };
+            lib.check("ncclCommDeregister", code, raw)
+        });
+        if let Err(e) = result {
+            tracing::debug!(error = %e, "ncclCommDeregister failed in drop");
+        }
+    }
+}
+
+/// A symmetric memory window (`ncclCommWindowRegister`, NCCL 2.27+):
+/// collective across the communicator, as is its deregistration on drop.
+/// The buffer is borrowed mutably: peers may write into it.
+pub struct Window<'c, 'b> {
+    comm: &'c Comm,
+    win: nccl_sys::ncclWindow_t,
+    _buffer: PhantomData<&'b mut ()>,
+}
+
+impl std::fmt::Debug for Window<'_, '_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Window { .. }")
+    }
+}
+
+impl<'c, 'b> Window<'c, 'b> {
+    /// Registers `buffer` as a window with `NCCL_WIN_*` `flags`. Every rank
+    /// calls this together (one thread driving several communicators: in a
+    /// group). NCCL wants the buffer from `ncclMemAlloc`
+    /// ([`NcclMemory`]) and aligned to `NCCL_WIN_REQUIRED_ALIGNMENT`.
+    pub fn register<T: NcclType>(
+        comm: &'c Comm,
+        buffer: &'b mut (impl DeviceBufferMut<T> + ?Sized),
+        flags: i32,
+    ) -> Result<Window<'c, 'b>> {
+        const OP: &str = "ncclCommWindowRegister";
+        let lib = comm.library();
+        lib.capabilities().require(Feature::Windows)?;
+        if buffer.device() != comm.device() {
+            return Err(Error::WrongDevice {
+                op: OP,
+                role: Role::InPlace,
+                expected: comm.device(),
+                found: buffer.device(),
+            });
+        }
+        let bytes = buffer.len() * std::mem::size_of::<T>();
+        let (ptr, access) = buffer.write(comm.stream());
+        drop(access);
+        if ptr % nccl_sys::NCCL_WIN_REQUIRED_ALIGNMENT as u64 != 0 {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                reason: "the buffer is not aligned to NCCL_WIN_REQUIRED_ALIGNMENT (4096)",
+            });
+        }
+        let win = comm.shared().with_raw(OP, |raw| {
+            let register = lib.raw().ncclCommWindowRegister()?;
+            let mut win: nccl_sys::ncclWindow_t = std::ptr::null_mut();
+            // SAFETY: `raw` is live; `bytes` bytes of device memory at `ptr`,
+            // kept alive and exclusively borrowed until deregistration.
+            let code = unsafe { register(raw, ptr as *mut c_void, bytes, &mut win, flags) };
+            lib.check(OP, code, raw)?;
+            Ok(win)
+        })?;
+        Ok(Window {
+            comm,
+            win,
+            _buffer: PhantomData,
+        })
+    }
+
+    /// The raw window handle.
+    pub fn raw(&self) -> nccl_sys::ncclWindow_t {
+        self.win
+    }
+}
+
+impl Drop for Window<'_, '_> {
+    fn drop(&mut self) {
+        let lib = self.comm.library();
+        let win = self.win;
+        let result = self
+            .comm
+            .shared()
+            .with_raw("ncclCommWindowDeregister", |raw| {
+                let deregister = lib.raw().ncclCommWindowDeregister()?;
+                // SAFETY: `win` came from `ncclCommWindowRegister` on `raw` and
+                // is released once.
+                let code = unsafe { deregister(raw, win) };
+                lib.check("ncclCommWindowDeregister", code, raw)
+            });
+        if let Err(e) = result {
+            tracing::debug!(error = %e, "ncclCommWindowDeregister failed in drop");
+        }
+    }
+}
