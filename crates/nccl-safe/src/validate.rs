@@ -222,7 +222,7 @@ mod tests {
         ));
         // Fits in elements but not in bytes.
         assert!(matches!(
-            CHECK.times(usize::MAX / 8, 1),
+            CHECK.times(isize::MAX as usize / 4 + 1, 1),
             Err(Error::Overflow { .. })
         ));
         assert_eq!(CHECK.times(10, 4).unwrap(), 40);
