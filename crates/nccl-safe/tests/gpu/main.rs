@@ -1,0 +1,1214 @@
+//! GPU tests of nccl-safe. Each is `#[ignore]`d: `cargo xtask gpu-test`
+//! runs them for world sizes 1, 2 and 4 in both launch modes
+//! (`NCCL_SAFE_TEST_WORLD`, `NCCL_SAFE_TEST_MODE=single|threads`).
+//!
+//! Every result is compared bit for bit with values computed on the host;
+//! inputs are chosen so every float result is exact (see `harness`), and
+//! every output has guard regions that must come back untouched.
+
+mod harness;
+
+use harness::*;
+use nccl_safe::cudarc::driver::{CudaContext, DeviceSlice};
+use nccl_safe::{
+    Comm, Config, DeviceBuffer, DeviceBufferMut, Error, Feature, NcclMemory, PreMulSum, ReduceOp,
+    Registration, Role, group,
+};
+
+const N: usize = 1027;
+
+/// A reduction under test.
+#[derive(Debug, Clone, Copy)]
+enum OpCase {
+    Builtin(ReduceOp),
+    PreMulHost,
+    PreMulDevice,
+}
+
+const OP_CASES: [OpCase; 7] = [
+    OpCase::Builtin(ReduceOp::Sum),
+    OpCase::Builtin(ReduceOp::Prod),
+    OpCase::Builtin(ReduceOp::Max),
+    OpCase::Builtin(ReduceOp::Min),
+    OpCase::Builtin(ReduceOp::Avg),
+    OpCase::PreMulHost,
+    OpCase::PreMulDevice,
+];
+
+/// The PreMulSum scalar.
+const SCALAR: f64 = 2.0;
+
+/// What reducing `reduce_input(r, i)` over `world` ranks gives.
+fn expected_reduction<T: TestType>(op: OpCase, world: usize, i: usize) -> f64 {
+    let values: Vec<f64> = (0..world).map(|r| reduce_input(r, i)).collect();
+    let sum: f64 = values.iter().sum();
+    match op {
+        OpCase::Builtin(ReduceOp::Sum) => sum,
+        OpCase::Builtin(ReduceOp::Prod) => values.iter().product(),
+        OpCase::Builtin(ReduceOp::Max) => values.iter().copied().fold(f64::MIN, f64::max),
+        OpCase::Builtin(ReduceOp::Min) => values.iter().copied().fold(f64::MAX, f64::min),
+        OpCase::Builtin(ReduceOp::Avg) if T::IS_INT => (sum as i64 / world as i64) as f64,
+        OpCase::Builtin(ReduceOp::Avg) => sum / world as f64,
+        OpCase::PreMulHost | OpCase::PreMulDevice => SCALAR * sum,
+    }
+}
+
+/// Per-rank operator: a built-in, or a PreMulSum made on that rank's comm.
+enum RankOp<'c, T: TestType> {
+    Builtin(ReduceOp),
+    PreMul(PreMulSum<'c, T>),
+}
+
+fn make_ops<'c, T: TestType>(
+    ranks: &'c [Rank],
+    scalars: &'c [nccl_safe::cudarc::driver::CudaSlice<T>],
+    op: OpCase,
+) -> TestResult<Vec<RankOp<'c, T>>> {
+    ranks
+        .iter()
+        .zip(scalars)
+        .map(|(r, s)| {
+            Ok(match op {
+                OpCase::Builtin(b) => RankOp::Builtin(b),
+                OpCase::PreMulHost => {
+                    RankOp::PreMul(PreMulSum::host(&r.comm, T::from_f64(SCALAR))?)
+                }
+                OpCase::PreMulDevice => RankOp::PreMul(PreMulSum::device(&r.comm, s)?),
+            })
+        })
+        .collect()
+}
+
+/// Calls `$call` with the rank's operator as `$op`, whichever kind it is.
+macro_rules! with_op {
+    ($rank_op:expr, |$op:ident| $call:expr) => {
+        match $rank_op {
+            RankOp::Builtin(b) => {
+                let $op = *b;
+                $call
+            }
+            RankOp::PreMul(p) => {
+                let $op = p;
+                $call
+            }
+        }
+    };
+}
+
+fn scalars<T: TestType>(
+    ranks: &[Rank],
+) -> TestResult<Vec<nccl_safe::cudarc::driver::CudaSlice<T>>> {
+    ranks
+        .iter()
+        .map(|r| Ok(r.stream().clone_htod(&[T::from_f64(SCALAR)])?))
+        .collect()
+}
+
+/// fp8 reductions need compute capability 9.0: where they are refused, the
+/// refusal must be the typed error.
+fn fp8_reduction_refused<T: TestType>(ranks: &[Rank]) -> TestResult<bool> {
+    if !T::IS_FP8 || ranks[0].comm.fp8_reductions() {
+        return Ok(false);
+    }
+    let mut buf = ranks[0].stream().alloc_zeros::<T>(4)?;
+    match ranks[0].comm.all_reduce_in_place(&mut buf, ReduceOp::Sum) {
+        Err(Error::Unsupported { .. }) => Ok(true),
+        other => Err(format!("fp8 reduction below cc 9.0 gave {other:?}").into()),
+    }
+}
+
+struct Pair<T: TestType> {
+    send: Guarded<T>,
+    recv: Guarded<T>,
+}
+
+fn all_reduce_case<T: TestType>(ranks: &mut [Rank]) -> TestResult {
+    if fp8_reduction_refused::<T>(ranks)? {
+        return Ok(());
+    }
+    let world = ranks[0].world;
+    let scalars = scalars::<T>(ranks)?;
+    for op in OP_CASES {
+        let ops = make_ops::<T>(ranks, &scalars, op)?;
+        // Out of place.
+        let mut pairs: Vec<Pair<T>> = ranks
+            .iter()
+            .map(|r| {
+                Ok(Pair {
+                    send: Guarded::new(r.stream(), N, |i| reduce_input(r.rank, i))?,
+                    recv: Guarded::zeros(r.stream(), N)?,
+                })
+            })
+            .collect::<TestResult<_>>()?;
+        let mut views: Vec<_> = pairs
+            .iter_mut()
+            .map(|p| (p.send.data(), p.recv.data_mut()))
+            .collect();
+        each_rank!(ranks, views, |on, r, v| {
+            let rank_op = &ops[r.rank - ranks[0].rank];
+            with_op!(rank_op, |op| on.all_reduce(&v.0, &mut v.1, op))
+        })?;
+        drop(views);
+        for (r, p) in ranks.iter().zip(&pairs) {
+            let what = format!("all_reduce {op:?} {} rank {}", type_name::<T>(), r.rank);
+            p.recv
+                .check(&what, |i| expected_reduction::<T>(op, world, i))?;
+            p.send
+                .check(&format!("{what} (input)"), |i| reduce_input(r.rank, i))?;
+        }
+        // In place.
+        let mut bufs: Vec<Guarded<T>> = ranks
+            .iter()
+            .map(|r| Guarded::new(r.stream(), N, |i| reduce_input(r.rank, i)))
+            .collect::<TestResult<_>>()?;
+        let mut views: Vec<_> = bufs.iter_mut().map(|b| b.data_mut()).collect();
+        each_rank!(ranks, views, |on, r, v| {
+            let rank_op = &ops[r.rank - ranks[0].rank];
+            with_op!(rank_op, |op| on.all_reduce_in_place(v, op))
+        })?;
+        drop(views);
+        for (r, b) in ranks.iter().zip(&bufs) {
+            b.check(
+                &format!(
+                    "all_reduce in place {op:?} {} rank {}",
+                    type_name::<T>(),
+                    r.rank
+                ),
+                |i| expected_reduction::<T>(op, world, i),
+            )?;
+        }
+    }
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs GPUs: cargo xtask gpu-test"]
+fn all_reduce_every_type_and_op_in_and_out_of_place() {
+    run(Config::new(), |ranks| each_type!(all_reduce_case(ranks)));
+}
+
+fn reduce_case<T: TestType>(ranks: &mut [Rank]) -> TestResult {
+    if fp8_reduction_refused::<T>(ranks)? {
+        return Ok(());
+    }
+    let world = ranks[0].world;
+    let scalars = scalars::<T>(ranks)?;
+    for root in [0, world - 1] {
+        for op in OP_CASES {
+            let ops = make_ops::<T>(ranks, &scalars, op)?;
+            for in_place in [false, true] {
+                let mut pairs: Vec<Pair<T>> = ranks
+                    .iter()
+                    .map(|r| {
+                        Ok(Pair {
+                            send: Guarded::new(r.stream(), N, |i| reduce_input(r.rank, i))?,
+                            recv: Guarded::zeros(r.stream(), N)?,
+                        })
+                    })
+                    .collect::<TestResult<_>>()?;
+                let mut views: Vec<_> = pairs
+                    .iter_mut()
+                    .map(|p| (p.send.data_mut(), p.recv.data_mut()))
+                    .collect();
+                each_rank!(ranks, views, |on, r, v| {
+                    let rank_op = &ops[r.rank - ranks[0].rank];
+                    if in_place {
+                        with_op!(rank_op, |op| on.reduce_in_place(&mut v.0, op, root))
+                    } else {
+                        let recv = (r.rank == root).then_some(&mut v.1);
+                        with_op!(rank_op, |op| on.reduce(&v.0, recv, op, root))
+                    }
+                })?;
+                drop(views);
+                for (r, p) in ranks.iter().zip(&pairs) {
+                    let what = format!(
+                        "reduce root {root} {op:?} {} in_place {in_place} rank {}",
+                        type_name::<T>(),
+                        r.rank
+                    );
+                    let out = if in_place { &p.send } else { &p.recv };
+                    if r.rank == root {
+                        out.check(&what, |i| expected_reduction::<T>(op, world, i))?;
+                    } else if !in_place {
+                        p.recv.check(&what, |_| 0.0)?;
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs GPUs: cargo xtask gpu-test"]
+fn reduce_every_type_op_and_root() {
+    run(Config::new(), |ranks| each_type!(reduce_case(ranks)));
+}
+
+fn reduce_scatter_case<T: TestType>(ranks: &mut [Rank]) -> TestResult {
+    if fp8_reduction_refused::<T>(ranks)? {
+        return Ok(());
+    }
+    let world = ranks[0].world;
+    let scalars = scalars::<T>(ranks)?;
+    for op in OP_CASES {
+        let ops = make_ops::<T>(ranks, &scalars, op)?;
+        for in_place in [false, true] {
+            let mut pairs: Vec<Pair<T>> = ranks
+                .iter()
+                .map(|r| {
+                    Ok(Pair {
+                        send: Guarded::new(r.stream(), world * N, |i| reduce_input(r.rank, i))?,
+                        recv: Guarded::zeros(r.stream(), N)?,
+                    })
+                })
+                .collect::<TestResult<_>>()?;
+            let mut views: Vec<_> = pairs
+                .iter_mut()
+                .map(|p| (p.send.data_mut(), p.recv.data_mut()))
+                .collect();
+            each_rank!(ranks, views, |on, r, v| {
+                let rank_op = &ops[r.rank - ranks[0].rank];
+                if in_place {
+                    with_op!(rank_op, |op| on.reduce_scatter_in_place(&mut v.0, op))
+                } else {
+                    with_op!(rank_op, |op| on.reduce_scatter(&v.0, &mut v.1, op))
+                }
+            })?;
+            drop(views);
+            for (r, p) in ranks.iter().zip(&pairs) {
+                let what = format!(
+                    "reduce_scatter {op:?} {} in_place {in_place} rank {}",
+                    type_name::<T>(),
+                    r.rank
+                );
+                let block = r.rank * N;
+                if in_place {
+                    // This rank's block holds the result; the others keep
+                    // their inputs.
+                    p.send.check(&what, |i| {
+                        if (block..block + N).contains(&i) {
+                            expected_reduction::<T>(op, world, i)
+                        } else {
+                            reduce_input(r.rank, i)
+                        }
+                    })?;
+                } else {
+                    p.recv
+                        .check(&what, |i| expected_reduction::<T>(op, world, block + i))?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs GPUs: cargo xtask gpu-test"]
+fn reduce_scatter_every_type_and_op_in_and_out_of_place() {
+    run(Config::new(), |ranks| {
+        each_type!(reduce_scatter_case(ranks))
+    });
+}
+
+fn broadcast_case<T: TestType>(ranks: &mut [Rank]) -> TestResult {
+    let world = ranks[0].world;
+    for root in [0, world - 1] {
+        for in_place in [false, true] {
+            let mut pairs: Vec<Pair<T>> = ranks
+                .iter()
+                .map(|r| {
+                    Ok(Pair {
+                        send: Guarded::new(r.stream(), N, |i| move_input(r.rank, i))?,
+                        recv: Guarded::zeros(r.stream(), N)?,
+                    })
+                })
+                .collect::<TestResult<_>>()?;
+            let mut views: Vec<_> = pairs
+                .iter_mut()
+                .map(|p| (p.send.data_mut(), p.recv.data_mut()))
+                .collect();
+            each_rank!(ranks, views, |on, r, v| {
+                if in_place {
+                    on.broadcast_in_place(&mut v.0, root)
+                } else {
+                    on.broadcast((r.rank == root).then_some(&v.0), &mut v.1, root)
+                }
+            })?;
+            drop(views);
+            for (r, p) in ranks.iter().zip(&pairs) {
+                let what = format!(
+                    "broadcast root {root} {} in_place {in_place} rank {}",
+                    type_name::<T>(),
+                    r.rank
+                );
+                let out = if in_place { &p.send } else { &p.recv };
+                out.check(&what, |i| move_input(root, i))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs GPUs: cargo xtask gpu-test"]
+fn broadcast_every_type_and_root() {
+    run(Config::new(), |ranks| each_type!(broadcast_case(ranks)));
+}
+
+fn all_gather_case<T: TestType>(ranks: &mut [Rank]) -> TestResult {
+    let world = ranks[0].world;
+    for in_place in [false, true] {
+        // In place, the input sits in this rank's block of the output.
+        let mut pairs: Vec<Pair<T>> = ranks
+            .iter()
+            .map(|r| {
+                let rank = r.rank;
+                let send = if in_place {
+                    Guarded::new(r.stream(), world * N, |i| {
+                        if i / N == rank {
+                            move_input(rank, i % N)
+                        } else {
+                            0.0
+                        }
+                    })?
+                } else {
+                    Guarded::new(r.stream(), N, |i| move_input(rank, i))?
+                };
+                Ok(Pair {
+                    send,
+                    recv: Guarded::zeros(r.stream(), world * N)?,
+                })
+            })
+            .collect::<TestResult<_>>()?;
+        let mut views: Vec<_> = pairs
+            .iter_mut()
+            .map(|p| (p.send.data_mut(), p.recv.data_mut()))
+            .collect();
+        each_rank!(ranks, views, |on, r, v| {
+            let _ = r;
+            if in_place {
+                on.all_gather_in_place(&mut v.0)
+            } else {
+                on.all_gather(&v.0, &mut v.1)
+            }
+        })?;
+        drop(views);
+        for (r, p) in ranks.iter().zip(&pairs) {
+            let what = format!(
+                "all_gather {} in_place {in_place} rank {}",
+                type_name::<T>(),
+                r.rank
+            );
+            let out = if in_place { &p.send } else { &p.recv };
+            out.check(&what, |i| move_input(i / N, i % N))?;
+        }
+    }
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs GPUs: cargo xtask gpu-test"]
+fn all_gather_every_type_in_and_out_of_place() {
+    run(Config::new(), |ranks| each_type!(all_gather_case(ranks)));
+}
+
+fn all_to_all_case<T: TestType>(ranks: &mut [Rank]) -> TestResult {
+    let world = ranks[0].world;
+    // Element i of block j on rank r is what r sends to j.
+    let sent = |r: usize, j: usize, i: usize| move_input(r + j * 3, i);
+    for force_p2p in [false, true] {
+        for r in ranks.iter() {
+            r.comm.force_send_recv_collectives(force_p2p);
+        }
+        let mut pairs: Vec<Pair<T>> = ranks
+            .iter()
+            .map(|r| {
+                let rank = r.rank;
+                Ok(Pair {
+                    send: Guarded::new(r.stream(), world * N, |i| sent(rank, i / N, i % N))?,
+                    recv: Guarded::zeros(r.stream(), world * N)?,
+                })
+            })
+            .collect::<TestResult<_>>()?;
+        let mut views: Vec<_> = pairs
+            .iter_mut()
+            .map(|p| (p.send.data(), p.recv.data_mut()))
+            .collect();
+        each_rank!(ranks, views, |on, r, v| {
+            let _ = r;
+            on.all_to_all(&v.0, &mut v.1)
+        })?;
+        drop(views);
+        for (r, p) in ranks.iter().zip(&pairs) {
+            let what = format!(
+                "all_to_all {} send_recv {force_p2p} rank {}",
+                type_name::<T>(),
+                r.rank
+            );
+            // Block i of my output is what rank i sent to me.
+            p.recv.check(&what, |i| sent(i / N, r.rank, i % N))?;
+        }
+    }
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs GPUs: cargo xtask gpu-test"]
+fn all_to_all_every_type_native_and_send_recv() {
+    run(Config::new(), |ranks| each_type!(all_to_all_case(ranks)));
+}
+
+fn all_to_all_v_case<T: TestType>(ranks: &mut [Rank]) -> TestResult {
+    let world = ranks[0].world;
+    // Rank r sends count(r, j) elements to rank j.
+    let count = |r: usize, j: usize| 100 + (r * 13 + j * 7) % 50;
+    let layout = |counts: Vec<usize>| {
+        let displs: Vec<usize> = counts
+            .iter()
+            .scan(0, |acc, c| {
+                let d = *acc;
+                *acc += c + 3;
+                Some(d)
+            })
+            .collect();
+        let total = displs.last().unwrap_or(&0) + counts.last().unwrap_or(&0);
+        (counts, displs, total)
+    };
+    let value = |from: usize, to: usize, i: usize| move_input(from * 5 + to, i);
+    struct Plan<T: TestType> {
+        send: Guarded<T>,
+        recv: Guarded<T>,
+        sc: Vec<usize>,
+        sd: Vec<usize>,
+        rc: Vec<usize>,
+        rd: Vec<usize>,
+    }
+    let mut plans: Vec<Plan<T>> = ranks
+        .iter()
+        .map(|r| {
+            let me = r.rank;
+            let (sc, sd, stotal) = layout((0..world).map(|j| count(me, j)).collect());
+            let (rc, rd, rtotal) = layout((0..world).map(|j| count(j, me)).collect());
+            let send = Guarded::new(r.stream(), stotal, |i| {
+                (0..world)
+                    .find(|&j| (sd[j]..sd[j] + sc[j]).contains(&i))
+                    .map_or(0.0, |j| value(me, j, i - sd[j]))
+            })?;
+            Ok(Plan {
+                send,
+                recv: Guarded::zeros(r.stream(), rtotal)?,
+                sc,
+                sd,
+                rc,
+                rd,
+            })
+        })
+        .collect::<TestResult<_>>()?;
+    let mut views: Vec<_> = plans
+        .iter_mut()
+        .map(|p| (p.send.data(), p.recv.data_mut(), &p.sc, &p.sd, &p.rc, &p.rd))
+        .collect();
+    each_rank!(ranks, views, |on, r, v| {
+        let _ = r;
+        on.all_to_all_v(&v.0, v.2, v.3, &mut v.1, v.4, v.5)
+    })?;
+    drop(views);
+    for (r, p) in ranks.iter().zip(&plans) {
+        let what = format!("all_to_all_v {} rank {}", type_name::<T>(), r.rank);
+        // Gaps between segments stay zero.
+        p.recv.check(&what, |i| {
+            (0..world)
+                .find(|&j| (p.rd[j]..p.rd[j] + p.rc[j]).contains(&i))
+                .map_or(0.0, |j| value(j, r.rank, i - p.rd[j]))
+        })?;
+    }
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs GPUs: cargo xtask gpu-test"]
+fn all_to_all_v_every_type_with_uneven_counts() {
+    run(Config::new(), |ranks| each_type!(all_to_all_v_case(ranks)));
+}
+
+fn gather_case<T: TestType>(ranks: &mut [Rank]) -> TestResult {
+    let world = ranks[0].world;
+    for force_p2p in [false, true] {
+        for r in ranks.iter() {
+            r.comm.force_send_recv_collectives(force_p2p);
+        }
+        for root in [0, world - 1] {
+            let mut pairs: Vec<Pair<T>> = ranks
+                .iter()
+                .map(|r| {
+                    Ok(Pair {
+                        send: Guarded::new(r.stream(), N, |i| move_input(r.rank, i))?,
+                        recv: Guarded::zeros(r.stream(), world * N)?,
+                    })
+                })
+                .collect::<TestResult<_>>()?;
+            let mut views: Vec<_> = pairs
+                .iter_mut()
+                .map(|p| (p.send.data(), p.recv.data_mut()))
+                .collect();
+            each_rank!(ranks, views, |on, r, v| on.gather(
+                &v.0,
+                (r.rank == root).then_some(&mut v.1),
+                root
+            ))?;
+            drop(views);
+            for (r, p) in ranks.iter().zip(&pairs) {
+                let what = format!(
+                    "gather root {root} {} send_recv {force_p2p} rank {}",
+                    type_name::<T>(),
+                    r.rank
+                );
+                if r.rank == root {
+                    p.recv.check(&what, |i| move_input(i / N, i % N))?;
+                } else {
+                    p.recv.check(&what, |_| 0.0)?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs GPUs: cargo xtask gpu-test"]
+fn gather_every_type_and_root_native_and_send_recv() {
+    run(Config::new(), |ranks| each_type!(gather_case(ranks)));
+}
+
+fn scatter_case<T: TestType>(ranks: &mut [Rank]) -> TestResult {
+    let world = ranks[0].world;
+    for force_p2p in [false, true] {
+        for r in ranks.iter() {
+            r.comm.force_send_recv_collectives(force_p2p);
+        }
+        for root in [0, world - 1] {
+            let mut pairs: Vec<Pair<T>> = ranks
+                .iter()
+                .map(|r| {
+                    Ok(Pair {
+                        send: Guarded::new(r.stream(), world * N, |i| {
+                            move_input(r.rank * 11 + i / N, i % N)
+                        })?,
+                        recv: Guarded::zeros(r.stream(), N)?,
+                    })
+                })
+                .collect::<TestResult<_>>()?;
+            let mut views: Vec<_> = pairs
+                .iter_mut()
+                .map(|p| (p.send.data(), p.recv.data_mut()))
+                .collect();
+            each_rank!(ranks, views, |on, r, v| on.scatter(
+                (r.rank == root).then_some(&v.0),
+                &mut v.1,
+                root
+            ))?;
+            drop(views);
+            for (r, p) in ranks.iter().zip(&pairs) {
+                let what = format!(
+                    "scatter root {root} {} send_recv {force_p2p} rank {}",
+                    type_name::<T>(),
+                    r.rank
+                );
+                p.recv.check(&what, |i| move_input(root * 11 + r.rank, i))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs GPUs: cargo xtask gpu-test"]
+fn scatter_every_type_and_root_native_and_send_recv() {
+    run(Config::new(), |ranks| each_type!(scatter_case(ranks)));
+}
+
+fn send_recv_case<T: TestType>(ranks: &mut [Rank]) -> TestResult {
+    let world = ranks[0].world;
+    let mut pairs: Vec<Pair<T>> = ranks
+        .iter()
+        .map(|r| {
+            Ok(Pair {
+                send: Guarded::new(r.stream(), N, |i| move_input(r.rank, i))?,
+                recv: Guarded::zeros(r.stream(), N)?,
+            })
+        })
+        .collect::<TestResult<_>>()?;
+    // A ring: send to the next rank, receive from the previous one. Both
+    // must progress together, so they share a group in every mode.
+    let mut views: Vec<_> = pairs
+        .iter_mut()
+        .map(|p| (p.send.data(), p.recv.data_mut()))
+        .collect();
+    group(|g| {
+        for (r, v) in ranks.iter().zip(views.iter_mut()) {
+            let on = g.on(&r.comm);
+            on.send(&v.0, (r.rank + 1) % world)?;
+            on.recv(&mut v.1, (r.rank + world - 1) % world)?;
+        }
+        Ok(())
+    })?;
+    drop(views);
+    for (r, p) in ranks.iter().zip(&pairs) {
+        p.recv.check(
+            &format!("send/recv ring {} rank {}", type_name::<T>(), r.rank),
+            |i| move_input((r.rank + world - 1) % world, i),
+        )?;
+    }
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs GPUs: cargo xtask gpu-test"]
+fn send_recv_ring_every_type() {
+    run(Config::new(), |ranks| each_type!(send_recv_case(ranks)));
+}
+
+/// Splits by `color(rank)` and checks an all-reduce on each child sums
+/// exactly the ranks of its color.
+fn check_split(ranks: &[Rank], color: impl Fn(usize) -> u32, label: &str) -> TestResult {
+    let world = ranks[0].world;
+    let colors: Vec<Option<u32>> = ranks.iter().map(|r| Some(color(r.rank))).collect();
+    let keys: Vec<i32> = ranks.iter().map(|r| r.rank as i32).collect();
+    let comms: Vec<&Comm> = ranks.iter().map(|r| &r.comm).collect();
+    let children: Vec<Comm> = if ranks.len() == 1 {
+        vec![
+            ranks[0]
+                .comm
+                .split(colors[0], keys[0], None)?
+                .ok_or("no child")?,
+        ]
+    } else {
+        Comm::split_all(&comms, &colors, &keys, None)?
+            .into_iter()
+            .map(|c| c.ok_or("no child"))
+            .collect::<Result<_, _>>()?
+    };
+    let members = |c: u32| (0..world).filter(|r| color(*r) == c).collect::<Vec<_>>();
+    let mut bufs = Vec::new();
+    for (r, child) in ranks.iter().zip(&children) {
+        let same = members(color(r.rank));
+        if child.size() != same.len()
+            || child.rank() != same.iter().position(|x| *x == r.rank).unwrap_or(usize::MAX)
+        {
+            return Err(format!(
+                "{label}: rank {} got child rank {} of {}",
+                r.rank,
+                child.rank(),
+                child.size()
+            )
+            .into());
+        }
+        bufs.push(child.stream().clone_htod(&vec![(r.rank + 1) as i64; 64])?);
+    }
+    if children.len() == 1 {
+        children[0].all_reduce_in_place(&mut bufs[0], ReduceOp::Sum)?;
+    } else {
+        group(|g| {
+            for (child, buf) in children.iter().zip(bufs.iter_mut()) {
+                g.on(child).all_reduce_in_place(buf, ReduceOp::Sum)?;
+            }
+            Ok(())
+        })?;
+    }
+    for (r, buf) in ranks.iter().zip(&bufs) {
+        let want: i64 = members(color(r.rank)).iter().map(|m| (m + 1) as i64).sum();
+        let got = buf.stream().clone_dtoh(buf)?;
+        if got.iter().any(|v| *v != want) {
+            return Err(format!(
+                "{label}: rank {} child sum {:?}, expected {want}",
+                r.rank, got[0]
+            )
+            .into());
+        }
+    }
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs GPUs: cargo xtask gpu-test"]
+fn split_into_rows_and_columns_and_no_color() {
+    run(Config::new(), |ranks| {
+        let world = ranks[0].world;
+        let half = world.div_ceil(2);
+        // On 4 ranks: a 2x2 grid, rows {0,1},{2,3} and columns {0,2},{1,3}.
+        check_split(ranks, |r| (r / half) as u32, "rows")?;
+        check_split(ranks, |r| (r % half) as u32, "columns")?;
+        // No color: no communicator, on every rank.
+        let comms: Vec<&Comm> = ranks.iter().map(|r| &r.comm).collect();
+        let none = vec![None; ranks.len()];
+        let keys = vec![0; ranks.len()];
+        let children = if ranks.len() == 1 {
+            vec![ranks[0].comm.split(None, 0, None)?]
+        } else {
+            Comm::split_all(&comms, &none, &keys, None)?
+        };
+        if children.iter().any(Option::is_some) {
+            return Err("NCCL_SPLIT_NOCOLOR gave a communicator".into());
+        }
+        Ok(())
+    });
+}
+
+/// A view into memory another buffer owns, to build aliasing cases cudarc's
+/// borrow rules would not allow. Only used where validation must refuse
+/// the call before NCCL sees it.
+struct RawView {
+    ptr: u64,
+    len: usize,
+    device: usize,
+}
+
+// SAFETY: only used for calls that validation refuses; nothing reads or
+// writes through the pointer.
+unsafe impl DeviceBuffer<f32> for RawView {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn device(&self) -> usize {
+        self.device
+    }
+    fn read<'a>(
+        &'a self,
+        _stream: &'a nccl_safe::cudarc::driver::CudaStream,
+    ) -> (u64, nccl_safe::Access<'a>) {
+        (self.ptr, nccl_safe::Access::none())
+    }
+}
+// SAFETY: as above.
+unsafe impl DeviceBufferMut<f32> for RawView {
+    fn write<'a>(
+        &'a mut self,
+        _stream: &'a nccl_safe::cudarc::driver::CudaStream,
+    ) -> (u64, nccl_safe::Access<'a>) {
+        (self.ptr, nccl_safe::Access::none())
+    }
+}
+
+fn expect(label: &str, got: nccl_safe::Result<()>, ok: impl Fn(&Error) -> bool) -> TestResult {
+    match got {
+        Err(e) if ok(&e) => Ok(()),
+        other => Err(format!("{label}: got {other:?}").into()),
+    }
+}
+
+#[test]
+#[ignore = "needs GPUs: cargo xtask gpu-test"]
+fn bad_input_is_refused_with_typed_errors_and_the_comm_still_works() {
+    run(Config::new(), |ranks| {
+        let world = ranks[0].world;
+        for r in ranks.iter() {
+            let c = &r.comm;
+            let s = r.stream();
+            let send = s.alloc_zeros::<f32>(16)?;
+            let mut short = s.alloc_zeros::<f32>(8)?;
+            expect(
+                "short recv",
+                c.all_reduce(&send, &mut short, ReduceOp::Sum),
+                |e| {
+                    matches!(
+                        e,
+                        Error::Length {
+                            role: Role::Recv,
+                            needed: 16,
+                            given: 8,
+                            ..
+                        }
+                    )
+                },
+            )?;
+            let mut gathered = s.alloc_zeros::<f32>(16 * world - 1)?;
+            expect(
+                "short all_gather recv",
+                c.all_gather(&send, &mut gathered),
+                |e| {
+                    matches!(
+                        e,
+                        Error::Length {
+                            role: Role::Recv,
+                            ..
+                        }
+                    )
+                },
+            )?;
+            expect(
+                "root out of range",
+                c.broadcast_in_place(&mut short, world),
+                |e| matches!(e, Error::RankOutOfRange { what: "root", .. }),
+            )?;
+            expect("peer out of range", c.send(&send, world + 3), |e| {
+                matches!(e, Error::RankOutOfRange { what: "peer", .. })
+            })?;
+            expect(
+                "reduce without a receive buffer on the root",
+                c.reduce::<f32, nccl_safe::cudarc::driver::CudaSlice<f32>>(
+                    &send,
+                    None,
+                    ReduceOp::Sum,
+                    r.rank,
+                ),
+                |e| matches!(e, Error::InvalidArgument { .. }),
+            )?;
+            // Partial overlap: send is recv shifted by one element.
+            let (base, _) = send.read(s);
+            let a = RawView {
+                ptr: base,
+                len: 8,
+                device: r.rank,
+            };
+            let mut b = RawView {
+                ptr: base + 4,
+                len: 8,
+                device: r.rank,
+            };
+            expect(
+                "partial alias",
+                c.all_reduce(&a, &mut b, ReduceOp::Sum),
+                |e| matches!(e, Error::PartialAlias { .. }),
+            )?;
+            if world > 1 {
+                let other = CudaContext::new((r.rank + 1) % world)?;
+                let foreign = other.default_stream().alloc_zeros::<f32>(16)?;
+                let mut recv = s.alloc_zeros::<f32>(16)?;
+                expect(
+                    "buffer on another GPU",
+                    c.all_reduce(&foreign, &mut recv, ReduceOp::Sum),
+                    |e| {
+                        matches!(
+                            e,
+                            Error::WrongDevice {
+                                role: Role::Send,
+                                ..
+                            }
+                        )
+                    },
+                )?;
+                let odd = s.alloc_zeros::<f32>(world * 4 + 1)?;
+                let mut out = s.alloc_zeros::<f32>(world * 4 + 1)?;
+                expect(
+                    "all_to_all length not a multiple of size",
+                    c.all_to_all(&odd, &mut out),
+                    |e| matches!(e, Error::InvalidArgument { .. }),
+                )?;
+            }
+            // A direct call while a group is open on this thread.
+            let g = nccl_safe::GroupGuard::start()?;
+            let mut buf = s.alloc_zeros::<f32>(4)?;
+            let refused = c.all_reduce_in_place(&mut buf, ReduceOp::Sum);
+            g.end()?;
+            expect("direct call inside a group", refused, |e| {
+                matches!(e, Error::InvalidArgument { .. })
+            })?;
+            // Count 0 is a no-op, not an error.
+            let empty = s.alloc_zeros::<f32>(0)?;
+            let mut empty_out = s.alloc_zeros::<f32>(0)?;
+            c.all_reduce(&empty, &mut empty_out, ReduceOp::Sum)?;
+        }
+        if ranks.len() > 1 {
+            let p = PreMulSum::host(&ranks[1].comm, 2.0f32)?;
+            let mut buf = ranks[0].stream().alloc_zeros::<f32>(4)?;
+            expect(
+                "PreMulSum of another communicator",
+                ranks[0].comm.all_reduce_in_place(&mut buf, &p),
+                |e| matches!(e, Error::InvalidArgument { .. }),
+            )?;
+        }
+        // After all that, every communicator still works.
+        let mut bufs: Vec<_> = ranks
+            .iter()
+            .map(|r| r.stream().clone_htod(&vec![1.0f32; 256]))
+            .collect::<Result<_, _>>()?;
+        each_rank!(ranks, bufs, |on, r, b| {
+            let _ = r;
+            on.all_reduce_in_place(b, ReduceOp::Sum)
+        })?;
+        for b in &bufs {
+            let got = b.stream().clone_dtoh(b)?;
+            if got.iter().any(|v| *v != world as f32) {
+                return Err(format!("all_reduce after bad input gave {}", got[0]).into());
+            }
+        }
+        Ok(())
+    });
+}
+
+#[test]
+#[ignore = "needs GPUs: cargo xtask gpu-test"]
+fn communicators_drop_cleanly_in_every_order() {
+    let world = world();
+    match mode() {
+        Mode::Single => {
+            let devices: Vec<usize> = (0..world).collect();
+            let orders: Vec<Vec<usize>> = vec![
+                (0..world).collect(),
+                (0..world).rev().collect(),
+                (0..world).map(|i| (i + world / 2) % world).collect(),
+            ];
+            for order in orders {
+                let comms = Comm::init_all(&devices, &Config::new()).expect("init_all");
+                let refs: Vec<&Comm> = comms.iter().collect();
+                let colors = vec![Some(0); world];
+                let keys: Vec<i32> = (0..world as i32).collect();
+                // Children dropped after, and before, their parents.
+                let children = Comm::split_all(&refs, &colors, &keys, None).expect("split");
+                let mut slots: Vec<Option<Comm>> = comms.into_iter().map(Some).collect();
+                for &i in &order {
+                    drop(slots[i].take());
+                }
+                let mut children: Vec<Option<Comm>> = children;
+                for &i in order.iter().rev() {
+                    drop(children[i].take());
+                }
+            }
+        }
+        Mode::Threads => {
+            for child_first in [true, false] {
+                let id = nccl_safe::UniqueId::new().expect("id");
+                std::thread::scope(|s| {
+                    let handles: Vec<_> = (0..world)
+                        .map(|rank| {
+                            s.spawn(move || -> TestResult {
+                                let parent =
+                                    Comm::init_rank(&id, rank, world, rank, &Config::new())?;
+                                let child = parent
+                                    .split(Some(0), rank as i32, None)?
+                                    .ok_or("no child")?;
+                                if child_first {
+                                    drop(child);
+                                    drop(parent);
+                                } else {
+                                    drop(parent);
+                                    drop(child);
+                                }
+                                Ok(())
+                            })
+                        })
+                        .collect();
+                    for (rank, h) in handles.into_iter().enumerate() {
+                        match h.join() {
+                            Ok(Ok(())) => {}
+                            Ok(Err(e)) => panic!("rank {rank}: {e}"),
+                            Err(_) => panic!("rank {rank} panicked"),
+                        }
+                    }
+                });
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs GPUs: cargo xtask gpu-test"]
+fn graph_capture_replays_collectives() {
+    use nccl_safe::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    run(Config::new(), |ranks| {
+        let world = ranks[0].world;
+        let mut pairs: Vec<(
+            nccl_safe::cudarc::driver::CudaSlice<f32>,
+            nccl_safe::cudarc::driver::CudaSlice<f32>,
+        )> = ranks
+            .iter()
+            .map(|r| {
+                Ok((
+                    r.stream().clone_htod(&vec![1.0f32; 4096])?,
+                    r.stream().alloc_zeros::<f32>(4096)?,
+                ))
+            })
+            .collect::<TestResult<_>>()?;
+        for r in ranks.iter() {
+            // cudarc's cross-stream events cannot be recorded into a graph
+            // being captured; the capture orders everything on one stream.
+            // SAFETY: every buffer of this test lives on its rank's one stream.
+            unsafe { r.stream().context().disable_event_tracking() };
+            r.stream().synchronize()?;
+            r.stream()
+                .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
+        }
+        each_rank!(ranks, pairs, |on, r, p| {
+            let _ = r;
+            on.all_reduce(&p.0, &mut p.1, ReduceOp::Sum)
+        })?;
+        let graphs: Vec<_> = ranks
+            .iter()
+            .map(|r| {
+                r.stream()
+                    .end_capture(CUgraphInstantiate_flags(0))?
+                    .ok_or_else(|| "empty graph".into())
+            })
+            .collect::<TestResult<_>>()?;
+        for round in 1..=3u32 {
+            // New input, then replay on every rank at once.
+            for (r, p) in ranks.iter().zip(pairs.iter_mut()) {
+                r.stream()
+                    .memcpy_htod(&vec![(round * (r.rank as u32 + 1)) as f32; 4096], &mut p.0)?;
+            }
+            for g in &graphs {
+                g.launch()?;
+            }
+            let want: f32 = (0..world).map(|r| (round * (r as u32 + 1)) as f32).sum();
+            for (r, p) in ranks.iter().zip(&pairs) {
+                let got = r.stream().clone_dtoh(&p.1)?;
+                if got.iter().any(|v| *v != want) {
+                    return Err(
+                        format!("replay {round} on rank {}: {} != {want}", r.rank, got[0]).into(),
+                    );
+                }
+            }
+        }
+        Ok(())
+    });
+}
+
+#[test]
+#[ignore = "needs GPUs: cargo xtask gpu-test"]
+fn group_simulate_estimates_without_launching() {
+    run(Config::new(), |ranks| {
+        if !ranks[0].comm.capabilities().has(Feature::GroupSimulate) {
+            return Ok(());
+        }
+        let mut pairs: Vec<_> = ranks
+            .iter()
+            .map(|r| {
+                Ok((
+                    r.stream().clone_htod(&vec![1.0f32; 1 << 20])?,
+                    r.stream().alloc_zeros::<f32>(1 << 20)?,
+                ))
+            })
+            .collect::<TestResult<_>>()?;
+        let g = nccl_safe::GroupGuard::start()?;
+        for (r, p) in ranks.iter().zip(pairs.iter_mut()) {
+            g.on(&r.comm).all_reduce(&p.0, &mut p.1, ReduceOp::Sum)?;
+        }
+        let estimate = g.simulate()?;
+        if !(estimate > 0.0 && estimate.is_finite()) {
+            return Err(format!("estimated time {estimate}").into());
+        }
+        for p in &pairs {
+            if p.1.stream().clone_dtoh(&p.1)?.iter().any(|v| *v != 0.0) {
+                return Err("a simulated group wrote its output".into());
+            }
+        }
+        Ok(())
+    });
+}
+
+#[test]
+#[ignore = "needs GPUs: cargo xtask gpu-test"]
+fn nccl_memory_and_registered_buffers_reduce_correctly() {
+    run(Config::new(), |ranks| {
+        let world = ranks[0].world;
+        let mut mems: Vec<NcclMemory<f32>> = ranks
+            .iter()
+            .map(|r| NcclMemory::alloc(&r.comm, 8192))
+            .collect::<nccl_safe::Result<_>>()?;
+        for (r, m) in ranks.iter().zip(mems.iter_mut()) {
+            let host = vec![(r.rank + 1) as f32; 8192];
+            // SAFETY: `m` holds 8192 f32 on this rank's device.
+            unsafe {
+                nccl_safe::cudarc::driver::result::memcpy_htod_async(
+                    m.device_ptr(),
+                    &host,
+                    r.stream().cu_stream(),
+                )
+            }?;
+            r.stream().synchronize()?;
+        }
+        each_rank!(ranks, mems, |on, r, m| {
+            let _ = r;
+            on.all_reduce_in_place(m, ReduceOp::Sum)
+        })?;
+        let want = (world * (world + 1) / 2) as f32;
+        for (r, m) in ranks.iter().zip(&mems) {
+            r.stream().synchronize()?;
+            let mut host = vec![0.0f32; 8192];
+            // SAFETY: reads the 8192 f32 `m` holds.
+            unsafe {
+                nccl_safe::cudarc::driver::result::memcpy_dtoh_async(
+                    &mut host,
+                    m.device_ptr(),
+                    r.stream().cu_stream(),
+                )
+            }?;
+            r.stream().synchronize()?;
+            if host.iter().any(|v| *v != want) {
+                return Err(format!("NcclMemory all_reduce: {} != {want}", host[0]).into());
+            }
+        }
+        // A registered cudarc buffer.
+        let mut bufs: Vec<_> = ranks
+            .iter()
+            .map(|r| r.stream().clone_htod(&vec![1.0f32; 4096]))
+            .collect::<Result<_, _>>()?;
+        let regs: Vec<Registration<'_, '_>> = ranks
+            .iter()
+            .zip(&bufs)
+            .map(|(r, b)| Registration::new(&r.comm, b))
+            .collect::<nccl_safe::Result<_>>()?;
+        drop(regs);
+        each_rank!(ranks, bufs, |on, r, b| {
+            let _ = r;
+            on.all_reduce_in_place(b, ReduceOp::Sum)
+        })?;
+        for b in &bufs {
+            if b.stream().clone_dtoh(b)?.iter().any(|v| *v != world as f32) {
+                return Err("registered all_reduce gave the wrong sum".into());
+            }
+        }
+        let _ = DeviceSlice::len(&bufs[0]);
+        Ok(())
+    });
+}
+
+#[test]
+#[ignore = "needs GPUs: cargo xtask gpu-test"]
+fn nonblocking_communicators_work_and_abort_from_another_thread() {
+    run(
+        Config::new()
+            .blocking(false)
+            .timeout(std::time::Duration::from_secs(60)),
+        |ranks| {
+            let world = ranks[0].world;
+            let mut bufs: Vec<_> = ranks
+                .iter()
+                .map(|r| r.stream().clone_htod(&vec![2.0f64; 1000]))
+                .collect::<Result<_, _>>()?;
+            each_rank!(ranks, bufs, |on, r, b| {
+                let _ = r;
+                on.all_reduce_in_place(b, ReduceOp::Sum)
+            })?;
+            for b in &bufs {
+                if b.stream()
+                    .clone_dtoh(b)?
+                    .iter()
+                    .any(|v| *v != 2.0 * world as f64)
+                {
+                    return Err("nonblocking all_reduce gave the wrong sum".into());
+                }
+            }
+            // Abort every communicator from another thread; afterwards each
+            // call says Aborted.
+            let handles: Vec<_> = ranks.iter().map(|r| r.comm.abort_handle()).collect();
+            std::thread::spawn(move || {
+                handles
+                    .iter()
+                    .map(|h| h.abort())
+                    .collect::<nccl_safe::Result<Vec<()>>>()
+            })
+            .join()
+            .map_err(|_| "abort thread panicked")??;
+            for (r, b) in ranks.iter().zip(bufs.iter_mut()) {
+                expect(
+                    "use after abort",
+                    r.comm.all_reduce_in_place(b, ReduceOp::Sum),
+                    |e| matches!(e, Error::Aborted { .. }),
+                )?;
+            }
+            Ok(())
+        },
+    );
+}
