@@ -6,10 +6,12 @@
 //! cargo xtask bindgen --check  fail if regenerating would change a file
 //! cargo xtask fetch            only fetch the pinned wheels (and libclang)
 //! cargo xtask ci               fmt --check, clippy -D warnings, docs, test, bindgen --check
+//! cargo xtask gpu-test         the GPU test matrix (see gpu_test.rs)
 //! ```
 
 mod bindgen;
 mod fetch;
+mod gpu_test;
 mod pins;
 mod test;
 
@@ -25,7 +27,11 @@ commands:
   test              fetch the pinned NCCL wheels into target/nccl and run all tests
   bindgen [--check] regenerate the reference bindings (--check: fail if stale)
   fetch             fetch the pinned NCCL wheels and libclang only
-  ci                what CI runs: fmt, clippy, docs, test, bindgen --check";
+  ci                what CI runs: fmt, clippy, docs, test, bindgen --check
+  gpu-test [--worlds 1,2,4] [--modes single,threads] [--filter TEXT] [--timeout SECS] [--out DIR]
+                    run the GPU test matrix (fails without the GPUs asked for)
+  gpu-test --bundle DIR        pack the GPU tests and xtask for a host without cargo
+  gpu-test --from-bundle DIR   run a bundle's tests (on the GPU host)";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -36,6 +42,7 @@ fn main() -> ExitCode {
         ["bindgen", "--check"] => bindgen::run(true),
         ["fetch"] => fetch::all_nccl().and_then(|()| fetch::libclang().map(drop)),
         ["ci"] => ci(),
+        ["gpu-test", rest @ ..] => gpu_test::run(rest),
         ["help" | "--help" | "-h"] | [] => {
             println!("{USAGE}");
             Ok(())

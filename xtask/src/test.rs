@@ -3,7 +3,8 @@
 //! 1. fetches the pinned NCCL wheels into `target/nccl/<version>` (pip);
 //! 2. runs `cargo test --workspace` with `NCCL_SYS_PINNED` pointing there
 //!    and `NCCL_LIBRARY` at the newest pinned library (unless set);
-//! 3. runs the GPU tests when `nvidia-smi` sees GPUs.
+//! 3. runs the GPU test matrix (`cargo xtask gpu-test`) when `nvidia-smi`
+//!    sees GPUs.
 
 use std::process::Command;
 
@@ -26,13 +27,15 @@ pub fn run_tests() -> Result<()> {
     run(&mut cmd)?;
     run(&mut doc)?;
     match gpu_count() {
-        0 => eprintln!("xtask: no GPUs visible: CPU tests only"),
-        n => eprintln!(
-            "xtask: {n} GPU(s) visible, but this workspace has no GPU tests yet \
-             (they arrive with nccl-safe and `cargo xtask gpu-test`)"
-        ),
+        0 => {
+            eprintln!("xtask: no GPUs visible: CPU tests only (GPU tests: `cargo xtask gpu-test`)");
+            Ok(())
+        }
+        n => {
+            eprintln!("xtask: {n} GPU(s) visible: running the GPU test matrix");
+            crate::gpu_test::run(&[])
+        }
     }
-    Ok(())
 }
 
 /// GPUs `nvidia-smi -L` lists; 0 when it is missing or fails.

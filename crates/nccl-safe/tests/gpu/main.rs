@@ -1212,3 +1212,28 @@ fn nonblocking_communicators_work_and_abort_from_another_thread() {
         },
     );
 }
+
+#[test]
+#[ignore = "needs GPUs: cargo xtask gpu-test"]
+fn library_and_devices_report_themselves() {
+    let lib = nccl_safe::Library::get().expect("libnccl");
+    println!(
+        "NCCL {} from {} ({:?})",
+        lib.version(),
+        lib.raw().path().display(),
+        lib.raw().source()
+    );
+    println!("features: {:?}", lib.capabilities().features());
+    run(Config::new(), |ranks| {
+        for r in ranks.iter() {
+            println!(
+                "rank {} of {} on device {}, compute capability {:?}",
+                r.rank,
+                r.world,
+                r.comm.device(),
+                r.comm.compute_capability()
+            );
+        }
+        Ok(())
+    });
+}

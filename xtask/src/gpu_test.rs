@@ -1,0 +1,406 @@
+//! `cargo xtask gpu-test`: the GPU test matrix.
+//!
+//! Builds the GPU test binaries (release, stripped), lists their ignored
+//! tests and runs each one for every world size and launch mode, one
+//! process per cell with a deadline, then prints the matrix of test x world
+//! size x mode with pass/fail and time.
+//!
+//! ```text
+//! cargo xtask gpu-test [--worlds 1,2,4] [--modes single,threads] [--filter TEXT]
+//!                      [--timeout SECS] [--out DIR]
+//! cargo xtask gpu-test --bundle DIR          # pack binaries + xtask for a host without cargo
+//! DIR/xtask gpu-test --from-bundle DIR ...   # run there
+//! ```
+//!
+//! Without `--worlds`, the sizes 1, 2 and 4 that the host has are run; an
+//! explicit world larger than the host's GPU count is an error, as is a
+//! host with no GPU.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::{Result, cargo, test::gpu_count, workspace_root};
+
+/// The GPU test targets: (package, test target, name in the bundle).
+const TARGETS: &[(&str, &str, &str)] = &[("nccl-safe", "gpu", "nccl-safe-gpu")];
+
+/// Launch modes the harness understands (`NCCL_SAFE_TEST_MODE`).
+const MODES: &[&str] = &["single", "threads"];
+
+struct Options {
+    worlds: Option<Vec<usize>>,
+    modes: Vec<String>,
+    filter: Option<String>,
+    timeout: Duration,
+    out: PathBuf,
+    bundle: Option<PathBuf>,
+    from_bundle: Option<PathBuf>,
+}
+
+fn parse(args: &[&str]) -> Result<Options> {
+    let mut o = Options {
+        worlds: None,
+        modes: MODES.iter().map(|m| m.to_string()).collect(),
+        filter: None,
+        timeout: Duration::from_secs(300),
+        out: workspace_root().join("target/gpu-test"),
+        bundle: None,
+        from_bundle: None,
+    };
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        let mut value = || {
+            it.next()
+                .copied()
+                .ok_or_else(|| format!("{arg} needs a value"))
+        };
+        match *arg {
+            "--worlds" => {
+                let list = value()?;
+                let worlds = list
+                    .split(',')
+                    .map(|w| {
+                        w.trim()
+                            .parse::<usize>()
+                            .map_err(|_| format!("bad world size {w:?}"))
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                o.worlds = Some(worlds);
+            }
+            "--modes" => {
+                let modes: Vec<String> = value()?.split(',').map(str::to_string).collect();
+                if let Some(bad) = modes.iter().find(|m| !MODES.contains(&m.as_str())) {
+                    return Err(format!("unknown mode {bad:?}; modes: {}", MODES.join(", ")).into());
+                }
+                o.modes = modes;
+            }
+            "--filter" => o.filter = Some(value()?.to_string()),
+            "--timeout" => {
+                let secs: u64 = value()?.parse().map_err(|_| "--timeout takes seconds")?;
+                o.timeout = Duration::from_secs(secs);
+            }
+            "--out" => o.out = PathBuf::from(value()?),
+            "--bundle" => o.bundle = Some(PathBuf::from(value()?)),
+            "--from-bundle" => o.from_bundle = Some(PathBuf::from(value()?)),
+            other => return Err(format!("unknown gpu-test argument {other:?}").into()),
+        }
+    }
+    Ok(o)
+}
+
+pub fn run(args: &[&str]) -> Result<()> {
+    let o = parse(args)?;
+    if let Some(dir) = &o.bundle {
+        return bundle(dir);
+    }
+    let binaries = match &o.from_bundle {
+        Some(dir) => TARGETS
+            .iter()
+            .map(|(_, _, name)| dir.join("tests").join(name))
+            .collect(),
+        None => build_tests()?,
+    };
+    for b in &binaries {
+        if !b.exists() {
+            return Err(format!("test binary {} is missing", b.display()).into());
+        }
+    }
+    matrix(&o, &binaries)
+}
+
+/// Builds the GPU test binaries in release mode, stripped; returns their paths.
+fn build_tests() -> Result<Vec<PathBuf>> {
+    let mut paths = Vec::new();
+    for (package, target, _) in TARGETS {
+        eprintln!("xtask: building {package} --test {target} (release)");
+        let out = cargo()
+            .args([
+                "test",
+                "--release",
+                "-p",
+                package,
+                "--test",
+                target,
+                "--no-run",
+                "--message-format=json",
+            ])
+            .env("CARGO_PROFILE_RELEASE_STRIP", "true")
+            .stderr(Stdio::inherit())
+            .output()?;
+        if !out.status.success() {
+            return Err(format!("building {package} --test {target} failed").into());
+        }
+        let text = String::from_utf8_lossy(&out.stdout);
+        let exe = text
+            .lines()
+            .filter(|l| {
+                l.contains("\"compiler-artifact\"") && l.contains(&format!("\"name\":\"{target}\""))
+            })
+            .find_map(|l| json_string(l, "executable"))
+            .ok_or_else(|| format!("cargo did not report the {target} test executable"))?;
+        paths.push(PathBuf::from(exe));
+    }
+    Ok(paths)
+}
+
+/// The string value of `"key":"..."` in one line of cargo's JSON.
+fn json_string(line: &str, key: &str) -> Option<String> {
+    let start = line.find(&format!("\"{key}\":\""))? + key.len() + 4;
+    let rest = &line[start..];
+    let end = rest.find('"')?;
+    Some(rest[..end].replace("\\\\", "\\"))
+}
+
+/// Packs the test binaries and a release build of xtask into `dir`.
+fn bundle(dir: &Path) -> Result<()> {
+    let binaries = build_tests()?;
+    std::fs::create_dir_all(dir.join("tests"))?;
+    for (path, (_, _, name)) in binaries.iter().zip(TARGETS) {
+        std::fs::copy(path, dir.join("tests").join(name))?;
+    }
+    eprintln!("xtask: building xtask (release) for the bundle");
+    crate::run(
+        cargo()
+            .args(["build", "--release", "-p", "xtask"])
+            .env("CARGO_PROFILE_RELEASE_STRIP", "true"),
+    )?;
+    std::fs::copy(
+        workspace_root().join("target/release/xtask"),
+        dir.join("xtask"),
+    )?;
+    std::fs::write(
+        dir.join("README.txt"),
+        "Prebuilt GPU tests. Run on a host with NVIDIA GPUs and libnccl:\n  ./xtask gpu-test --from-bundle .\n",
+    )?;
+    eprintln!(
+        "xtask: bundle ready in {} (run `{}/xtask gpu-test --from-bundle {}`)",
+        dir.display(),
+        dir.display(),
+        dir.display()
+    );
+    Ok(())
+}
+
+/// The ignored tests a libtest binary lists.
+fn list_tests(binary: &Path) -> Result<Vec<String>> {
+    let out = Command::new(binary)
+        .args(["--list", "--ignored"])
+        .output()?;
+    if !out.status.success() {
+        return Err(format!("{} --list failed", binary.display()).into());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.strip_suffix(": test"))
+        .map(str::to_string)
+        .collect())
+}
+
+#[derive(Clone)]
+enum Outcome {
+    Pass(Duration),
+    Fail(Duration),
+    Timeout(Duration),
+}
+
+impl Outcome {
+    fn cell(&self) -> String {
+        match self {
+            Outcome::Pass(d) => format!("pass {:.1}s", d.as_secs_f64()),
+            Outcome::Fail(d) => format!("FAIL {:.1}s", d.as_secs_f64()),
+            Outcome::Timeout(d) => format!("TIMEOUT {:.0}s", d.as_secs_f64()),
+        }
+    }
+    fn passed(&self) -> bool {
+        matches!(self, Outcome::Pass(_))
+    }
+}
+
+/// Runs one test in its own process, killing it at the deadline; the
+/// output goes to `log`.
+fn run_one(
+    binary: &Path,
+    test: &str,
+    world: usize,
+    mode: &str,
+    timeout: Duration,
+    log: &Path,
+) -> Result<Outcome> {
+    let file = std::fs::File::create(log)?;
+    let started = Instant::now();
+    let mut child = Command::new(binary)
+        .args([
+            "--ignored",
+            "--exact",
+            test,
+            "--test-threads",
+            "1",
+            "--nocapture",
+        ])
+        .env("NCCL_SAFE_TEST_WORLD", world.to_string())
+        .env("NCCL_SAFE_TEST_MODE", mode)
+        .stdout(file.try_clone()?)
+        .stderr(file)
+        .spawn()?;
+    loop {
+        if let Some(status) = child.try_wait()? {
+            let took = started.elapsed();
+            return Ok(if status.success() {
+                Outcome::Pass(took)
+            } else {
+                Outcome::Fail(took)
+            });
+        }
+        if started.elapsed() > timeout {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Ok(Outcome::Timeout(started.elapsed()));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn matrix(o: &Options, binaries: &[PathBuf]) -> Result<()> {
+    let gpus = gpu_count();
+    if gpus == 0 {
+        return Err("gpu-test needs NVIDIA GPUs, and `nvidia-smi -L` lists none".into());
+    }
+    let worlds = match &o.worlds {
+        Some(worlds) => {
+            if let Some(w) = worlds.iter().find(|w| **w > gpus || **w == 0) {
+                return Err(
+                    format!("asked for world size {w}, but this host has {gpus} GPU(s)").into(),
+                );
+            }
+            worlds.clone()
+        }
+        None => [1, 2, 4].into_iter().filter(|w| *w <= gpus).collect(),
+    };
+    std::fs::create_dir_all(&o.out)?;
+    let mut rows: Vec<(String, Vec<Outcome>)> = Vec::new();
+    let mut columns = Vec::new();
+    for w in &worlds {
+        for m in &o.modes {
+            columns.push(format!("{w} GPU{} {m}", if *w == 1 { "" } else { "s" }));
+        }
+    }
+    let mut tests = Vec::new();
+    for binary in binaries {
+        for test in list_tests(binary)? {
+            if o.filter.as_ref().is_none_or(|f| test.contains(f.as_str())) {
+                tests.push((binary.clone(), test));
+            }
+        }
+    }
+    if tests.is_empty() {
+        return Err("no GPU tests matched".into());
+    }
+    let total = tests.len() * columns.len();
+    let mut done = 0;
+    let started = Instant::now();
+    for (binary, test) in &tests {
+        let mut cells = Vec::new();
+        for w in &worlds {
+            for m in &o.modes {
+                done += 1;
+                let log = o.out.join(format!("{test}.w{w}.{m}.log"));
+                let outcome = run_one(binary, test, *w, m, o.timeout, &log)?;
+                eprintln!(
+                    "xtask: [{done}/{total}] {test} world {w} {m}: {} ({:.0}s elapsed)",
+                    outcome.cell(),
+                    started.elapsed().as_secs_f64()
+                );
+                if !outcome.passed() {
+                    let text = std::fs::read_to_string(&log).unwrap_or_default();
+                    let tail: Vec<&str> = text.lines().rev().take(15).collect();
+                    for line in tail.into_iter().rev() {
+                        eprintln!("    | {line}");
+                    }
+                }
+                cells.push(outcome);
+            }
+        }
+        rows.push((test.clone(), cells));
+    }
+    let table = render(&columns, &rows, gpus);
+    println!("{table}");
+    std::fs::write(o.out.join("matrix.md"), &table)?;
+    let failed = rows
+        .iter()
+        .flat_map(|(_, c)| c)
+        .filter(|c| !c.passed())
+        .count();
+    if failed == 0 {
+        Ok(())
+    } else {
+        Err(format!(
+            "{failed} of {total} GPU test runs failed (logs in {})",
+            o.out.display()
+        )
+        .into())
+    }
+}
+
+fn render(columns: &[String], rows: &[(String, Vec<Outcome>)], gpus: usize) -> String {
+    let name_width = rows.iter().map(|(n, _)| n.len()).max().unwrap_or(4).max(4);
+    let width = columns.iter().map(String::len).max().unwrap_or(10).max(12);
+    let mut out = format!("GPU test matrix ({gpus} GPU(s) on this host)\n\n");
+    out.push_str(&format!("| {:name_width$} |", "test"));
+    for c in columns {
+        out.push_str(&format!(" {c:width$} |"));
+    }
+    out.push('\n');
+    out.push_str(&format!("|{}|", "-".repeat(name_width + 2)));
+    for _ in columns {
+        out.push_str(&format!("{}|", "-".repeat(width + 2)));
+    }
+    out.push('\n');
+    for (name, cells) in rows {
+        out.push_str(&format!("| {name:name_width$} |"));
+        for cell in cells {
+            out.push_str(&format!(" {:width$} |", cell.cell()));
+        }
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_worlds_modes_and_rejects_unknown_modes() {
+        let o = parse(&["--worlds", "1,4", "--modes", "threads", "--timeout", "9"]).unwrap();
+        assert_eq!(o.worlds, Some(vec![1, 4]));
+        assert_eq!(o.modes, vec!["threads".to_string()]);
+        assert_eq!(o.timeout, Duration::from_secs(9));
+        assert!(parse(&["--modes", "processes"]).is_err());
+        assert!(parse(&["--worlds", "two"]).is_err());
+        assert!(parse(&["--bogus"]).is_err());
+    }
+
+    #[test]
+    fn reads_the_executable_from_cargo_json() {
+        let line = r#"{"reason":"compiler-artifact","target":{"name":"gpu"},"executable":"/t/release/deps/gpu-abc"}"#;
+        assert_eq!(
+            json_string(line, "executable").as_deref(),
+            Some("/t/release/deps/gpu-abc")
+        );
+    }
+
+    #[test]
+    fn renders_a_markdown_matrix() {
+        let rows = vec![(
+            "t".to_string(),
+            vec![
+                Outcome::Pass(Duration::from_millis(1500)),
+                Outcome::Fail(Duration::ZERO),
+            ],
+        )];
+        let text = render(&["1 GPU single".into(), "2 GPUs single".into()], &rows, 2);
+        assert!(text.contains("| pass 1.5s"), "{text}");
+        assert!(text.contains("FAIL 0.0s"), "{text}");
+    }
+}
