@@ -50,6 +50,23 @@ pub(crate) fn check_dtype<T: NcclType>(comm: &Comm, op: &'static str, reduces: b
     Ok(())
 }
 
+/// Refuses what NCCL cannot run for `op` on `T`: fp8 scaled sums (Avg,
+/// PreMulSum) on a one-rank communicator, whose copy path has no fp8
+/// kernels (NCCL answers `ncclInvalidArgument`; seen with 2.28.9).
+pub(crate) fn check_reduction<'a, T: NcclType>(
+    comm: &Comm,
+    op: &impl Reduction<'a, T>,
+) -> Result<()> {
+    if T::IS_FP8 && comm.size() == 1 && op.scales() {
+        return Err(Error::Unsupported {
+            what: "fp8 Avg/PreMulSum on a one-rank communicator",
+            requires: "at least two ranks".to_string(),
+            found: "one rank".to_string(),
+        });
+    }
+    Ok(())
+}
+
 /// A communicator and the stream its next operations go on, optionally
 /// inside a group (see [`GroupGuard::on`]).
 ///
@@ -172,6 +189,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
         const OP: &str = "ncclAllReduce";
         let c = self.check::<T>(OP)?;
         check_dtype::<T>(self.comm, OP, true)?;
+        check_reduction::<T>(self.comm, &op)?;
         let (mut s, mut r) = (Self::span(send), Self::span(recv));
         c.device(Role::Send, s)?;
         c.device(Role::Recv, r)?;
@@ -218,6 +236,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
         const OP: &str = "ncclAllReduce";
         let c = self.check::<T>(OP)?;
         check_dtype::<T>(self.comm, OP, true)?;
+        check_reduction::<T>(self.comm, &op)?;
         let b = Self::span(buf);
         c.device(Role::InPlace, b)?;
         let count = b.len;
@@ -260,6 +279,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
         const OP: &str = "ncclReduce";
         let c = self.check::<T>(OP)?;
         check_dtype::<T>(self.comm, OP, true)?;
+        check_reduction::<T>(self.comm, &op)?;
         c.rank("root", root)?;
         let mut s = Self::span(send);
         c.device(Role::Send, s)?;
@@ -332,6 +352,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
         const OP: &str = "ncclReduce";
         let c = self.check::<T>(OP)?;
         check_dtype::<T>(self.comm, OP, true)?;
+        check_reduction::<T>(self.comm, &op)?;
         c.rank("root", root)?;
         let b = Self::span(buf);
         c.device(Role::InPlace, b)?;
@@ -375,6 +396,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
         const OP: &str = "ncclReduceScatter";
         let c = self.check::<T>(OP)?;
         check_dtype::<T>(self.comm, OP, true)?;
+        check_reduction::<T>(self.comm, &op)?;
         let (mut s, mut r) = (Self::span(send), Self::span(recv));
         c.device(Role::Send, s)?;
         c.device(Role::Recv, r)?;
@@ -427,6 +449,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
         const OP: &str = "ncclReduceScatter";
         let c = self.check::<T>(OP)?;
         check_dtype::<T>(self.comm, OP, true)?;
+        check_reduction::<T>(self.comm, &op)?;
         let b = Self::span(buf);
         c.device(Role::InPlace, b)?;
         if b.len % c.size != 0 {

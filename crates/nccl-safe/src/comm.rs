@@ -604,38 +604,54 @@ impl Comm {
         let nranks = c_int(OP, "too many devices", devices.len())?;
         let id = UniqueId::new()?;
         let _span = tracing::debug_span!("nccl.init_all", nranks = devices.len()).entered();
-        let mut created = Vec::with_capacity(devices.len());
+        // As in `split_all`: out-slots and configs stay put until the group
+        // has ended.
+        let mut slots: Vec<ncclComm_t> = vec![std::ptr::null_mut(); devices.len()];
+        let slot_base = slots.as_mut_ptr();
+        // Capacity reserved up front: pushing never moves the configs NCCL
+        // already holds pointers to.
+        let mut raw_configs: Vec<RawConfig> = Vec::with_capacity(devices.len());
+        let mut parts_list = Vec::with_capacity(devices.len());
         let group = GroupGuard::start()?;
         let mut failure = None;
         for (rank, &device) in devices.iter().enumerate() {
-            let (parts, mut raw_config) = match Comm::parts(device, config) {
+            let (parts, raw_config) = match Comm::parts(device, config) {
                 Ok(p) => p,
                 Err(e) => {
                     failure = Some(e);
                     break;
                 }
             };
+            raw_configs.push(raw_config);
             let init = parts.lib.raw().ncclCommInitRankConfig()?;
-            let mut raw: ncclComm_t = std::ptr::null_mut();
-            // SAFETY: valid out-pointer and config; inside a group NCCL
-            // records the call and initializes at group end.
-            let code =
-                unsafe { init(&mut raw, nranks, id.raw(), rank as i32, &mut raw_config.raw) };
-            if code != ncclResult_t::ncclSuccess && code != ncclResult_t::ncclInProgress {
-                failure = Some(parts.lib.check(OP, code, raw).err().unwrap_or(
-                    Error::InvalidArgument {
-                        op: OP,
-                        reason: "init failed",
-                    },
-                ));
-                if !raw.is_null() {
-                    created.push((raw, parts));
-                }
+            // SAFETY: `rank < devices.len() == slots.len()`; the vector is not
+            // touched through any other path until the group has ended.
+            let slot = unsafe { slot_base.add(rank) };
+            let config_ptr: *mut nccl_sys::ncclConfig_t = &mut raw_configs[rank].raw;
+            // SAFETY: out-slot and config stay valid until after the group
+            // ends, where NCCL finishes the initialization.
+            let code = unsafe { init(slot, nranks, id.raw(), rank as i32, config_ptr) };
+            let failed = code != ncclResult_t::ncclSuccess && code != ncclResult_t::ncclInProgress;
+            if failed {
+                failure = Some(
+                    parts
+                        .lib
+                        .check(OP, code, std::ptr::null_mut())
+                        .err()
+                        .unwrap_or(Error::InvalidArgument {
+                            op: OP,
+                            reason: "init failed",
+                        }),
+                );
+            }
+            parts_list.push(parts);
+            if failed {
                 break;
             }
-            created.push((raw, parts));
         }
         let ended = group.end();
+        drop(raw_configs);
+        let created: Vec<(ncclComm_t, Parts)> = slots.into_iter().zip(parts_list).collect();
         if let Some(e) = failure.or(ended.err()) {
             for (raw, parts) in created {
                 if !raw.is_null() {
@@ -696,10 +712,18 @@ impl Comm {
         };
         let lib = first.shared.lib;
         lib.capabilities().require(Feature::Split)?;
+        // Inside a group NCCL writes each new handle at group end, so the
+        // out-slots and configs must stay put until then: allocated once,
+        // never resized, read after `end()`.
+        let mut slots: Vec<ncclComm_t> = vec![std::ptr::null_mut(); comms.len()];
+        let slot_base = slots.as_mut_ptr();
+        // Capacity reserved up front: pushing never moves the configs NCCL
+        // already holds pointers to.
+        let mut raw_configs: Vec<Option<RawConfig>> = Vec::with_capacity(comms.len());
         let mut children = Vec::with_capacity(comms.len());
         let group = GroupGuard::start()?;
         let mut failure = None;
-        for ((comm, color), key) in comms.iter().zip(colors).zip(keys) {
+        for (i, ((comm, color), key)) in comms.iter().zip(colors).zip(keys).enumerate() {
             let color = match color.map(i32::try_from).transpose() {
                 Ok(c) => c.unwrap_or(NCCL_SPLIT_NOCOLOR),
                 Err(_) => {
@@ -710,38 +734,40 @@ impl Comm {
                     break;
                 }
             };
-            let mut raw_config = match config.map(|c| c.to_raw(lib.version())).transpose() {
-                Ok(c) => c,
+            match config.map(|c| c.to_raw(lib.version())).transpose() {
+                Ok(c) => raw_configs.push(c),
                 Err(e) => {
                     failure = Some(e);
                     break;
                 }
-            };
+            }
+            let config_ptr = raw_configs[i]
+                .as_mut()
+                .map_or(std::ptr::null_mut(), |c| &mut c.raw as *mut _);
             let blocking = config.map_or(comm.shared.blocking, Config::is_blocking);
             let timeout = config.map_or(comm.shared.timeout, Config::get_timeout);
+            // SAFETY: `i < comms.len() == slots.len()`; the vector is not
+            // touched through any other path until the group has ended.
+            let slot = unsafe { slot_base.add(i) };
             let result = comm.shared.with_raw(OP, |raw| {
                 let split = lib.raw().ncclCommSplit()?;
-                let mut child: ncclComm_t = std::ptr::null_mut();
-                let config_ptr = raw_config
-                    .as_mut()
-                    .map_or(std::ptr::null_mut(), |c| &mut c.raw as *mut _);
-                // SAFETY: `raw` is live; valid out-pointer; config null or
-                // valid for the call.
-                let code = unsafe { split(raw, color, *key, &mut child, config_ptr) };
+                // SAFETY: `raw` is live; `slot` and the config (null or
+                // valid) stay valid until after the group ends.
+                let code = unsafe { split(raw, color, *key, slot, config_ptr) };
                 if code != ncclResult_t::ncclSuccess && code != ncclResult_t::ncclInProgress {
                     lib.check(OP, code, raw)?;
                 }
-                Ok(child)
+                Ok(())
             });
             match result {
-                Ok(child) => {
+                Ok(()) => {
                     let parts = Parts {
                         lib,
                         ctx: Arc::clone(&comm.shared.ctx),
                         blocking,
                         timeout,
                     };
-                    children.push((child, parts));
+                    children.push(parts);
                 }
                 Err(e) => {
                     failure = Some(e);
@@ -751,6 +777,8 @@ impl Comm {
         }
         let _span = tracing::debug_span!("nccl.split", comms = comms.len()).entered();
         let ended = group.end();
+        drop(raw_configs);
+        let children: Vec<(ncclComm_t, Parts)> = slots.into_iter().zip(children).collect();
         if let Some(e) = failure.or(ended.err()) {
             for (raw, parts) in children {
                 if !raw.is_null() {

@@ -129,8 +129,10 @@ impl<'g> GroupGuard<'g> {
     }
 
     /// `ncclGroupSimulateEnd`: ends the group without launching it and
-    /// returns NCCL's estimate of its time, in microseconds. NCCL 2.22+.
-    pub fn simulate(mut self) -> Result<f32> {
+    /// returns NCCL's estimate of its time, in microseconds, or `None`
+    /// where NCCL gives none (a one-rank communicator has no network cost
+    /// to model). NCCL 2.22+.
+    pub fn simulate(mut self) -> Result<Option<f32>> {
         self.lib.capabilities().require(Feature::GroupSimulate)?;
         self.ended = true;
         let simulate = self.lib.raw().ncclGroupSimulateEnd()?;
@@ -141,7 +143,7 @@ impl<'g> GroupGuard<'g> {
         self.held.borrow_mut().clear();
         self.lib
             .check("ncclGroupSimulateEnd", code, std::ptr::null_mut())?;
-        Ok(info.estimatedTime)
+        Ok((info.estimatedTime >= 0.0).then_some(info.estimatedTime))
     }
 }
 

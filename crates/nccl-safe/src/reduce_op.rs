@@ -61,6 +61,10 @@ pub trait Reduction<'a, T: NcclType> {
 
     /// A name for tracing.
     fn name(&self) -> &'static str;
+
+    /// Whether NCCL runs it as a scaled sum (PreMulSum, and `Avg` on
+    /// floating-point types).
+    fn scales(&self) -> bool;
 }
 
 impl<'a, T: NcclType> Reduction<'a, T> for ReduceOp {
@@ -78,6 +82,9 @@ impl<'a, T: NcclType> Reduction<'a, T> for ReduceOp {
             ReduceOp::Min => "min",
             ReduceOp::Avg => "avg",
         }
+    }
+    fn scales(&self) -> bool {
+        *self == ReduceOp::Avg
     }
 }
 
@@ -201,6 +208,9 @@ impl<'a, 'c: 'a, T: NcclType> Reduction<'a, T> for &'a PreMulSum<'c, T> {
     }
     fn name(&self) -> &'static str {
         "premul_sum"
+    }
+    fn scales(&self) -> bool {
+        true
     }
 }
 
