@@ -881,6 +881,50 @@ impl<'s, 'a> OnStream<'s, 'a> {
         Ok(())
     }
 
+    /// In-place gather. On `root`, `buf` holds `size * n` elements and its
+    /// own input is already in block `root`; elsewhere `buf` is the `n`
+    /// elements to send. NCCL's in-place layout: send = recv + root * n.
+    pub fn gather_in_place<T: NcclType>(
+        &self,
+        buf: &'a mut (impl DeviceBufferMut<T> + ?Sized),
+        root: usize,
+    ) -> Result<()> {
+        const OP: &str = "ncclGather";
+        let c = self.check::<T>(OP)?;
+        check_dtype::<T>(self.comm, OP, false)?;
+        c.rank("root", root)?;
+        let b = Self::span(buf);
+        c.device(Role::InPlace, b)?;
+        let is_root = self.comm.rank() == root;
+        let count = if is_root {
+            if b.len % c.size != 0 {
+                return Err(Error::InvalidArgument {
+                    op: OP,
+                    reason: "the root's buffer length must be a multiple of the number of ranks",
+                });
+            }
+            b.len / c.size
+        } else {
+            b.len
+        };
+        c.times(count, c.size)?;
+        if count == 0 {
+            return Ok(());
+        }
+        let (p, a) = buf.write(self.stream);
+        let (sp, rp) = if is_root {
+            (ptr(p, root * count, c.elem_bytes), p)
+        } else {
+            (p, 0)
+        };
+        let _span =
+            tracing::trace_span!("nccl.gather", count, dtype = ?T::DATATYPE, root, in_place = true)
+                .entered();
+        self.gather_raw::<T>(OP, sp, rp, count, root, is_root)?;
+        self.settle([a]);
+        Ok(())
+    }
+
     fn gather_raw<T: NcclType>(
         &self,
         op: &'static str,
@@ -1026,6 +1070,48 @@ impl<'s, 'a> OnStream<'s, 'a> {
             tracing::trace_span!("nccl.scatter", count, dtype = ?T::DATATYPE, root).entered();
         self.scatter_raw::<T>(OP, sp, rp, count, root, is_root)?;
         self.settle(sa.into_iter().chain([ra]));
+        Ok(())
+    }
+
+    /// In-place scatter. On `root`, `buf` holds `size * n` elements and
+    /// keeps its own block `root` in place; elsewhere `buf` receives `n`
+    /// elements. NCCL's in-place layout: recv = send + root * n.
+    pub fn scatter_in_place<T: NcclType>(
+        &self,
+        buf: &'a mut (impl DeviceBufferMut<T> + ?Sized),
+        root: usize,
+    ) -> Result<()> {
+        const OP: &str = "ncclScatter";
+        let c = self.check::<T>(OP)?;
+        check_dtype::<T>(self.comm, OP, false)?;
+        c.rank("root", root)?;
+        let b = Self::span(buf);
+        c.device(Role::InPlace, b)?;
+        let is_root = self.comm.rank() == root;
+        let count = if is_root {
+            if b.len % c.size != 0 {
+                return Err(Error::InvalidArgument {
+                    op: OP,
+                    reason: "the root's buffer length must be a multiple of the number of ranks",
+                });
+            }
+            b.len / c.size
+        } else {
+            b.len
+        };
+        c.times(count, c.size)?;
+        if count == 0 {
+            return Ok(());
+        }
+        let (p, a) = buf.write(self.stream);
+        let (sp, rp) = if is_root {
+            (p, ptr(p, root * count, c.elem_bytes))
+        } else {
+            (0, p)
+        };
+        let _span = tracing::trace_span!("nccl.scatter", count, dtype = ?T::DATATYPE, root, in_place = true).entered();
+        self.scatter_raw::<T>(OP, sp, rp, count, root, is_root)?;
+        self.settle([a]);
         Ok(())
     }
 
@@ -1292,6 +1378,24 @@ impl Comm {
         root: usize,
     ) -> Result<()> {
         self.own().gather(send, recv, root)
+    }
+
+    /// See [`OnStream::gather_in_place`].
+    pub fn gather_in_place<'a, T: NcclType>(
+        &'a self,
+        buf: &'a mut (impl DeviceBufferMut<T> + ?Sized),
+        root: usize,
+    ) -> Result<()> {
+        self.own().gather_in_place(buf, root)
+    }
+
+    /// See [`OnStream::scatter_in_place`].
+    pub fn scatter_in_place<'a, T: NcclType>(
+        &'a self,
+        buf: &'a mut (impl DeviceBufferMut<T> + ?Sized),
+        root: usize,
+    ) -> Result<()> {
+        self.own().scatter_in_place(buf, root)
     }
 
     /// See [`OnStream::scatter`].

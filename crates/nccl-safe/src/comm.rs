@@ -382,9 +382,25 @@ fn c_int(op: &'static str, what: &'static str, value: usize) -> Result<i32> {
     i32::try_from(value).map_err(|_| Error::InvalidArgument { op, reason: what })
 }
 
+/// cudarc panics when it cannot load the CUDA driver; ask first, so a
+/// machine without one gets an error value.
+fn require_cuda_driver() -> Result<()> {
+    // SAFETY: only tries to load libcuda and reports whether it could.
+    if unsafe { cudarc::driver::sys::is_culib_present() } {
+        Ok(())
+    } else {
+        Err(Error::Unsupported {
+            what: "CUDA",
+            requires: "the NVIDIA driver's libcuda.so".to_string(),
+            found: "no loadable libcuda.so".to_string(),
+        })
+    }
+}
+
 impl Comm {
     fn parts(device: usize, config: &Config) -> Result<(Parts, RawConfig)> {
         let lib = Library::get()?;
+        require_cuda_driver()?;
         if !config.is_blocking() {
             lib.capabilities().require(Feature::Nonblocking)?;
         }

@@ -132,6 +132,10 @@ impl<'g> GroupGuard<'g> {
     /// returns NCCL's estimate of its time, in microseconds, or `None`
     /// where NCCL gives none (a one-rank communicator has no network cost
     /// to model). NCCL 2.22+.
+    ///
+    /// On a one-rank communicator NCCL runs collectives at the call rather
+    /// than at group end (its one-rank path is a plain copy), so their work
+    /// has already happened when the group is simulated.
     pub fn simulate(mut self) -> Result<Option<f32>> {
         self.lib.capabilities().require(Feature::GroupSimulate)?;
         self.ended = true;
