@@ -728,73 +728,86 @@ impl Comm {
         };
         let lib = first.shared.lib;
         lib.capabilities().require(Feature::Split)?;
-        // Inside a group NCCL writes each new handle at group end, so the
-        // out-slots and configs must stay put until then: allocated once,
-        // never resized, read after `end()`.
+        let colors = colors
+            .iter()
+            .map(|c| {
+                c.map(i32::try_from)
+                    .transpose()
+                    .map(|c| c.unwrap_or(NCCL_SPLIT_NOCOLOR))
+            })
+            .collect::<Result<Vec<i32>, _>>()
+            .map_err(|_| Error::InvalidArgument {
+                op: OP,
+                reason: "color exceeds i32",
+            })?;
+        let _span = tracing::debug_span!("nccl.split", comms = comms.len()).entered();
+        let split = lib.raw().ncclCommSplit()?;
+        Comm::grouped_children(OP, comms, config, |i, raw, slot, config_ptr| {
+            // SAFETY: `raw` is live; `slot` and the config (null or valid)
+            // stay valid until after the group ends.
+            unsafe { split(raw, colors[i], keys[i], slot, config_ptr) }
+        })
+    }
+
+    /// Creates one child per communicator in one group, as `ncclCommSplit`
+    /// and `ncclCommShrink` need when one thread drives several. NCCL writes
+    /// each new handle at group end, so the out-slots and configs live in
+    /// vectors that are allocated once and read only after `end()`.
+    fn grouped_children(
+        op: &'static str,
+        comms: &[&Comm],
+        config: Option<&Config>,
+        mut call: impl FnMut(
+            usize,
+            ncclComm_t,
+            *mut ncclComm_t,
+            *mut nccl_sys::ncclConfig_t,
+        ) -> ncclResult_t,
+    ) -> Result<Vec<Option<Comm>>> {
+        let Some(first) = comms.first() else {
+            return Ok(Vec::new());
+        };
+        let lib = first.shared.lib;
         let mut slots: Vec<ncclComm_t> = vec![std::ptr::null_mut(); comms.len()];
         let slot_base = slots.as_mut_ptr();
-        // Capacity reserved up front: pushing never moves the configs NCCL
-        // already holds pointers to.
-        let mut raw_configs: Vec<Option<RawConfig>> = Vec::with_capacity(comms.len());
-        let mut children = Vec::with_capacity(comms.len());
+        // One config per call, built before the group so nothing is pushed
+        // (and moved) while NCCL holds pointers into the vector.
+        let mut raw_configs: Vec<Option<RawConfig>> = comms
+            .iter()
+            .map(|_| config.map(|c| c.to_raw(lib.version())).transpose())
+            .collect::<Result<_>>()?;
+        let config_base = raw_configs.as_mut_ptr();
+        let mut parts = Vec::with_capacity(comms.len());
         let group = GroupGuard::start()?;
         let mut failure = None;
-        for (i, ((comm, color), key)) in comms.iter().zip(colors).zip(keys).enumerate() {
-            let color = match color.map(i32::try_from).transpose() {
-                Ok(c) => c.unwrap_or(NCCL_SPLIT_NOCOLOR),
-                Err(_) => {
-                    failure = Some(Error::InvalidArgument {
-                        op: OP,
-                        reason: "color exceeds i32",
-                    });
-                    break;
-                }
-            };
-            match config.map(|c| c.to_raw(lib.version())).transpose() {
-                Ok(c) => raw_configs.push(c),
-                Err(e) => {
-                    failure = Some(e);
-                    break;
-                }
-            }
-            let config_ptr = raw_configs[i]
+        for (i, comm) in comms.iter().enumerate() {
+            // SAFETY: `i < len` for both vectors, which are not touched
+            // through any other path until the group has ended.
+            let (slot, config_slot) = unsafe { (slot_base.add(i), &mut *config_base.add(i)) };
+            let config_ptr = config_slot
                 .as_mut()
                 .map_or(std::ptr::null_mut(), |c| &mut c.raw as *mut _);
-            let blocking = config.map_or(comm.shared.blocking, Config::is_blocking);
-            let timeout = config.map_or(comm.shared.timeout, Config::get_timeout);
-            // SAFETY: `i < comms.len() == slots.len()`; the vector is not
-            // touched through any other path until the group has ended.
-            let slot = unsafe { slot_base.add(i) };
-            let result = comm.shared.with_raw(OP, |raw| {
-                let split = lib.raw().ncclCommSplit()?;
-                // SAFETY: `raw` is live; `slot` and the config (null or
-                // valid) stay valid until after the group ends.
-                let code = unsafe { split(raw, color, *key, slot, config_ptr) };
+            let result = comm.shared.with_raw(op, |raw| {
+                let code = call(i, raw, slot, config_ptr);
                 if code != ncclResult_t::ncclSuccess && code != ncclResult_t::ncclInProgress {
-                    lib.check(OP, code, raw)?;
+                    lib.check(op, code, raw)?;
                 }
                 Ok(())
             });
-            match result {
-                Ok(()) => {
-                    let parts = Parts {
-                        lib,
-                        ctx: Arc::clone(&comm.shared.ctx),
-                        blocking,
-                        timeout,
-                    };
-                    children.push(parts);
-                }
-                Err(e) => {
-                    failure = Some(e);
-                    break;
-                }
+            if let Err(e) = result {
+                failure = Some(e);
+                break;
             }
+            parts.push(Parts {
+                lib,
+                ctx: Arc::clone(&comm.shared.ctx),
+                blocking: config.map_or(comm.shared.blocking, Config::is_blocking),
+                timeout: config.map_or(comm.shared.timeout, Config::get_timeout),
+            });
         }
-        let _span = tracing::debug_span!("nccl.split", comms = comms.len()).entered();
         let ended = group.end();
         drop(raw_configs);
-        let children: Vec<(ncclComm_t, Parts)> = slots.into_iter().zip(children).collect();
+        let children: Vec<(ncclComm_t, Parts)> = slots.into_iter().zip(parts).collect();
         if let Some(e) = failure.or(ended.err()) {
             for (raw, parts) in children {
                 if !raw.is_null() {
@@ -817,78 +830,71 @@ impl Comm {
     }
 
     /// `ncclCommShrink`: a new communicator without the ranks in `exclude`
-    /// (NCCL 2.27+). With `abort_first`, the parent's pending work is
-    /// aborted first (`NCCL_SHRINK_ABORT`), as after a peer failure.
+    /// (NCCL 2.27+). Only the remaining ranks call it. With `abort_first`,
+    /// the parent's pending work is aborted first (`NCCL_SHRINK_ABORT`), as
+    /// after a peer failure.
     pub fn shrink(
         &self,
         exclude: &[usize],
         abort_first: bool,
         config: Option<&Config>,
     ) -> Result<Comm> {
+        let mut out = Comm::shrink_all(&[self], exclude, abort_first, config)?;
+        out.pop().flatten().ok_or(Error::InvalidArgument {
+            op: "ncclCommShrink",
+            reason: "NCCL returned no communicator",
+        })
+    }
+
+    /// `ncclCommShrink` on several communicators driven by this thread, in
+    /// one group (the remaining ranks only). One child per input.
+    pub fn shrink_all(
+        comms: &[&Comm],
+        exclude: &[usize],
+        abort_first: bool,
+        config: Option<&Config>,
+    ) -> Result<Vec<Option<Comm>>> {
         const OP: &str = "ncclCommShrink";
-        let lib = self.shared.lib;
+        let Some(first) = comms.first() else {
+            return Ok(Vec::new());
+        };
+        let lib = first.shared.lib;
         lib.capabilities().require(Feature::Shrink)?;
         let mut excluded = Vec::with_capacity(exclude.len());
         for &r in exclude {
-            if r >= self.size {
+            if r >= first.size {
                 return Err(Error::RankOutOfRange {
                     op: OP,
                     what: "excluded rank",
                     rank: r,
-                    size: self.size,
+                    size: first.size,
                 });
             }
             excluded.push(r as i32);
         }
-        if excluded.contains(&(self.rank as i32)) {
+        if comms.iter().any(|c| exclude.contains(&c.rank)) {
             return Err(Error::InvalidArgument {
                 op: OP,
-                reason: "a rank cannot shrink itself out; it should not call shrink",
+                reason: "an excluded rank must not call shrink",
             });
         }
-        let mut raw_config = config.map(|c| c.to_raw(lib.version())).transpose()?;
-        let _span = tracing::debug_span!("nccl.shrink", excluded = exclude.len()).entered();
-        let child = self.shared.with_raw(OP, |raw| {
-            let shrink = lib.raw().ncclCommShrink()?;
-            let mut child: ncclComm_t = std::ptr::null_mut();
-            let flags = if abort_first {
-                nccl_sys::NCCL_SHRINK_ABORT
-            } else {
-                nccl_sys::NCCL_SHRINK_DEFAULT
-            };
-            let config_ptr = raw_config
-                .as_mut()
-                .map_or(std::ptr::null_mut(), |c| &mut c.raw as *mut _);
-            // SAFETY: `raw` is live; the exclude list has the stated length;
-            // valid out-pointer; config null or valid.
-            let code = unsafe {
-                shrink(
-                    raw,
-                    excluded.as_mut_ptr(),
-                    excluded.len() as i32,
-                    &mut child,
-                    config_ptr,
-                    flags,
-                )
-            };
-            if code != ncclResult_t::ncclSuccess && code != ncclResult_t::ncclInProgress {
-                lib.check(OP, code, raw)?;
-            }
-            Ok(child)
-        })?;
-        if child.is_null() {
-            return Err(Error::InvalidArgument {
-                op: OP,
-                reason: "NCCL returned no communicator",
-            });
-        }
-        let parts = Parts {
-            lib,
-            ctx: Arc::clone(&self.shared.ctx),
-            blocking: config.map_or(self.shared.blocking, Config::is_blocking),
-            timeout: config.map_or(self.shared.timeout, Config::get_timeout),
+        let flags = if abort_first {
+            nccl_sys::NCCL_SHRINK_ABORT
+        } else {
+            nccl_sys::NCCL_SHRINK_DEFAULT
         };
-        Comm::adopt(child, parts, None, true)
+        let count = excluded.len() as i32;
+        let list = excluded.as_mut_ptr();
+        let _span =
+            tracing::debug_span!("nccl.shrink", comms = comms.len(), excluded = exclude.len())
+                .entered();
+        let shrink = lib.raw().ncclCommShrink()?;
+        // `excluded` outlives the group inside `grouped_children`.
+        Comm::grouped_children(OP, comms, config, |_, raw, slot, config_ptr| {
+            // SAFETY: `raw` is live; the exclude list (`count` ints), the
+            // slot and the config stay valid until after the group ends.
+            unsafe { shrink(raw, list, count, slot, config_ptr, flags) }
+        })
     }
 
     /// `ncclCommGetUniqueId`: an id for growing this communicator (root

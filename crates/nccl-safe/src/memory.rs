@@ -114,27 +114,29 @@ unsafe impl<T: NcclType> DeviceBufferMut<T> for NcclMemory<T> {
     }
 }
 
-/// A buffer registered with a communicator (`ncclCommRegister`) for
-/// zero-copy use; deregistered on drop. Borrows both, so neither can go
-/// first.
-pub struct Registration<'c, 'b> {
+/// A buffer registered with a communicator (`ncclCommRegister`, NCCL
+/// 2.19+) for zero-copy use. It owns the buffer, so the memory cannot go
+/// away while registered, and passes it on to collectives (it is a
+/// [`DeviceBuffer`] itself); dropping it deregisters, then drops the buffer.
+/// [`Registration::into_inner`] deregisters and hands the buffer back.
+pub struct Registration<'c, B> {
     comm: &'c Comm,
     handle: *mut c_void,
-    _buffer: PhantomData<&'b ()>,
+    buffer: Option<B>,
 }
 
-impl std::fmt::Debug for Registration<'_, '_> {
+impl<B> std::fmt::Debug for Registration<'_, B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Registration { .. }")
     }
 }
 
-impl<'c, 'b> Registration<'c, 'b> {
-    /// Registers `buffer` with `comm` (NCCL 2.19+).
-    pub fn new<T: NcclType>(
-        comm: &'c Comm,
-        buffer: &'b (impl DeviceBuffer<T> + ?Sized),
-    ) -> Result<Registration<'c, 'b>> {
+impl<'c, B> Registration<'c, B> {
+    /// Registers `buffer` with `comm`.
+    pub fn new<T: NcclType>(comm: &'c Comm, buffer: B) -> Result<Registration<'c, B>>
+    where
+        B: DeviceBuffer<T>,
+    {
         const OP: &str = "ncclCommRegister";
         let lib = comm.library();
         lib.capabilities().require(Feature::Register)?;
@@ -159,7 +161,7 @@ impl<'c, 'b> Registration<'c, 'b> {
             let register = lib.raw().ncclCommRegister()?;
             let mut handle: *mut c_void = std::ptr::null_mut();
             // SAFETY: `raw` is live; `bytes` bytes of device memory at `ptr`
-            // that the borrow keeps alive until deregistration.
+            // that this value owns (through `buffer`) until deregistration.
             let code = unsafe { register(raw, ptr as *mut c_void, bytes, &mut handle) };
             lib.check(OP, code, raw)?;
             Ok(handle)
@@ -167,53 +169,69 @@ impl<'c, 'b> Registration<'c, 'b> {
         Ok(Registration {
             comm,
             handle,
-            _buffer: PhantomData,
+            buffer: Some(buffer),
         })
     }
-}
 
-impl Drop for Registration<'_, '_> {
-    fn drop(&mut self) {
+    /// Deregisters and returns the buffer.
+    pub fn into_inner(mut self) -> B {
+        self.deregister();
+        // `new` always stores the buffer; only this method and `Drop` take it.
+        self.buffer
+            .take()
+            .expect("a registration holds its buffer until into_inner or drop")
+    }
+
+    fn deregister(&mut self) {
+        if self.handle.is_null() {
+            return;
+        }
         let lib = self.comm.library();
-        let handle = self.handle;
+        let handle = std::mem::replace(&mut self.handle, std::ptr::null_mut());
         let result = self.comm.shared().with_raw("ncclCommDeregister", |raw| {
             let deregister = lib.raw().ncclCommDeregister()?;
             // SAFETY: `handle` came from `ncclCommRegister` on `raw` and is
-            // released once.
+            // released once (the field is nulled above).
             let code = unsafe { deregister(raw, handle) };
             lib.check("ncclCommDeregister", code, raw)
         });
         if let Err(e) = result {
-            tracing::debug!(error = %e, "ncclCommDeregister failed in drop");
+            tracing::debug!(error = %e, "ncclCommDeregister failed");
         }
     }
 }
 
-/// A symmetric memory window (`ncclCommWindowRegister`, NCCL 2.27+):
-/// collective across the communicator, as is its deregistration on drop.
-/// The buffer is borrowed mutably: peers may write into it.
-pub struct Window<'c, 'b> {
-    comm: &'c Comm,
-    win: nccl_sys::ncclWindow_t,
-    _buffer: PhantomData<&'b mut ()>,
+impl<B> Drop for Registration<'_, B> {
+    fn drop(&mut self) {
+        self.deregister();
+    }
 }
 
-impl std::fmt::Debug for Window<'_, '_> {
+/// A symmetric memory window (`ncclCommWindowRegister`, NCCL 2.27+) over a
+/// buffer it owns and passes on to collectives. Registration and
+/// deregistration (on drop) are collective: every rank registers together,
+/// and one thread driving several communicators registers and drops their
+/// windows inside a group. NCCL wants the memory from `ncclMemAlloc`
+/// ([`NcclMemory`]).
+pub struct Window<'c, B> {
+    comm: &'c Comm,
+    /// NCCL may fill the handle at group end: a heap slot that stays put.
+    win: Box<nccl_sys::ncclWindow_t>,
+    buffer: B,
+}
+
+impl<B> std::fmt::Debug for Window<'_, B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Window { .. }")
     }
 }
 
-impl<'c, 'b> Window<'c, 'b> {
-    /// Registers `buffer` as a window with `NCCL_WIN_*` `flags`. Every rank
-    /// calls this together (one thread driving several communicators: in a
-    /// group). NCCL wants the buffer from `ncclMemAlloc`
-    /// ([`NcclMemory`]) and aligned to `NCCL_WIN_REQUIRED_ALIGNMENT`.
-    pub fn register<T: NcclType>(
-        comm: &'c Comm,
-        buffer: &'b mut (impl DeviceBufferMut<T> + ?Sized),
-        flags: i32,
-    ) -> Result<Window<'c, 'b>> {
+impl<'c, B> Window<'c, B> {
+    /// Registers `buffer` as a window with `NCCL_WIN_*` `flags`.
+    pub fn register<T: NcclType>(comm: &'c Comm, mut buffer: B, flags: i32) -> Result<Window<'c, B>>
+    where
+        B: DeviceBufferMut<T>,
+    {
         const OP: &str = "ncclCommWindowRegister";
         let lib = comm.library();
         lib.capabilities().require(Feature::Windows)?;
@@ -234,32 +252,32 @@ impl<'c, 'b> Window<'c, 'b> {
                 reason: "the buffer is not aligned to NCCL_WIN_REQUIRED_ALIGNMENT (4096)",
             });
         }
-        let win = comm.shared().with_raw(OP, |raw| {
+        let mut win = Box::new(std::ptr::null_mut());
+        let slot: *mut nccl_sys::ncclWindow_t = &mut *win;
+        comm.shared().with_raw(OP, |raw| {
             let register = lib.raw().ncclCommWindowRegister()?;
-            let mut win: nccl_sys::ncclWindow_t = std::ptr::null_mut();
-            // SAFETY: `raw` is live; `bytes` bytes of device memory at `ptr`,
-            // kept alive and exclusively borrowed until deregistration.
-            let code = unsafe { register(raw, ptr as *mut c_void, bytes, &mut win, flags) };
-            lib.check(OP, code, raw)?;
-            Ok(win)
+            // SAFETY: `raw` is live; `bytes` bytes of device memory at `ptr`
+            // owned by the returned window; `slot` is a heap slot that lives
+            // as long as the window.
+            let code = unsafe { register(raw, ptr as *mut c_void, bytes, slot, flags) };
+            lib.check(OP, code, raw)
         })?;
-        Ok(Window {
-            comm,
-            win,
-            _buffer: PhantomData,
-        })
+        Ok(Window { comm, win, buffer })
     }
 
-    /// The raw window handle.
+    /// The raw window handle (null until a group it was registered in ends).
     pub fn raw(&self) -> nccl_sys::ncclWindow_t {
-        self.win
+        *self.win
     }
 }
 
-impl Drop for Window<'_, '_> {
+impl<B> Drop for Window<'_, B> {
     fn drop(&mut self) {
         let lib = self.comm.library();
-        let win = self.win;
+        let win = *self.win;
+        if win.is_null() {
+            return;
+        }
         let result = self
             .comm
             .shared()
@@ -275,3 +293,36 @@ impl Drop for Window<'_, '_> {
         }
     }
 }
+
+/// Registered buffers and windows are buffers too: collectives take them
+/// directly.
+macro_rules! delegate_buffer {
+    ($ty:ident, $field:ident $(, $get:ident)?) => {
+        // SAFETY: forwards to the owned buffer, whose contract holds; the
+        // wrapper only adds a registration.
+        unsafe impl<T: NcclType, B: DeviceBuffer<T>> DeviceBuffer<T> for $ty<'_, B> {
+            fn len(&self) -> usize {
+                delegate_buffer!(@get self.$field $(, $get)?).len()
+            }
+            fn device(&self) -> usize {
+                delegate_buffer!(@get self.$field $(, $get)?).device()
+            }
+            fn read<'a>(&'a self, stream: &'a CudaStream) -> (u64, Access<'a>) {
+                delegate_buffer!(@get self.$field $(, $get)?).read(stream)
+            }
+        }
+        // SAFETY: as above.
+        unsafe impl<T: NcclType, B: DeviceBufferMut<T>> DeviceBufferMut<T> for $ty<'_, B> {
+            fn write<'a>(&'a mut self, stream: &'a CudaStream) -> (u64, Access<'a>) {
+                delegate_buffer!(@get_mut self.$field $(, $get)?).write(stream)
+            }
+        }
+    };
+    (@get $e:expr, option) => { $e.as_ref().expect("present until into_inner") };
+    (@get $e:expr) => { &$e };
+    (@get_mut $e:expr, option) => { $e.as_mut().expect("present until into_inner") };
+    (@get_mut $e:expr) => { &mut $e };
+}
+
+delegate_buffer!(Registration, buffer, option);
+delegate_buffer!(Window, buffer);

@@ -1269,27 +1269,32 @@ fn nccl_memory_and_registered_buffers_reduce_correctly() {
                 return Err(format!("NcclMemory all_reduce: {} != {want}", host[0]).into());
             }
         }
-        // A registered cudarc buffer.
-        let mut bufs: Vec<_> = ranks
+        // Registered cudarc buffers: the registration owns each buffer and
+        // is itself what the collective takes.
+        let bufs: Vec<_> = ranks
             .iter()
             .map(|r| r.stream().clone_htod(&vec![1.0f32; 4096]))
             .collect::<Result<_, _>>()?;
-        let regs: Vec<Registration<'_, '_>> = ranks
+        let mut regs: Vec<Registration<'_, _>> = ranks
             .iter()
-            .zip(&bufs)
+            .zip(bufs)
             .map(|(r, b)| Registration::new(&r.comm, b))
             .collect::<nccl_safe::Result<_>>()?;
-        drop(regs);
-        each_rank!(ranks, bufs, |on, r, b| {
+        each_rank!(ranks, regs, |on, r, reg| {
             let _ = r;
-            on.all_reduce_in_place(b, ReduceOp::Sum)
+            on.all_reduce_in_place(reg, ReduceOp::Sum)
         })?;
-        for b in &bufs {
-            if b.stream().clone_dtoh(b)?.iter().any(|v| *v != world as f32) {
+        for reg in regs {
+            let b = reg.into_inner();
+            if b.stream()
+                .clone_dtoh(&b)?
+                .iter()
+                .any(|v| *v != world as f32)
+            {
                 return Err("registered all_reduce gave the wrong sum".into());
             }
+            let _ = DeviceSlice::len(&b);
         }
-        let _ = DeviceSlice::len(&bufs[0]);
         Ok(())
     });
 }
@@ -1402,5 +1407,160 @@ fn collectives_run_on_a_stream_the_caller_chooses() {
             }
         }
         Ok(())
+    });
+}
+
+/// Copies `n` f32 from the host into NCCL memory and back.
+fn fill(
+    mem: &NcclMemory<f32>,
+    stream: &nccl_safe::cudarc::driver::CudaStream,
+    host: &[f32],
+) -> TestResult {
+    // SAFETY: `mem` holds at least `host.len()` f32 on the stream's device;
+    // the copy finishes before `host` goes (synchronize).
+    unsafe {
+        nccl_safe::cudarc::driver::result::memcpy_htod_async(
+            mem.device_ptr(),
+            host,
+            stream.cu_stream(),
+        )
+    }?;
+    stream.synchronize()?;
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs GPUs: cargo xtask gpu-test"]
+fn symmetric_windows_register_reduce_and_deregister() {
+    run(Config::new(), |ranks| {
+        let world = ranks[0].world;
+        if !ranks[0].comm.capabilities().has(Feature::Windows) {
+            return Ok(());
+        }
+        const LEN: usize = 1 << 16;
+        let mems: Vec<NcclMemory<f32>> = ranks
+            .iter()
+            .map(|r| NcclMemory::alloc(&r.comm, LEN))
+            .collect::<nccl_safe::Result<_>>()?;
+        for (r, m) in ranks.iter().zip(&mems) {
+            fill(m, r.stream(), &vec![(r.rank + 1) as f32; LEN])?;
+        }
+        // Registration is collective: one group when one thread drives all.
+        let g = nccl_safe::GroupGuard::start()?;
+        let wins: nccl_safe::Result<Vec<_>> = ranks
+            .iter()
+            .zip(mems)
+            .map(|(r, m)| {
+                nccl_safe::Window::register(
+                    &r.comm,
+                    m,
+                    nccl_safe::nccl_sys::NCCL_WIN_COLL_SYMMETRIC,
+                )
+            })
+            .collect();
+        g.end()?;
+        let mut wins = wins?;
+        if wins.iter().any(|w| w.raw().is_null()) {
+            return Err("a window handle is null after the group".into());
+        }
+        each_rank!(ranks, wins, |on, r, w| {
+            let _ = r;
+            on.all_reduce_in_place(w, ReduceOp::Sum)
+        })?;
+        let want = (world * (world + 1) / 2) as f32;
+        for (r, w) in ranks.iter().zip(&wins) {
+            let (ptr, _) = w.read(r.stream());
+            let mut host = vec![0.0f32; LEN];
+            r.stream().synchronize()?;
+            // SAFETY: the window's memory holds LEN f32.
+            unsafe {
+                nccl_safe::cudarc::driver::result::memcpy_dtoh_async(
+                    &mut host,
+                    ptr,
+                    r.stream().cu_stream(),
+                )
+            }?;
+            r.stream().synchronize()?;
+            if host.iter().any(|v| *v != want) {
+                return Err(format!("window all_reduce: {} != {want}", host[0]).into());
+            }
+        }
+        // Deregistration is collective too.
+        let g = nccl_safe::GroupGuard::start()?;
+        drop(wins);
+        g.end()?;
+        Ok(())
+    });
+}
+
+#[test]
+#[ignore = "needs GPUs: cargo xtask gpu-test"]
+fn shrink_drops_the_last_rank_and_the_rest_still_reduce() {
+    let threads = if mode() == Mode::Threads { world() } else { 1 };
+    let barrier = std::sync::Barrier::new(threads);
+    run(Config::new(), |ranks| {
+        let world = ranks[0].world;
+        if !ranks[0].comm.capabilities().has(Feature::Shrink) {
+            return Ok(());
+        }
+        // On one rank there is no one to drop: shrink to an equal copy.
+        let exclude: Vec<usize> = if world > 1 {
+            vec![world - 1]
+        } else {
+            Vec::new()
+        };
+        let survivors: Vec<&Rank> = ranks
+            .iter()
+            .filter(|r| !exclude.contains(&r.rank))
+            .collect();
+        let result = (|| -> TestResult {
+            if survivors.is_empty() {
+                return Ok(());
+            }
+            let parents: Vec<&Comm> = survivors.iter().map(|r| &r.comm).collect();
+            let children: Vec<Comm> = Comm::shrink_all(&parents, &exclude, false, None)?
+                .into_iter()
+                .map(|c| c.ok_or("no child"))
+                .collect::<Result<_, _>>()?;
+            for (r, c) in survivors.iter().zip(&children) {
+                if c.size() != world - exclude.len() || c.rank() != r.rank {
+                    return Err(format!(
+                        "rank {} shrank to rank {} of {}",
+                        r.rank,
+                        c.rank(),
+                        c.size()
+                    )
+                    .into());
+                }
+            }
+            let mut bufs: Vec<_> = survivors
+                .iter()
+                .map(|r| r.stream().clone_htod(&vec![(r.rank + 1) as i32; 500]))
+                .collect::<Result<_, _>>()?;
+            if children.len() == 1 {
+                children[0].all_reduce_in_place(&mut bufs[0], ReduceOp::Sum)?;
+            } else {
+                group(|g| {
+                    for (c, b) in children.iter().zip(bufs.iter_mut()) {
+                        g.on(c).all_reduce_in_place(b, ReduceOp::Sum)?;
+                    }
+                    Ok(())
+                })?;
+            }
+            let want: i32 = (0..world)
+                .filter(|r| !exclude.contains(r))
+                .map(|r| (r + 1) as i32)
+                .sum();
+            for b in &bufs {
+                if b.stream().clone_dtoh(b)?.iter().any(|v| *v != want) {
+                    return Err("all_reduce on the shrunk communicator gave the wrong sum".into());
+                }
+            }
+            Ok(())
+        })();
+        // The dropped rank leaves only after the others are done with the
+        // parent, as a failed peer would be replaced.
+        barrier.wait();
+        result
     });
 }
