@@ -322,6 +322,8 @@ fn matrix(o: &Options, binaries: &[PathBuf]) -> Result<()> {
             }
         }
         rows.push((test.clone(), cells));
+        // Keep the file current, so a run cut short still leaves its rows.
+        std::fs::write(o.out.join("matrix.md"), render(&columns, &rows, gpus))?;
     }
     let table = render(&columns, &rows, gpus);
     println!("{table}");
