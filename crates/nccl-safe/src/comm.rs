@@ -860,6 +860,13 @@ impl Comm {
         };
         let lib = first.shared.lib;
         lib.capabilities().require(Feature::Shrink)?;
+        if exclude.is_empty() {
+            // NCCL answers ncclInvalidArgument (seen on 2.28.9); say why.
+            return Err(Error::InvalidArgument {
+                op: OP,
+                reason: "nothing to exclude: shrink needs at least one excluded rank",
+            });
+        }
         let mut excluded = Vec::with_capacity(exclude.len());
         for &r in exclude {
             if r >= first.size {
