@@ -1503,12 +1503,15 @@ fn shrink_drops_the_last_rank_and_the_rest_still_reduce() {
         if !ranks[0].comm.capabilities().has(Feature::Shrink) {
             return Ok(());
         }
-        // On one rank there is no one to drop: shrink to an equal copy.
-        let exclude: Vec<usize> = if world > 1 {
-            vec![world - 1]
-        } else {
-            Vec::new()
-        };
+        // On one rank there is no one to drop, and an empty exclusion list
+        // is refused before NCCL sees it.
+        if world == 1 {
+            return match ranks[0].comm.shrink(&[], false, None) {
+                Err(Error::InvalidArgument { .. }) => Ok(()),
+                other => Err(format!("shrink with nothing to exclude gave {other:?}").into()),
+            };
+        }
+        let exclude = vec![world - 1];
         let survivors: Vec<&Rank> = ranks
             .iter()
             .filter(|r| !exclude.contains(&r.rank))
