@@ -22,8 +22,13 @@ use std::time::{Duration, Instant};
 
 use crate::{Result, cargo, test::gpu_count, workspace_root};
 
-/// The GPU test targets: (package, test target, name in the bundle).
-const TARGETS: &[(&str, &str, &str)] = &[("nccl-safe", "gpu", "nccl-safe-gpu")];
+/// The GPU test targets: (package, test target, name in the bundle, whether
+/// the launch mode matters). A target without communicators runs once per
+/// world size; its other mode columns read `n/a`.
+const TARGETS: &[(&str, &str, &str, bool)] = &[
+    ("nccl-safe", "gpu", "nccl-safe-gpu", true),
+    ("nccl-safe", "topology", "nccl-safe-topology", false),
+];
 
 /// Launch modes the harness understands (`NCCL_SAFE_TEST_MODE`).
 const MODES: &[&str] = &["single", "threads"];
@@ -97,7 +102,7 @@ pub fn run(args: &[&str]) -> Result<()> {
     let binaries = match &o.from_bundle {
         Some(dir) => TARGETS
             .iter()
-            .map(|(_, _, name)| dir.join("tests").join(name))
+            .map(|(_, _, name, _)| dir.join("tests").join(name))
             .collect(),
         None => build_tests()?,
     };
@@ -112,7 +117,7 @@ pub fn run(args: &[&str]) -> Result<()> {
 /// Builds the GPU test binaries in release mode, stripped; returns their paths.
 fn build_tests() -> Result<Vec<PathBuf>> {
     let mut paths = Vec::new();
-    for (package, target, _) in TARGETS {
+    for (package, target, _, _) in TARGETS {
         eprintln!("xtask: building {package} --test {target} (release)");
         let out = cargo()
             .args([
@@ -156,7 +161,7 @@ fn json_string(line: &str, key: &str) -> Option<String> {
 fn bundle(dir: &Path) -> Result<()> {
     let binaries = build_tests()?;
     std::fs::create_dir_all(dir.join("tests"))?;
-    for (path, (_, _, name)) in binaries.iter().zip(TARGETS) {
+    for (path, (_, _, name, _)) in binaries.iter().zip(TARGETS) {
         std::fs::copy(path, dir.join("tests").join(name))?;
     }
     eprintln!("xtask: building xtask (release) for the bundle");
@@ -199,6 +204,7 @@ fn list_tests(binary: &Path) -> Result<Vec<String>> {
 
 #[derive(Clone)]
 enum Outcome {
+    NotApplicable,
     Pass(Duration),
     Fail(Duration),
     Timeout(Duration),
@@ -207,13 +213,14 @@ enum Outcome {
 impl Outcome {
     fn cell(&self) -> String {
         match self {
+            Outcome::NotApplicable => "n/a".to_string(),
             Outcome::Pass(d) => format!("pass {:.1}s", d.as_secs_f64()),
             Outcome::Fail(d) => format!("FAIL {:.1}s", d.as_secs_f64()),
             Outcome::Timeout(d) => format!("TIMEOUT {:.0}s", d.as_secs_f64()),
         }
     }
     fn passed(&self) -> bool {
-        matches!(self, Outcome::Pass(_))
+        matches!(self, Outcome::Pass(_) | Outcome::NotApplicable)
     }
 }
 
@@ -286,10 +293,10 @@ fn matrix(o: &Options, binaries: &[PathBuf]) -> Result<()> {
         }
     }
     let mut tests = Vec::new();
-    for binary in binaries {
+    for (binary, (_, _, _, per_mode)) in binaries.iter().zip(TARGETS) {
         for test in list_tests(binary)? {
             if o.filter.as_ref().is_none_or(|f| test.contains(f.as_str())) {
-                tests.push((binary.clone(), test));
+                tests.push((binary.clone(), test, *per_mode));
             }
         }
     }
@@ -299,11 +306,15 @@ fn matrix(o: &Options, binaries: &[PathBuf]) -> Result<()> {
     let total = tests.len() * columns.len();
     let mut done = 0;
     let started = Instant::now();
-    for (binary, test) in &tests {
+    for (binary, test, per_mode) in &tests {
         let mut cells = Vec::new();
         for w in &worlds {
-            for m in &o.modes {
+            for (k, m) in o.modes.iter().enumerate() {
                 done += 1;
+                if !per_mode && k > 0 {
+                    cells.push(Outcome::NotApplicable);
+                    continue;
+                }
                 let log = o.out.join(format!("{test}.w{w}.{m}.log"));
                 let outcome = run_one(binary, test, *w, m, o.timeout, &log)?;
                 eprintln!(

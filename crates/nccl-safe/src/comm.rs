@@ -384,7 +384,7 @@ fn c_int(op: &'static str, what: &'static str, value: usize) -> Result<i32> {
 
 /// cudarc panics when it cannot load the CUDA driver; ask first, so a
 /// machine without one gets an error value.
-fn require_cuda_driver() -> Result<()> {
+pub(crate) fn require_cuda_driver() -> Result<()> {
     // SAFETY: only tries to load libcuda and reports whether it could.
     if unsafe { cudarc::driver::sys::is_culib_present() } {
         Ok(())

@@ -12,6 +12,8 @@
 //! - Groups ([`GroupGuard`], [`group`]) that hold the borrowed buffers until
 //!   NCCL launches the work, `PreMulSum`, fp8, [`NcclMemory`], buffer
 //!   [`Registration`] and symmetric [`Window`]s.
+//! - [`Topology`]: the peer-access matrix, NVLink counts (NVML), islands,
+//!   ring orders and peer copies.
 //! - [`Capabilities`] from the loaded library's version and symbols, so a
 //!   feature an older NCCL lacks is [`Error::Unsupported`], not a crash.
 //!
@@ -51,6 +53,7 @@ mod group;
 mod library;
 mod memory;
 mod reduce_op;
+mod topology;
 mod unique_id;
 mod validate;
 
@@ -65,6 +68,9 @@ pub use group::{GroupGuard, group, take_dropped_group_error};
 pub use library::Library;
 pub use memory::{NcclMemory, Registration, Window};
 pub use reduce_op::{PreMulSum, ReduceOp, Reduction};
+pub use topology::{
+    Gpu, Island, Link, NvmlStatus, PcieLevel, Topology, copy_peer, copy_peer_async,
+};
 pub use unique_id::UniqueId;
 
 pub use cudarc;
