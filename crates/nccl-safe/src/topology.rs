@@ -458,18 +458,20 @@ pub fn copy_peer_async<T: NcclType>(
         to = dst_ctx.ordinal()
     )
     .entered();
-    // The source's pending writes, as seen from its stream, come first.
+    // Each buffer's bookkeeping stays on its own stream (cudarc records
+    // events in the stream's context); events join the two streams.
+    let (sp, sa) = src.read(src_stream);
     let ready = src_stream
         .record_event(None)
         .map_err(cuda("cuEventRecord"))?;
     dst_stream.wait(&ready).map_err(cuda("cuStreamWaitEvent"))?;
-    let (sp, sa) = src.read(dst_stream);
     let (dp, da) = dst.write(dst_stream);
     dst_ctx.bind_to_thread().map_err(cuda(OP))?;
     // SAFETY: `bytes` bytes readable at `sp` on the source's device and
     // writable at `dp` on the destination's (checked above); both contexts
-    // are live primary contexts; ordered on `dst_stream`.
-    unsafe {
+    // are live primary contexts; ordered on `dst_stream` after the source's
+    // stream.
+    let copied = unsafe {
         sys::cuMemcpyPeerAsync(
             dp,
             dst_ctx.cu_ctx(),
@@ -480,9 +482,15 @@ pub fn copy_peer_async<T: NcclType>(
         )
     }
     .result()
-    .map_err(cuda(OP))?;
+    .map_err(cuda(OP));
+    // Later work on the source's stream (its free included) waits for the
+    // copy, even when the copy could not be queued.
+    let done = dst_stream
+        .record_event(None)
+        .map_err(cuda("cuEventRecord"))?;
+    src_stream.wait(&done).map_err(cuda("cuStreamWaitEvent"))?;
     drop((sa, da));
-    Ok(())
+    copied
 }
 
 /// [`copy_peer_async`], then waits for the copy.
