@@ -295,7 +295,11 @@ fn matrix(o: &Options, binaries: &[PathBuf]) -> Result<()> {
     let mut tests = Vec::new();
     for (binary, (_, _, _, per_mode)) in binaries.iter().zip(TARGETS) {
         for test in list_tests(binary)? {
-            if o.filter.as_ref().is_none_or(|f| test.contains(f.as_str())) {
+            // `--filter a,b` keeps tests whose name contains any of them.
+            if o.filter
+                .as_ref()
+                .is_none_or(|f| f.split(',').any(|part| test.contains(part)))
+            {
                 tests.push((binary.clone(), test, *per_mode));
             }
         }

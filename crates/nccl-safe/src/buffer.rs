@@ -1,6 +1,8 @@
 //! Device memory as collectives see it: a pointer, an element count and a
 //! device, plus the stream ordering the memory's owner needs.
 
+use std::sync::Arc;
+
 use cudarc::driver::{
     CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop,
 };
@@ -8,31 +10,83 @@ use cudarc::driver::{
 use crate::dtype::NcclType;
 
 /// Keeps the memory owner's stream bookkeeping alive while NCCL work is
-/// enqueued; dropping it records that work for the owner (cudarc records an
-/// event so later users and the final free wait for it).
+/// enqueued; dropping it records that work for the owner (cudarc records
+/// an event so later users and the final free wait for it).
 #[must_use = "drop it only after the NCCL call that uses the pointer"]
-pub struct Access<'a>(Option<SyncOnDrop<'a>>);
+pub struct Access<'a>(Inner<'a>);
+
+enum Inner<'a> {
+    None,
+    #[allow(dead_code)] // held for its Drop, which records the work
+    Cudarc(SyncOnDrop<'a>),
+    /// The memory belongs to `own`, the work runs on `target`: on drop,
+    /// cudarc records on `target`, then `own` waits for `target`.
+    Joined {
+        guard: Option<SyncOnDrop<'a>>,
+        own: Arc<CudaStream>,
+        target: &'a CudaStream,
+    },
+}
 
 impl<'a> Access<'a> {
     /// No bookkeeping: for memory whose owner orders work by other means.
     pub fn none() -> Access<'a> {
-        Access(None)
+        Access(Inner::None)
     }
 
     /// Wraps cudarc's guard.
     pub fn cudarc(guard: SyncOnDrop<'a>) -> Access<'a> {
-        Access(Some(guard))
+        Access(Inner::Cudarc(guard))
+    }
+}
+
+impl Drop for Access<'_> {
+    fn drop(&mut self) {
+        if let Inner::Joined { guard, own, target } = &mut self.0 {
+            drop(guard.take());
+            if own.join(target).is_err() {
+                // Cannot order the streams: wait for the work instead, so the
+                // owner never frees memory still in use.
+                let _ = target.synchronize();
+            }
+        }
     }
 }
 
 impl std::fmt::Debug for Access<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.is_some() {
-            "Access(cudarc)"
-        } else {
-            "Access(none)"
+        f.write_str(match self.0 {
+            Inner::None => "Access(none)",
+            Inner::Cudarc(_) => "Access(cudarc)",
+            Inner::Joined { .. } => "Access(joined)",
         })
     }
+}
+
+/// For cudarc memory: on its own stream, cudarc's bookkeeping suffices; on
+/// another stream (of the same device), the two are also joined with events
+/// in both directions, so the order holds even when cudarc's event tracking
+/// is off for the memory's context.
+fn cudarc_access<'a>(
+    own: Arc<CudaStream>,
+    target: &'a CudaStream,
+    guarded: (u64, SyncOnDrop<'a>),
+) -> (u64, Access<'a>) {
+    let (ptr, guard) = guarded;
+    if own.cu_stream() == target.cu_stream() {
+        return (ptr, Access::cudarc(guard));
+    }
+    if target.join(&own).is_err() {
+        let _ = own.synchronize();
+    }
+    (
+        ptr,
+        Access(Inner::Joined {
+            guard: Some(guard),
+            own,
+            target,
+        }),
+    )
 }
 
 /// Device memory a collective may read: `len()` elements of `T` on GPU
@@ -91,8 +145,8 @@ unsafe impl<T: NcclType> DeviceBuffer<T> for CudaSlice<T> {
         ordinal_of(DeviceSlice::stream(self))
     }
     fn read<'a>(&'a self, stream: &'a CudaStream) -> (u64, Access<'a>) {
-        let (ptr, guard) = self.device_ptr(stream);
-        (ptr, Access::cudarc(guard))
+        let own = Arc::clone(DeviceSlice::stream(self));
+        cudarc_access(own, stream, self.device_ptr(stream))
     }
 }
 
@@ -100,8 +154,8 @@ unsafe impl<T: NcclType> DeviceBuffer<T> for CudaSlice<T> {
 // reads and writes.
 unsafe impl<T: NcclType> DeviceBufferMut<T> for CudaSlice<T> {
     fn write<'a>(&'a mut self, stream: &'a CudaStream) -> (u64, Access<'a>) {
-        let (ptr, guard) = self.device_ptr_mut(stream);
-        (ptr, Access::cudarc(guard))
+        let own = Arc::clone(DeviceSlice::stream(self));
+        cudarc_access(own, stream, self.device_ptr_mut(stream))
     }
 }
 
@@ -115,8 +169,8 @@ unsafe impl<T: NcclType> DeviceBuffer<T> for CudaView<'_, T> {
         ordinal_of(DeviceSlice::stream(self))
     }
     fn read<'a>(&'a self, stream: &'a CudaStream) -> (u64, Access<'a>) {
-        let (ptr, guard) = self.device_ptr(stream);
-        (ptr, Access::cudarc(guard))
+        let own = Arc::clone(DeviceSlice::stream(self));
+        cudarc_access(own, stream, self.device_ptr(stream))
     }
 }
 
@@ -129,15 +183,15 @@ unsafe impl<T: NcclType> DeviceBuffer<T> for CudaViewMut<'_, T> {
         ordinal_of(DeviceSlice::stream(self))
     }
     fn read<'a>(&'a self, stream: &'a CudaStream) -> (u64, Access<'a>) {
-        let (ptr, guard) = self.device_ptr(stream);
-        (ptr, Access::cudarc(guard))
+        let own = Arc::clone(DeviceSlice::stream(self));
+        cudarc_access(own, stream, self.device_ptr(stream))
     }
 }
 
 // SAFETY: as for `CudaSlice`.
 unsafe impl<T: NcclType> DeviceBufferMut<T> for CudaViewMut<'_, T> {
     fn write<'a>(&'a mut self, stream: &'a CudaStream) -> (u64, Access<'a>) {
-        let (ptr, guard) = self.device_ptr_mut(stream);
-        (ptr, Access::cudarc(guard))
+        let own = Arc::clone(DeviceSlice::stream(self));
+        cudarc_access(own, stream, self.device_ptr_mut(stream))
     }
 }

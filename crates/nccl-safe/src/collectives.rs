@@ -87,8 +87,12 @@ impl std::fmt::Debug for OnStream<'_, '_> {
     }
 }
 
+/// The address `offset_elems` elements past `address`. Offsets are
+/// validated to lie inside the buffer, whose contract promises it is real
+/// memory, so this cannot wrap; wrapping keeps a lying implementation from
+/// causing a panic here.
 fn ptr(address: u64, offset_elems: usize, elem_bytes: usize) -> u64 {
-    address + (offset_elems * elem_bytes) as u64
+    address.wrapping_add(offset_elems.wrapping_mul(elem_bytes) as u64)
 }
 
 impl<'s, 'a> OnStream<'s, 'a> {
@@ -117,6 +121,15 @@ impl<'s, 'a> OnStream<'s, 'a> {
             return Err(Error::InvalidArgument {
                 op,
                 reason: "a group is open on this thread: issue the call through GroupGuard::on",
+            });
+        }
+        let stream_device = self.stream.context().ordinal();
+        if stream_device != self.comm.device() {
+            return Err(Error::WrongDevice {
+                op,
+                role: Role::Stream,
+                expected: self.comm.device(),
+                found: stream_device,
             });
         }
         Ok(Check {
@@ -212,7 +225,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
         // SAFETY: validated: both buffers on this device, `count` elements
         // readable at `sp` and writable at `rp`, no partial overlap; the
         // op belongs to this communicator.
-        self.call(OP, |comm, stream| unsafe {
+        let enqueued = self.call(OP, |comm, stream| unsafe {
             f(
                 sp as *const c_void,
                 rp as *mut c_void,
@@ -222,8 +235,11 @@ impl<'s, 'a> OnStream<'s, 'a> {
                 comm,
                 stream,
             )
-        })?;
+        });
+        // Settled even on error: work queued before the failure keeps its
+        // buffers' bookkeeping until the group launches it.
         self.settle([sa, ra].into_iter().chain(scalar));
+        enqueued?;
         Ok(())
     }
 
@@ -251,7 +267,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
         let f = self.comm.library().raw().ncclAllReduce()?;
         // SAFETY: `count` elements at `p` on this device, read and written
         // in place as NCCL defines for sendbuff == recvbuff.
-        self.call(OP, |comm, stream| unsafe {
+        let enqueued = self.call(OP, |comm, stream| unsafe {
             f(
                 p as *const c_void,
                 p as *mut c_void,
@@ -261,8 +277,11 @@ impl<'s, 'a> OnStream<'s, 'a> {
                 comm,
                 stream,
             )
-        })?;
+        });
+        // Settled even on error: work queued before the failure keeps its
+        // buffers' bookkeeping until the group launches it.
         self.settle([a].into_iter().chain(scalar));
+        enqueued?;
         Ok(())
     }
 
@@ -325,7 +344,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
         let root_c = root as i32;
         // SAFETY: validated as for all_reduce; `rp` is null off the root,
         // where NCCL does not use the receive buffer.
-        self.call(OP, |comm, stream| unsafe {
+        let enqueued = self.call(OP, |comm, stream| unsafe {
             f(
                 sp as *const c_void,
                 rp as *mut c_void,
@@ -336,8 +355,11 @@ impl<'s, 'a> OnStream<'s, 'a> {
                 comm,
                 stream,
             )
-        })?;
+        });
+        // Settled even on error: work queued before the failure keeps its
+        // buffers' bookkeeping until the group launches it.
         self.settle([sa].into_iter().chain(ra).chain(scalar));
+        enqueued?;
         Ok(())
     }
 
@@ -368,7 +390,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
         let f = self.comm.library().raw().ncclReduce()?;
         let root_c = root as i32;
         // SAFETY: `count` elements at `p` on this device, in place.
-        self.call(OP, |comm, stream| unsafe {
+        let enqueued = self.call(OP, |comm, stream| unsafe {
             f(
                 p as *const c_void,
                 p as *mut c_void,
@@ -379,8 +401,11 @@ impl<'s, 'a> OnStream<'s, 'a> {
                 comm,
                 stream,
             )
-        })?;
+        });
+        // Settled even on error: work queued before the failure keeps its
+        // buffers' bookkeeping until the group launches it.
         self.settle([a].into_iter().chain(scalar));
+        enqueued?;
         Ok(())
     }
 
@@ -424,7 +449,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
         let f = self.comm.library().raw().ncclReduceScatter()?;
         // SAFETY: validated: `size * count` elements readable at `sp`,
         // `count` writable at `rp`, same device, NCCL's layout or disjoint.
-        self.call(OP, |comm, stream| unsafe {
+        let enqueued = self.call(OP, |comm, stream| unsafe {
             f(
                 sp as *const c_void,
                 rp as *mut c_void,
@@ -434,8 +459,11 @@ impl<'s, 'a> OnStream<'s, 'a> {
                 comm,
                 stream,
             )
-        })?;
+        });
+        // Settled even on error: work queued before the failure keeps its
+        // buffers' bookkeeping until the group launches it.
         self.settle([sa, ra].into_iter().chain(scalar));
+        enqueued?;
         Ok(())
     }
 
@@ -470,7 +498,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
         let f = self.comm.library().raw().ncclReduceScatter()?;
         // SAFETY: `size * count` elements at `p`; the output is this rank's
         // block, NCCL's in-place layout.
-        self.call(OP, |comm, stream| unsafe {
+        let enqueued = self.call(OP, |comm, stream| unsafe {
             f(
                 p as *const c_void,
                 rp as *mut c_void,
@@ -480,8 +508,11 @@ impl<'s, 'a> OnStream<'s, 'a> {
                 comm,
                 stream,
             )
-        })?;
+        });
+        // Settled even on error: work queued before the failure keeps its
+        // buffers' bookkeeping until the group launches it.
         self.settle([a].into_iter().chain(scalar));
+        enqueued?;
         Ok(())
     }
 
@@ -549,7 +580,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
         let root_c = root as i32;
         // SAFETY: validated; `sp` is null off the root, where NCCL does not
         // read the send buffer.
-        self.call(OP, |comm, stream| unsafe {
+        let enqueued = self.call(OP, |comm, stream| unsafe {
             f(
                 sp as *const c_void,
                 rp as *mut c_void,
@@ -559,8 +590,11 @@ impl<'s, 'a> OnStream<'s, 'a> {
                 comm,
                 stream,
             )
-        })?;
+        });
+        // Settled even on error: work queued before the failure keeps its
+        // buffers' bookkeeping until the group launches it.
         self.settle(sa.into_iter().chain([ra]));
+        enqueued?;
         Ok(())
     }
 
@@ -586,7 +620,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
         let f = self.comm.library().raw().ncclBroadcast()?;
         let root_c = root as i32;
         // SAFETY: `count` elements at `p` on this device, in place.
-        self.call(OP, |comm, stream| unsafe {
+        let enqueued = self.call(OP, |comm, stream| unsafe {
             f(
                 p as *const c_void,
                 p as *mut c_void,
@@ -596,8 +630,11 @@ impl<'s, 'a> OnStream<'s, 'a> {
                 comm,
                 stream,
             )
-        })?;
+        });
+        // Settled even on error: work queued before the failure keeps its
+        // buffers' bookkeeping until the group launches it.
         self.settle([a]);
+        enqueued?;
         Ok(())
     }
 
@@ -629,7 +666,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
         let f = self.comm.library().raw().ncclAllGather()?;
         // SAFETY: validated: `count` readable at `sp`, `size * count`
         // writable at `rp`, same device, NCCL's layout or disjoint.
-        self.call(OP, |comm, stream| unsafe {
+        let enqueued = self.call(OP, |comm, stream| unsafe {
             f(
                 sp as *const c_void,
                 rp as *mut c_void,
@@ -638,8 +675,11 @@ impl<'s, 'a> OnStream<'s, 'a> {
                 comm,
                 stream,
             )
-        })?;
+        });
+        // Settled even on error: work queued before the failure keeps its
+        // buffers' bookkeeping until the group launches it.
         self.settle([sa, ra]);
+        enqueued?;
         Ok(())
     }
 
@@ -672,7 +712,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
         let f = self.comm.library().raw().ncclAllGather()?;
         // SAFETY: `size * count` elements at `p`; the input is this rank's
         // block, NCCL's in-place layout.
-        self.call(OP, |comm, stream| unsafe {
+        let enqueued = self.call(OP, |comm, stream| unsafe {
             f(
                 sp as *const c_void,
                 p as *mut c_void,
@@ -681,8 +721,11 @@ impl<'s, 'a> OnStream<'s, 'a> {
                 comm,
                 stream,
             )
-        })?;
+        });
+        // Settled even on error: work queued before the failure keeps its
+        // buffers' bookkeeping until the group launches it.
         self.settle([a]);
+        enqueued?;
         Ok(())
     }
 
@@ -772,7 +815,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
             return Ok(());
         }
         let _span = tracing::trace_span!("nccl.all_to_all_v", dtype = ?T::DATATYPE).entered();
-        self.send_recv_all::<T>(
+        let enqueued = self.send_recv_all::<T>(
             OP,
             sp,
             send_counts,
@@ -781,8 +824,11 @@ impl<'s, 'a> OnStream<'s, 'a> {
             recv_counts,
             recv_displs,
             c.elem_bytes,
-        )?;
+        );
+        // Settled even on error: work queued before the failure keeps its
+        // buffers' bookkeeping until the group launches it.
         self.settle([sa, ra]);
+        enqueued?;
         Ok(())
     }
 
@@ -801,7 +847,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
     ) -> Result<()> {
         let lib = self.comm.library();
         let (send, recv) = (lib.raw().ncclSend()?, lib.raw().ncclRecv()?);
-        let group: GroupGuard<'_> = GroupGuard::start()?;
+        let group: GroupGuard<'_> = GroupGuard::start_internal()?;
         for peer in 0..self.comm.size() {
             let peer_c = peer as i32;
             if send_counts[peer] > 0 {
@@ -876,8 +922,11 @@ impl<'s, 'a> OnStream<'s, 'a> {
         }
         let _span =
             tracing::trace_span!("nccl.gather", count, dtype = ?T::DATATYPE, root).entered();
-        self.gather_raw::<T>(OP, sp, rp, count, root, is_root)?;
+        let enqueued = self.gather_raw::<T>(OP, sp, rp, count, root, is_root);
+        // Settled even on error: work queued before the failure keeps its
+        // buffers' bookkeeping until the group launches it.
         self.settle([sa].into_iter().chain(ra));
+        enqueued?;
         Ok(())
     }
 
@@ -920,8 +969,11 @@ impl<'s, 'a> OnStream<'s, 'a> {
         let _span =
             tracing::trace_span!("nccl.gather", count, dtype = ?T::DATATYPE, root, in_place = true)
                 .entered();
-        self.gather_raw::<T>(OP, sp, rp, count, root, is_root)?;
+        let enqueued = self.gather_raw::<T>(OP, sp, rp, count, root, is_root);
+        // Settled even on error: work queued before the failure keeps its
+        // buffers' bookkeeping until the group launches it.
         self.settle([a]);
+        enqueued?;
         Ok(())
     }
 
@@ -938,7 +990,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
         if self.comm.uses_send_recv(Feature::NativeGatherScatter) {
             let (send, recv) = (lib.raw().ncclSend()?, lib.raw().ncclRecv()?);
             let e = std::mem::size_of::<T>();
-            let group: GroupGuard<'_> = GroupGuard::start()?;
+            let group: GroupGuard<'_> = GroupGuard::start_internal()?;
             if is_root {
                 for peer in 0..self.comm.size() {
                     let p = ptr(rp, peer * count, e);
@@ -1068,8 +1120,11 @@ impl<'s, 'a> OnStream<'s, 'a> {
         }
         let _span =
             tracing::trace_span!("nccl.scatter", count, dtype = ?T::DATATYPE, root).entered();
-        self.scatter_raw::<T>(OP, sp, rp, count, root, is_root)?;
+        let enqueued = self.scatter_raw::<T>(OP, sp, rp, count, root, is_root);
+        // Settled even on error: work queued before the failure keeps its
+        // buffers' bookkeeping until the group launches it.
         self.settle(sa.into_iter().chain([ra]));
+        enqueued?;
         Ok(())
     }
 
@@ -1110,8 +1165,11 @@ impl<'s, 'a> OnStream<'s, 'a> {
             (0, p)
         };
         let _span = tracing::trace_span!("nccl.scatter", count, dtype = ?T::DATATYPE, root, in_place = true).entered();
-        self.scatter_raw::<T>(OP, sp, rp, count, root, is_root)?;
+        let enqueued = self.scatter_raw::<T>(OP, sp, rp, count, root, is_root);
+        // Settled even on error: work queued before the failure keeps its
+        // buffers' bookkeeping until the group launches it.
         self.settle([a]);
+        enqueued?;
         Ok(())
     }
 
@@ -1128,7 +1186,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
         if self.comm.uses_send_recv(Feature::NativeGatherScatter) {
             let (send, recv) = (lib.raw().ncclSend()?, lib.raw().ncclRecv()?);
             let e = std::mem::size_of::<T>();
-            let group: GroupGuard<'_> = GroupGuard::start()?;
+            let group: GroupGuard<'_> = GroupGuard::start_internal()?;
             if is_root {
                 for peer in 0..self.comm.size() {
                     let p = ptr(sp, peer * count, e);
@@ -1197,10 +1255,13 @@ impl<'s, 'a> OnStream<'s, 'a> {
         let f = self.comm.library().raw().ncclSend()?;
         let peer_c = peer as i32;
         // SAFETY: `count` readable elements at `p` on this device.
-        self.call(OP, |comm, stream| unsafe {
+        let enqueued = self.call(OP, |comm, stream| unsafe {
             f(p as *const c_void, count, T::DATATYPE, peer_c, comm, stream)
-        })?;
+        });
+        // Settled even on error: work queued before the failure keeps its
+        // buffers' bookkeeping until the group launches it.
         self.settle([a]);
+        enqueued?;
         Ok(())
     }
 
@@ -1226,10 +1287,13 @@ impl<'s, 'a> OnStream<'s, 'a> {
         let f = self.comm.library().raw().ncclRecv()?;
         let peer_c = peer as i32;
         // SAFETY: `count` writable elements at `p` on this device.
-        self.call(OP, |comm, stream| unsafe {
+        let enqueued = self.call(OP, |comm, stream| unsafe {
             f(p as *mut c_void, count, T::DATATYPE, peer_c, comm, stream)
-        })?;
+        });
+        // Settled even on error: work queued before the failure keeps its
+        // buffers' bookkeeping until the group launches it.
         self.settle([a]);
+        enqueued?;
         Ok(())
     }
 }

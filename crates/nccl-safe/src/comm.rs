@@ -109,24 +109,30 @@ impl Shared {
     }
 
     fn abort(&self) -> Result<()> {
-        let mut state = self.lock();
-        let State::Live(raw) = *state else {
-            return Ok(());
+        let result = {
+            let mut state = self.lock();
+            let State::Live(raw) = *state else {
+                return Ok(());
+            };
+            *state = State::Aborted;
+            let _span = tracing::debug_span!("nccl.abort").entered();
+            let _ = self.ctx.bind_to_thread();
+            match self.lib.raw().ncclCommAbort() {
+                Ok(abort) => {
+                    // SAFETY: `raw` was live and the state now says Aborted,
+                    // so nobody else uses or frees it; aborted exactly once.
+                    let code = unsafe { abort(raw) };
+                    self.lib.check("ncclCommAbort", code, std::ptr::null_mut())
+                }
+                Err(e) => Err(e.into()),
+            }
         };
-        *state = State::Aborted;
+        // The lock is released first: the clique may tear down its other
+        // members now, which must not wait on this one.
         if let Some(clique) = &self.clique {
             clique.withdraw();
         }
-        let _span = tracing::debug_span!("nccl.abort").entered();
-        self.ctx.bind_to_thread().map_err(|source| Error::Cuda {
-            op: "ncclCommAbort",
-            source,
-        })?;
-        let abort = self.lib.raw().ncclCommAbort()?;
-        // SAFETY: `raw` is live and now unreachable from anyone else (the
-        // state says Aborted), so it is aborted and freed exactly once.
-        let code = unsafe { abort(raw) };
-        self.lib.check("ncclCommAbort", code, std::ptr::null_mut())
+        result
     }
 }
 
@@ -144,10 +150,13 @@ impl Drop for Shared {
             blocking: self.blocking,
             timeout: self.timeout,
         };
-        match &self.clique {
+        let clique = self.clique.clone();
+        // A group open on this thread may still refer to the communicator:
+        // tear down after it ends.
+        crate::group::after_group(Box::new(move || match clique {
             Some(clique) => clique.hand_in(member),
             None => member.teardown_alone(),
-        }
+        }));
     }
 }
 
@@ -357,6 +366,9 @@ impl AbortHandle {
     /// no-op. On a blocking communicator this waits for a call in progress
     /// to return; a nonblocking one is interrupted between polls.
     pub fn abort(&self) -> Result<()> {
+        // On the thread that has a group open, the group still refers to
+        // the communicator: abort after it ends.
+        refuse_in_group("ncclCommAbort")?;
         self.shared.abort()
     }
 
@@ -380,6 +392,20 @@ fn cuda(op: &'static str) -> impl FnOnce(cudarc::driver::DriverError) -> Error {
 
 fn c_int(op: &'static str, what: &'static str, value: usize) -> Result<i32> {
     i32::try_from(value).map_err(|_| Error::InvalidArgument { op, reason: what })
+}
+
+/// Communicators are created and torn down outside groups: NCCL would
+/// finish the job at a group end this call cannot see, after the memory it
+/// was given is gone.
+fn refuse_in_group(op: &'static str) -> Result<()> {
+    if crate::group::in_group() {
+        Err(Error::InvalidArgument {
+            op,
+            reason: "not allowed while a group is open on this thread",
+        })
+    } else {
+        Ok(())
+    }
 }
 
 /// cudarc panics when it cannot load the CUDA driver; ask first, so a
@@ -490,6 +516,7 @@ impl Comm {
         config: &Config,
     ) -> Result<Comm> {
         const OP: &str = "ncclCommInitRankConfig";
+        refuse_in_group(OP)?;
         if nranks == 0 || rank >= nranks {
             return Err(Error::RankOutOfRange {
                 op: OP,
@@ -542,6 +569,7 @@ impl Comm {
         config: &Config,
     ) -> Result<Comm> {
         const OP: &str = "ncclCommInitRankScalable";
+        refuse_in_group(OP)?;
         let lib = Library::get()?;
         lib.capabilities().require(Feature::InitScalable)?;
         if ids.is_empty() {
@@ -603,6 +631,7 @@ impl Comm {
     /// group ([`GroupGuard`]); they may be dropped in any order.
     pub fn init_all(devices: &[usize], config: &Config) -> Result<Vec<Comm>> {
         const OP: &str = "ncclCommInitAll";
+        refuse_in_group(OP)?;
         if devices.is_empty() {
             return Err(Error::InvalidArgument {
                 op: OP,
@@ -717,6 +746,7 @@ impl Comm {
         config: Option<&Config>,
     ) -> Result<Vec<Option<Comm>>> {
         const OP: &str = "ncclCommSplit";
+        refuse_in_group(OP)?;
         if comms.len() != colors.len() || comms.len() != keys.len() {
             return Err(Error::InvalidArgument {
                 op: OP,
@@ -855,6 +885,7 @@ impl Comm {
         config: Option<&Config>,
     ) -> Result<Vec<Option<Comm>>> {
         const OP: &str = "ncclCommShrink";
+        refuse_in_group(OP)?;
         let Some(first) = comms.first() else {
             return Ok(Vec::new());
         };
@@ -930,6 +961,7 @@ impl Comm {
         config: Option<&Config>,
     ) -> Result<Comm> {
         const OP: &str = "ncclCommGrow";
+        refuse_in_group(OP)?;
         let lib = self.shared.lib;
         lib.capabilities().require(Feature::Grow)?;
         if new_size <= self.size {
@@ -984,6 +1016,7 @@ impl Comm {
     /// collectives afterwards.
     pub fn revoke(&self) -> Result<()> {
         const OP: &str = "ncclCommRevoke";
+        refuse_in_group(OP)?;
         let lib = self.shared.lib;
         lib.capabilities().require(Feature::Revoke)?;
         let code = self.shared.with_raw(OP, |raw| {
@@ -1004,6 +1037,7 @@ impl Comm {
     /// the group is torn down when its last member goes.
     pub fn finalize(self) -> Result<()> {
         const OP: &str = "ncclCommFinalize";
+        refuse_in_group(OP)?;
         if self.shared.clique.is_some() {
             return Ok(());
         }
@@ -1027,6 +1061,7 @@ impl Comm {
     /// `ncclCommDestroy` (which finalizes first if that was not done).
     pub fn destroy(self) -> Result<()> {
         const OP: &str = "ncclCommDestroy";
+        refuse_in_group(OP)?;
         if self.shared.clique.is_some() {
             return Ok(());
         }
@@ -1047,6 +1082,7 @@ impl Comm {
 
     /// `ncclCommAbort` now.
     pub fn abort(self) -> Result<()> {
+        refuse_in_group("ncclCommAbort")?;
         self.shared.abort()
     }
 

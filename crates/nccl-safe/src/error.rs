@@ -24,6 +24,8 @@ pub enum Role {
     InPlace,
     /// A device-resident scalar (PreMulSum).
     Scalar,
+    /// The stream an operation was asked to run on.
+    Stream,
 }
 
 impl std::fmt::Display for Role {
@@ -33,6 +35,7 @@ impl std::fmt::Display for Role {
             Role::Recv => "receive buffer",
             Role::InPlace => "buffer",
             Role::Scalar => "scalar",
+            Role::Stream => "stream",
         })
     }
 }

@@ -27,6 +27,9 @@ struct GroupState {
     touched: Vec<Arc<Shared>>,
     /// The error of a group that a guard's `Drop` ended.
     dropped_error: Option<Error>,
+    /// Teardown that must wait until the outermost group has ended
+    /// (communicators dropped while a group that may use them is open).
+    deferred: Vec<Box<dyn FnOnce()>>,
 }
 
 thread_local! {
@@ -36,6 +39,29 @@ thread_local! {
 /// Whether this thread is inside a group.
 pub(crate) fn in_group() -> bool {
     GROUP.with(|g| g.borrow().depth > 0)
+}
+
+/// Runs `action` now, or after the outermost group of this thread ends.
+pub(crate) fn after_group(action: Box<dyn FnOnce()>) {
+    let pending = GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        if g.depth > 0 {
+            g.deferred.push(action);
+            None
+        } else {
+            Some(action)
+        }
+    });
+    if let Some(action) = pending {
+        action();
+    }
+}
+
+fn run_deferred() {
+    let actions = GROUP.with(|g| std::mem::take(&mut g.borrow_mut().deferred));
+    for action in actions {
+        action();
+    }
 }
 
 /// Records that a nonblocking communicator was used in the open group.
@@ -89,8 +115,22 @@ impl std::fmt::Debug for GroupGuard<'_> {
 }
 
 impl<'g> GroupGuard<'g> {
-    /// `ncclGroupStart`.
+    /// `ncclGroupStart`. A group is already open on this thread: use
+    /// [`GroupGuard::nest`] on it instead, so the inner group's buffers
+    /// stay borrowed until the outer group launches them.
     pub fn start() -> Result<GroupGuard<'g>> {
+        if in_group() {
+            return Err(Error::InvalidArgument {
+                op: "ncclGroupStart",
+                reason: "a group is already open on this thread: nest with GroupGuard::nest",
+            });
+        }
+        Self::start_internal()
+    }
+
+    /// `ncclGroupStart` without the nesting check, for this crate's own
+    /// groups of send/recv, which hold no buffers.
+    pub(crate) fn start_internal() -> Result<GroupGuard<'g>> {
         let lib = Library::get()?;
         let start = lib.raw().ncclGroupStart()?;
         // SAFETY: `ncclGroupStart` has no arguments and no preconditions.
@@ -102,6 +142,22 @@ impl<'g> GroupGuard<'g> {
             ended: false,
             held: RefCell::new(Vec::new()),
             _not_send: PhantomData,
+        })
+    }
+
+    /// Opens a nested group (`ncclGroupStart` again). Its collectives are
+    /// held by this, the outer, guard: NCCL launches them only when the
+    /// outermost group ends.
+    pub fn nest<'s>(&'s self) -> Result<NestedGroup<'s, 'g>> {
+        let start = self.lib.raw().ncclGroupStart()?;
+        // SAFETY: no arguments; a group is open (self), nesting is allowed.
+        let code = unsafe { start() };
+        self.lib
+            .check("ncclGroupStart", code, std::ptr::null_mut())?;
+        GROUP.with(|g| g.borrow_mut().depth += 1);
+        Ok(NestedGroup {
+            outer: self,
+            ended: false,
         })
     }
 
@@ -144,6 +200,9 @@ impl<'g> GroupGuard<'g> {
         // SAFETY: `info` is an initialized ncclSimInfo_t NCCL may write.
         let code = unsafe { simulate(&mut info) };
         drop(leave_group());
+        if !in_group() {
+            run_deferred();
+        }
         self.held.borrow_mut().clear();
         self.lib
             .check("ncclGroupSimulateEnd", code, std::ptr::null_mut())?;
@@ -160,6 +219,45 @@ impl Drop for GroupGuard<'_> {
             GROUP.with(|g| g.borrow_mut().dropped_error = Some(e));
         }
         self.held.borrow_mut().clear();
+    }
+}
+
+/// A group opened inside another with [`GroupGuard::nest`]. Its
+/// collectives are held by the outer guard; ending it launches nothing.
+#[must_use = "a nested group must be ended"]
+pub struct NestedGroup<'s, 'g> {
+    outer: &'s GroupGuard<'g>,
+    ended: bool,
+}
+
+impl std::fmt::Debug for NestedGroup<'_, '_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NestedGroup")
+            .field("ended", &self.ended)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'s, 'g> NestedGroup<'s, 'g> {
+    /// Issues collectives of `comm` into the nested group.
+    pub fn on(&self, comm: &'g Comm) -> OnStream<'s, 'g> {
+        OnStream::grouped(comm, comm.stream(), &self.outer.held)
+    }
+
+    /// `ncclGroupEnd` of the nested level.
+    pub fn end(mut self) -> Result<()> {
+        self.ended = true;
+        finish(self.outer.lib)
+    }
+}
+
+impl Drop for NestedGroup<'_, '_> {
+    fn drop(&mut self) {
+        if !self.ended
+            && let Err(e) = finish(self.outer.lib)
+        {
+            GROUP.with(|g| g.borrow_mut().dropped_error = Some(e));
+        }
     }
 }
 
@@ -182,6 +280,9 @@ fn finish(lib: &'static Library) -> Result<()> {
     // exists).
     let code = unsafe { end() };
     let touched = leave_group();
+    if !in_group() {
+        run_deferred();
+    }
     if code == ncclResult_t::ncclInProgress {
         for shared in &touched {
             shared.wait_ready("ncclGroupEnd")?;
@@ -197,7 +298,7 @@ pub fn take_dropped_group_error() -> Option<Error> {
     GROUP.with(|g| g.borrow_mut().dropped_error.take())
 }
 
-/// Runs `f` inside a group. The group is ended whether `f` succeeds or not;
+/// Runs `f` inside a (new, outermost) group. The group is ended whether `f` succeeds or not;
 /// `f`'s error wins over the group's.
 ///
 /// ```no_run

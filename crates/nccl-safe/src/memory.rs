@@ -3,6 +3,7 @@
 
 use std::ffi::c_void;
 use std::marker::PhantomData;
+use std::mem::ManuallyDrop;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaStream};
@@ -140,6 +141,12 @@ impl<'c, B> Registration<'c, B> {
         const OP: &str = "ncclCommRegister";
         let lib = comm.library();
         lib.capabilities().require(Feature::Register)?;
+        if crate::group::in_group() {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                reason: "not allowed while a group is open on this thread",
+            });
+        }
         if buffer.device() != comm.device() {
             return Err(Error::WrongDevice {
                 op: OP,
@@ -207,17 +214,28 @@ impl<B> Drop for Registration<'_, B> {
     }
 }
 
+fn byte_len<T>(op: &'static str, len: usize) -> Result<usize> {
+    len.checked_mul(std::mem::size_of::<T>())
+        .ok_or(Error::Overflow {
+            op,
+            count: len,
+            factor: std::mem::size_of::<T>(),
+        })
+}
+
 /// A symmetric memory window (`ncclCommWindowRegister`, NCCL 2.27+) over a
 /// buffer it owns and passes on to collectives. Registration and
-/// deregistration (on drop) are collective: every rank registers together,
-/// and one thread driving several communicators registers and drops their
-/// windows inside a group. NCCL wants the memory from `ncclMemAlloc`
-/// ([`NcclMemory`]).
+/// deregistration are collective across the communicator's ranks: with a
+/// thread per rank use [`Window::register`] and drop; with one thread
+/// driving several communicators use [`Window::register_all`] and
+/// [`Window::deregister_all`], which group the calls. NCCL wants the memory
+/// from `ncclMemAlloc` ([`NcclMemory`]).
 pub struct Window<'c, B> {
     comm: &'c Comm,
-    /// NCCL may fill the handle at group end: a heap slot that stays put.
+    /// Filled by NCCL (at group end inside `register_all`): a heap slot
+    /// that stays put while the `Window` moves.
     win: Box<nccl_sys::ncclWindow_t>,
-    buffer: B,
+    buffer: ManuallyDrop<B>,
 }
 
 impl<B> std::fmt::Debug for Window<'_, B> {
@@ -227,14 +245,13 @@ impl<B> std::fmt::Debug for Window<'_, B> {
 }
 
 impl<'c, B> Window<'c, B> {
-    /// Registers `buffer` as a window with `NCCL_WIN_*` `flags`.
-    pub fn register<T: NcclType>(comm: &'c Comm, mut buffer: B, flags: i32) -> Result<Window<'c, B>>
+    /// Checks `buffer` and makes the unregistered window value.
+    fn prepare<T: NcclType>(comm: &'c Comm, mut buffer: B) -> Result<(Window<'c, B>, u64, usize)>
     where
         B: DeviceBufferMut<T>,
     {
         const OP: &str = "ncclCommWindowRegister";
-        let lib = comm.library();
-        lib.capabilities().require(Feature::Windows)?;
+        comm.library().capabilities().require(Feature::Windows)?;
         if buffer.device() != comm.device() {
             return Err(Error::WrongDevice {
                 op: OP,
@@ -243,7 +260,13 @@ impl<'c, B> Window<'c, B> {
                 found: buffer.device(),
             });
         }
-        let bytes = buffer.len() * std::mem::size_of::<T>();
+        let bytes = byte_len::<T>(OP, buffer.len())?;
+        if bytes == 0 {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                reason: "cannot register an empty buffer",
+            });
+        }
         let (ptr, access) = buffer.write(comm.stream());
         drop(access);
         if ptr % nccl_sys::NCCL_WIN_REQUIRED_ALIGNMENT as u64 != 0 {
@@ -252,20 +275,132 @@ impl<'c, B> Window<'c, B> {
                 reason: "the buffer is not aligned to NCCL_WIN_REQUIRED_ALIGNMENT (4096)",
             });
         }
-        let mut win = Box::new(std::ptr::null_mut());
-        let slot: *mut nccl_sys::ncclWindow_t = &mut *win;
-        comm.shared().with_raw(OP, |raw| {
-            let register = lib.raw().ncclCommWindowRegister()?;
-            // SAFETY: `raw` is live; `bytes` bytes of device memory at `ptr`
-            // owned by the returned window; `slot` is a heap slot that lives
-            // as long as the window.
-            let code = unsafe { register(raw, ptr as *mut c_void, bytes, slot, flags) };
-            lib.check(OP, code, raw)
-        })?;
-        Ok(Window { comm, win, buffer })
+        Ok((
+            Window {
+                comm,
+                win: Box::new(std::ptr::null_mut()),
+                buffer: ManuallyDrop::new(buffer),
+            },
+            ptr,
+            bytes,
+        ))
     }
 
-    /// The raw window handle (null until a group it was registered in ends).
+    /// The registration call itself, into the window's heap slot.
+    fn call(&mut self, ptr: u64, bytes: usize, flags: i32) -> Result<()> {
+        const OP: &str = "ncclCommWindowRegister";
+        let lib = self.comm.library();
+        let slot: *mut nccl_sys::ncclWindow_t = &mut *self.win;
+        self.comm.shared().with_raw(OP, |raw| {
+            let register = lib.raw().ncclCommWindowRegister()?;
+            // SAFETY: `raw` is live; `bytes` bytes of device memory at `ptr`
+            // owned by this window; `slot` is a heap slot that lives as long
+            // as the window.
+            let code = unsafe { register(raw, ptr as *mut c_void, bytes, slot, flags) };
+            lib.check(OP, code, raw)
+        })
+    }
+
+    /// Registers `buffer` as a window with `NCCL_WIN_*` `flags`, on a
+    /// communicator driven by its own thread. Not inside a group.
+    pub fn register<T: NcclType>(comm: &'c Comm, buffer: B, flags: i32) -> Result<Window<'c, B>>
+    where
+        B: DeviceBufferMut<T>,
+    {
+        if crate::group::in_group() {
+            return Err(Error::InvalidArgument {
+                op: "ncclCommWindowRegister",
+                reason: "not allowed while a group is open; use Window::register_all",
+            });
+        }
+        let (mut window, ptr, bytes) = Self::prepare(comm, buffer)?;
+        window.call(ptr, bytes, flags)?;
+        Ok(window)
+    }
+
+    /// Registers one window per communicator, all in one group (one thread
+    /// driving several communicators).
+    pub fn register_all<T: NcclType>(
+        comms: &[&'c Comm],
+        buffers: Vec<B>,
+        flags: i32,
+    ) -> Result<Vec<Window<'c, B>>>
+    where
+        B: DeviceBufferMut<T>,
+    {
+        const OP: &str = "ncclCommWindowRegister";
+        if comms.len() != buffers.len() {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                reason: "one buffer per communicator",
+            });
+        }
+        // Every check before the group, so a refusal never leaves a partial
+        // collective registration waiting for ranks that will not come.
+        let mut prepared = Vec::with_capacity(comms.len());
+        for (comm, buffer) in comms.iter().zip(buffers) {
+            prepared.push(Self::prepare(comm, buffer)?);
+        }
+        let group: crate::GroupGuard<'_> = crate::GroupGuard::start()?;
+        let mut failure = None;
+        for (window, ptr, bytes) in &mut prepared {
+            if let Err(e) = window.call(*ptr, *bytes, flags) {
+                failure = Some(e);
+                break;
+            }
+        }
+        let ended = group.end();
+        let windows: Vec<Window<'c, B>> = prepared.into_iter().map(|(w, _, _)| w).collect();
+        match failure.or(ended.err()) {
+            Some(e) => {
+                Window::deregister_all(windows);
+                Err(e)
+            }
+            None => Ok(windows),
+        }
+    }
+
+    /// Deregisters windows of several communicators driven by this thread
+    /// in one group, then drops their buffers.
+    pub fn deregister_all(mut windows: Vec<Window<'c, B>>) {
+        match crate::GroupGuard::start() {
+            Ok(group) => {
+                for w in &mut windows {
+                    w.deregister();
+                }
+                if let Err(e) = group.end() {
+                    tracing::debug!(error = %e, "grouped ncclCommWindowDeregister failed");
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "cannot group window deregistration"),
+        }
+        drop(windows);
+    }
+
+    /// `ncclCommWindowDeregister`, once; nulls the handle.
+    fn deregister(&mut self) {
+        let win = *self.win;
+        if win.is_null() {
+            return;
+        }
+        let lib = self.comm.library();
+        let result = self
+            .comm
+            .shared()
+            .with_raw("ncclCommWindowDeregister", |raw| {
+                let deregister = lib.raw().ncclCommWindowDeregister()?;
+                // SAFETY: `win` came from `ncclCommWindowRegister` on `raw` and
+                // is released once (the slot is nulled below).
+                let code = unsafe { deregister(raw, win) };
+                lib.check("ncclCommWindowDeregister", code, raw)
+            });
+        if let Err(e) = result {
+            tracing::debug!(error = %e, "ncclCommWindowDeregister failed");
+        }
+        *self.win = std::ptr::null_mut();
+    }
+
+    /// The raw window handle.
     pub fn raw(&self) -> nccl_sys::ncclWindow_t {
         *self.win
     }
@@ -273,24 +408,19 @@ impl<'c, B> Window<'c, B> {
 
 impl<B> Drop for Window<'_, B> {
     fn drop(&mut self) {
-        let lib = self.comm.library();
-        let win = *self.win;
-        if win.is_null() {
+        if crate::group::in_group() {
+            // NCCL would deregister at the group's end, after the buffer is
+            // gone: keep the buffer and the slot alive for good instead.
+            tracing::warn!(
+                "a Window was dropped inside a group; its memory is leaked to stay sound"
+            );
+            let slot = std::mem::replace(&mut self.win, Box::new(std::ptr::null_mut()));
+            std::mem::forget(slot);
             return;
         }
-        let result = self
-            .comm
-            .shared()
-            .with_raw("ncclCommWindowDeregister", |raw| {
-                let deregister = lib.raw().ncclCommWindowDeregister()?;
-                // SAFETY: `win` came from `ncclCommWindowRegister` on `raw` and
-                // is released once.
-                let code = unsafe { deregister(raw, win) };
-                lib.check("ncclCommWindowDeregister", code, raw)
-            });
-        if let Err(e) = result {
-            tracing::debug!(error = %e, "ncclCommWindowDeregister failed in drop");
-        }
+        self.deregister();
+        // SAFETY: deregistered; the buffer is dropped exactly once, here.
+        unsafe { ManuallyDrop::drop(&mut self.buffer) };
     }
 }
 
@@ -319,9 +449,9 @@ macro_rules! delegate_buffer {
         }
     };
     (@get $e:expr, option) => { $e.as_ref().expect("present until into_inner") };
-    (@get $e:expr) => { &$e };
+    (@get $e:expr) => { &*$e };
     (@get_mut $e:expr, option) => { $e.as_mut().expect("present until into_inner") };
-    (@get_mut $e:expr) => { &mut $e };
+    (@get_mut $e:expr) => { &mut *$e };
 }
 
 delegate_buffer!(Registration, buffer, option);

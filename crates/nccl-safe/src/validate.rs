@@ -90,8 +90,8 @@ impl Check {
         recv_len: usize,
         in_place_offset: Option<usize>,
     ) -> Result<()> {
-        let send_bytes = send_len * self.elem_bytes;
-        let recv_bytes = recv_len * self.elem_bytes;
+        let send_bytes = send_len.saturating_mul(self.elem_bytes);
+        let recv_bytes = recv_len.saturating_mul(self.elem_bytes);
         if send_bytes == 0 || recv_bytes == 0 {
             return Ok(());
         }
@@ -101,7 +101,10 @@ impl Check {
             return Ok(());
         }
         if let Some(offset) = in_place_offset
-            && send.ptr == recv.ptr + (offset * self.elem_bytes) as u64
+            && offset
+                .checked_mul(self.elem_bytes)
+                .and_then(|b| recv.ptr.checked_add(b as u64))
+                .is_some_and(|p| p == send.ptr)
         {
             return Ok(());
         }

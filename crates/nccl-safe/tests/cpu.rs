@@ -112,7 +112,11 @@ fn groups_nest_and_a_dropped_guard_still_ends_its_group() {
         return;
     }
     let outer = GroupGuard::start().expect("ncclGroupStart");
-    let inner = GroupGuard::start().expect("nested ncclGroupStart");
+    // A second outermost group on the same thread is refused: an inner
+    // group's buffers must stay borrowed until the outer one launches.
+    let err = GroupGuard::start().expect_err("nested start");
+    assert!(matches!(err, Error::InvalidArgument { .. }), "{err}");
+    let inner = outer.nest().expect("nested ncclGroupStart");
     inner.end().expect("inner end");
     outer.end().expect("outer end");
     {

@@ -1406,6 +1406,46 @@ fn collectives_run_on_a_stream_the_caller_chooses() {
                 return Err("all_reduce on a caller's stream gave the wrong max".into());
             }
         }
+        // Memory owned by one stream, written there, reduced on another:
+        // the streams are joined both ways.
+        let mut owned: Vec<_> = ranks
+            .iter()
+            .zip(&streams)
+            .map(|(r, s)| s.clone_htod(&vec![(r.rank + 2) as u32; 4096]))
+            .collect::<Result<_, _>>()?;
+        if ranks.len() == 1 {
+            ranks[0]
+                .comm
+                .all_reduce_in_place(&mut owned[0], ReduceOp::Sum)?;
+        } else {
+            group(|g| {
+                for (r, b) in ranks.iter().zip(owned.iter_mut()) {
+                    g.on(&r.comm).all_reduce_in_place(b, ReduceOp::Sum)?;
+                }
+                Ok(())
+            })?;
+        }
+        let want: u32 = (0..world).map(|r| (r + 2) as u32).sum();
+        for (s, b) in streams.iter().zip(&owned) {
+            if s.clone_dtoh(b)?.iter().any(|v| *v != want) {
+                return Err("cross-stream all_reduce gave the wrong sum".into());
+            }
+        }
+        // A stream of another GPU is refused.
+        if ranks.len() > 1 {
+            let b = &mut owned[0];
+            match ranks[0]
+                .comm
+                .on(&streams[1])
+                .all_reduce_in_place(b, ReduceOp::Sum)
+            {
+                Err(Error::WrongDevice {
+                    role: nccl_safe::Role::Stream,
+                    ..
+                }) => {}
+                other => return Err(format!("a stream of another GPU gave {other:?}").into()),
+            }
+        }
         Ok(())
     });
 }
@@ -1445,21 +1485,22 @@ fn symmetric_windows_register_reduce_and_deregister() {
         for (r, m) in ranks.iter().zip(&mems) {
             fill(m, r.stream(), &vec![(r.rank + 1) as f32; LEN])?;
         }
-        // Registration is collective: one group when one thread drives all.
-        let g = nccl_safe::GroupGuard::start()?;
-        let wins: nccl_safe::Result<Vec<_>> = ranks
-            .iter()
-            .zip(mems)
-            .map(|(r, m)| {
-                nccl_safe::Window::register(
-                    &r.comm,
-                    m,
-                    nccl_safe::nccl_sys::NCCL_WIN_COLL_SYMMETRIC,
-                )
-            })
-            .collect();
-        g.end()?;
-        let mut wins = wins?;
+        // Registration is collective: grouped when one thread drives all.
+        let mut wins = if ranks.len() == 1 {
+            let m = mems.into_iter().next().ok_or("no memory")?;
+            vec![nccl_safe::Window::register(
+                &ranks[0].comm,
+                m,
+                nccl_safe::nccl_sys::NCCL_WIN_COLL_SYMMETRIC,
+            )?]
+        } else {
+            let comms: Vec<&Comm> = ranks.iter().map(|r| &r.comm).collect();
+            nccl_safe::Window::register_all(
+                &comms,
+                mems,
+                nccl_safe::nccl_sys::NCCL_WIN_COLL_SYMMETRIC,
+            )?
+        };
         if wins.iter().any(|w| w.raw().is_null()) {
             return Err("a window handle is null after the group".into());
         }
@@ -1486,9 +1527,19 @@ fn symmetric_windows_register_reduce_and_deregister() {
             }
         }
         // Deregistration is collective too.
+        if ranks.len() == 1 {
+            drop(wins);
+        } else {
+            nccl_safe::Window::deregister_all(wins);
+        }
+        // And inside a group a fresh registration is refused, typed.
         let g = nccl_safe::GroupGuard::start()?;
-        drop(wins);
+        let spare = NcclMemory::<f32>::alloc(&ranks[0].comm, 1024)?;
+        let refused = nccl_safe::Window::register(&ranks[0].comm, spare, 0);
         g.end()?;
+        if !matches!(refused, Err(Error::InvalidArgument { .. })) {
+            return Err(format!("window registration inside a group gave {refused:?}").into());
+        }
         Ok(())
     });
 }
