@@ -2,13 +2,30 @@
 //! [`nccl_safe`].
 //!
 //! This layer adds what a training or inference framework needs around
-//! communicators: reading torchrun, Slurm and Open MPI launch conventions,
-//! an authenticated rendezvous that hands rank 0's unique id to every rank,
-//! an N-D `DeviceMesh` with named axes and one communicator per axis, and a
-//! watchdog that turns hangs into `Timeout`/`Aborted` errors. Moving bytes
-//! between GPUs stays NCCL's job, through `nccl-safe`.
+//! communicators:
 //!
-//! Status: not implemented yet. The crate exists so the workspace has its
-//! final shape; see `docs/architecture.md` and the project's issues.
+//! - [`launch`]: rank, world size, local rank and the rendezvous address
+//!   from torchrun, Slurm or Open MPI conventions, or given in code;
+//! - [`rendezvous`]: rank 0 hands its unique id to every rank over an
+//!   authenticated TCP exchange (HMAC-SHA256 over a shared [`Secret`]) or a
+//!   file on a shared file system;
+//! - [`mesh`]: the arithmetic of an N-D device mesh with named axes
+//!   (coordinates, per-axis split colors and keys, slicing, flattening).
+//!
+//! Moving bytes between GPUs stays NCCL's job, through `nccl-safe`.
+//!
+//! Status: launch detection, rendezvous and mesh arithmetic are here and
+//! tested on CPUs; the GPU-backed `World` and `DeviceMesh`, the
+//! `Communicator` trait and the watchdog are not yet.
+
+pub mod launch;
+pub mod mesh;
+pub mod rendezvous;
+pub mod secret;
+
+pub use launch::{Launch, LaunchError, Launcher};
+pub use mesh::{MeshError, MeshShape};
+pub use rendezvous::RendezvousError;
+pub use secret::{Secret, SecretError};
 
 pub use nccl_safe;

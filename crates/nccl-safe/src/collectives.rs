@@ -1050,7 +1050,10 @@ impl<'s, 'a> OnStream<'s, 'a> {
         count: usize,
     ) -> Result<()> {
         let bytes = count * std::mem::size_of::<T>();
-        self.stream.context().bind_to_thread().map_err(|source| Error::Cuda { op, source })?;
+        self.stream
+            .context()
+            .bind_to_thread()
+            .map_err(|source| Error::Cuda { op, source })?;
         // SAFETY: both ranges were validated to lie in device buffers of
         // this device and not to overlap partially; the copy is ordered on
         // the communicator's stream like the NCCL work around it.

@@ -1,0 +1,501 @@
+//! Handing rank 0's [`UniqueId`] to every rank, over TCP or a shared file.
+//!
+//! # TCP protocol (version 1)
+//!
+//! Every message is a frame: the magic `NCRV`, the protocol version (u16),
+//! a kind (u8), a payload length (u32, at most [`MAX_PAYLOAD`]) and the
+//! payload; integers are big-endian.
+//!
+//! 1. the joining rank sends `Hello { rank, world, nonce_c }`;
+//! 2. rank 0 answers `Challenge { nonce_s }`;
+//! 3. the joining rank sends `Proof { HMAC-SHA256(secret, "nccl-rs proof" ‖ nonce_s ‖ nonce_c ‖ rank ‖ world) }`;
+//! 4. rank 0 checks the proof, the world size and that the rank is new,
+//!    then sends `Id { id, HMAC(secret, "nccl-rs id" ‖ nonce_c ‖ id) }`, so
+//!    the joining rank knows the id came from someone with the secret; or
+//!    `Reject { reason }`.
+//!
+//! Rank 0 never sends the id before a valid proof. Each connection is read
+//! with a short deadline, so a peer that connects and says nothing delays
+//! the others by at most [`PEER_TIMEOUT`]; the whole rendezvous has its own
+//! deadline on both sides. Nothing here panics on bad input.
+
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use hmac::{Hmac, Mac};
+use nccl_safe::UniqueId;
+use sha2::Sha256;
+
+use crate::secret::Secret;
+
+/// Protocol version on the wire.
+pub const PROTOCOL_VERSION: u16 = 1;
+/// Largest payload a frame may carry.
+pub const MAX_PAYLOAD: u32 = 1024;
+/// How long rank 0 waits for one connected peer's next frame.
+pub const PEER_TIMEOUT: Duration = Duration::from_secs(5);
+const MAGIC: &[u8; 4] = b"NCRV";
+const NONCE: usize = 32;
+const TAG: usize = 32;
+
+/// What went wrong in a rendezvous, on the side that saw it.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RendezvousError {
+    /// The deadline passed.
+    #[error("rendezvous timed out after {waited:?} while {phase}")]
+    Timeout {
+        /// What we were doing.
+        phase: String,
+        /// How long we waited.
+        waited: Duration,
+    },
+    /// The other side does not know the shared secret.
+    #[error("the peer failed authentication (wrong shared secret)")]
+    BadSecret,
+    /// A second connection claimed a rank already served.
+    #[error("rank {rank} joined twice")]
+    DuplicateRank {
+        /// The rank.
+        rank: usize,
+    },
+    /// The peer expects another world size.
+    #[error("world size mismatch: this side has {expected}, the peer {got}")]
+    WorldSizeMismatch {
+        /// Ours.
+        expected: usize,
+        /// Theirs.
+        got: usize,
+    },
+    /// A rank outside the world.
+    #[error("rank {rank} is out of range for a world of {world}")]
+    RankOutOfRange {
+        /// The rank.
+        rank: usize,
+        /// The world size.
+        world: usize,
+    },
+    /// Bytes that are not our protocol.
+    #[error("malformed frame: {0}")]
+    Malformed(&'static str),
+    /// The peer speaks another protocol version.
+    #[error("protocol version {got}, expected {PROTOCOL_VERSION}")]
+    Version {
+        /// Theirs.
+        got: u16,
+    },
+    /// Rank 0 refused this rank.
+    #[error("rank 0 rejected this rank: {0}")]
+    Rejected(String),
+    /// A socket or file error.
+    #[error("rendezvous I/O: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+type Result<T, E = RendezvousError> = std::result::Result<T, E>;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum Kind {
+    Hello = 1,
+    Challenge = 2,
+    Proof = 3,
+    Id = 4,
+    Reject = 5,
+}
+
+impl Kind {
+    fn from_u8(v: u8) -> Option<Kind> {
+        Some(match v {
+            1 => Kind::Hello,
+            2 => Kind::Challenge,
+            3 => Kind::Proof,
+            4 => Kind::Id,
+            5 => Kind::Reject,
+            _ => return None,
+        })
+    }
+}
+
+/// Encodes one frame.
+pub fn encode_frame(kind: u8, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(11 + payload.len());
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&PROTOCOL_VERSION.to_be_bytes());
+    out.push(kind);
+    out.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+/// Decodes a frame header (11 bytes): kind and payload length. Public for
+/// the fuzz targets; never panics.
+pub fn decode_header(header: &[u8]) -> Result<(u8, u32)> {
+    if header.len() != 11 {
+        return Err(RendezvousError::Malformed("short header"));
+    }
+    if &header[..4] != MAGIC {
+        return Err(RendezvousError::Malformed("bad magic"));
+    }
+    let version = u16::from_be_bytes([header[4], header[5]]);
+    if version != PROTOCOL_VERSION {
+        return Err(RendezvousError::Version { got: version });
+    }
+    let len = u32::from_be_bytes([header[7], header[8], header[9], header[10]]);
+    if len > MAX_PAYLOAD {
+        return Err(RendezvousError::Malformed("payload over the size cap"));
+    }
+    Ok((header[6], len))
+}
+
+fn deadline_left(deadline: Instant, phase: &str, started: Instant) -> Result<Duration> {
+    deadline
+        .checked_duration_since(Instant::now())
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| RendezvousError::Timeout {
+            phase: phase.to_string(),
+            waited: started.elapsed(),
+        })
+}
+
+fn is_timeout(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+    )
+}
+
+fn read_frame(
+    stream: &mut TcpStream,
+    until: Instant,
+    phase: &str,
+    started: Instant,
+) -> Result<(Kind, Vec<u8>)> {
+    let mut header = [0u8; 11];
+    read_exact_by(stream, &mut header, until, phase, started)?;
+    let (kind, len) = decode_header(&header)?;
+    let kind = Kind::from_u8(kind).ok_or(RendezvousError::Malformed("unknown frame kind"))?;
+    let mut payload = vec![0u8; len as usize];
+    read_exact_by(stream, &mut payload, until, phase, started)?;
+    Ok((kind, payload))
+}
+
+fn read_exact_by(
+    stream: &mut TcpStream,
+    buf: &mut [u8],
+    until: Instant,
+    phase: &str,
+    started: Instant,
+) -> Result<()> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        let left = deadline_left(until, phase, started)?;
+        stream.set_read_timeout(Some(left))?;
+        match stream.read(&mut buf[filled..]) {
+            Ok(0) => return Err(RendezvousError::Malformed("connection closed mid-frame")),
+            Ok(n) => filled += n,
+            Err(e) if is_timeout(&e) => {
+                return Err(RendezvousError::Timeout {
+                    phase: phase.to_string(),
+                    waited: started.elapsed(),
+                });
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+fn write_frame(stream: &mut TcpStream, kind: Kind, payload: &[u8]) -> Result<()> {
+    stream.set_write_timeout(Some(PEER_TIMEOUT))?;
+    stream.write_all(&encode_frame(kind as u8, payload))?;
+    Ok(())
+}
+
+fn mac(secret: &Secret, parts: &[&[u8]]) -> Hmac<Sha256> {
+    let mut m = <Hmac<Sha256> as Mac>::new_from_slice(secret.bytes())
+        .expect("HMAC-SHA256 accepts keys of any length");
+    for p in parts {
+        m.update(p);
+    }
+    m
+}
+
+fn nonce() -> Result<[u8; NONCE]> {
+    let mut n = [0u8; NONCE];
+    getrandom::fill(&mut n)
+        .map_err(|e| RendezvousError::Io(std::io::Error::other(e.to_string())))?;
+    Ok(n)
+}
+
+fn be32(v: usize) -> [u8; 4] {
+    (v as u32).to_be_bytes()
+}
+
+/// Rank 0's side: accepts the other `world - 1` ranks on `listener` and
+/// hands each the id, until all are served or `timeout` passes. Peers that
+/// fail (bad secret, wrong world, duplicate rank, garbage, silence) are
+/// refused and do not count; the listener keeps waiting for the real ones.
+/// Returns the errors seen from refused peers alongside success.
+pub fn serve(
+    listener: &TcpListener,
+    world: usize,
+    secret: &Secret,
+    id: &UniqueId,
+    timeout: Duration,
+) -> Result<Vec<RendezvousError>> {
+    let started = Instant::now();
+    let deadline = started + timeout;
+    listener.set_nonblocking(true)?;
+    let mut served: BTreeSet<usize> = BTreeSet::new();
+    let mut refused = Vec::new();
+    let _span = tracing::debug_span!("nccl.rendezvous_serve", world).entered();
+    while served.len() + 1 < world {
+        let (mut stream, _) = match listener.accept() {
+            Ok(conn) => conn,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                deadline_left(
+                    deadline,
+                    &format!(
+                        "waiting for ranks (served {} of {})",
+                        served.len(),
+                        world - 1
+                    ),
+                    started,
+                )?;
+                std::thread::sleep(Duration::from_millis(5));
+                continue;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e.into()),
+        };
+        stream.set_nonblocking(false)?;
+        let peer_deadline = deadline.min(Instant::now() + PEER_TIMEOUT);
+        match handshake_server(
+            &mut stream,
+            world,
+            secret,
+            id,
+            &served,
+            peer_deadline,
+            started,
+        ) {
+            Ok(rank) => {
+                served.insert(rank);
+            }
+            Err(e) => {
+                let _ = write_frame(&mut stream, Kind::Reject, e.to_string().as_bytes());
+                tracing::debug!(error = %e, "rendezvous peer refused");
+                refused.push(e);
+            }
+        }
+    }
+    Ok(refused)
+}
+
+fn handshake_server(
+    stream: &mut TcpStream,
+    world: usize,
+    secret: &Secret,
+    id: &UniqueId,
+    served: &BTreeSet<usize>,
+    until: Instant,
+    started: Instant,
+) -> Result<usize> {
+    let (kind, hello) = read_frame(stream, until, "reading a peer's hello", started)?;
+    if kind != Kind::Hello || hello.len() != 8 + NONCE {
+        return Err(RendezvousError::Malformed("expected a hello"));
+    }
+    let rank = u32::from_be_bytes([hello[0], hello[1], hello[2], hello[3]]) as usize;
+    let peer_world = u32::from_be_bytes([hello[4], hello[5], hello[6], hello[7]]) as usize;
+    let nonce_c = &hello[8..];
+    let nonce_s = nonce()?;
+    write_frame(stream, Kind::Challenge, &nonce_s)?;
+    let (kind, proof) = read_frame(stream, until, "reading a peer's proof", started)?;
+    if kind != Kind::Proof || proof.len() != TAG {
+        return Err(RendezvousError::Malformed("expected a proof"));
+    }
+    mac(
+        secret,
+        &[
+            b"nccl-rs proof",
+            &nonce_s,
+            nonce_c,
+            &hello[..4],
+            &hello[4..8],
+        ],
+    )
+    .verify_slice(&proof)
+    .map_err(|_| RendezvousError::BadSecret)?;
+    // Authenticated: now the claims may be trusted enough to answer them.
+    if peer_world != world {
+        return Err(RendezvousError::WorldSizeMismatch {
+            expected: world,
+            got: peer_world,
+        });
+    }
+    if rank == 0 || rank >= world {
+        return Err(RendezvousError::RankOutOfRange { rank, world });
+    }
+    if served.contains(&rank) {
+        return Err(RendezvousError::DuplicateRank { rank });
+    }
+    let tag = mac(secret, &[b"nccl-rs id", nonce_c, id.as_bytes()])
+        .finalize()
+        .into_bytes();
+    let mut payload = id.as_bytes().to_vec();
+    payload.extend_from_slice(&tag);
+    write_frame(stream, Kind::Id, &payload)?;
+    Ok(rank)
+}
+
+/// A joining rank's side: connects to `addr` (retrying until `timeout`),
+/// proves it knows the secret and receives the id.
+pub fn join(
+    addr: impl ToSocketAddrs,
+    rank: usize,
+    world: usize,
+    secret: &Secret,
+    timeout: Duration,
+) -> Result<UniqueId> {
+    let started = Instant::now();
+    let deadline = started + timeout;
+    if rank == 0 || rank >= world {
+        return Err(RendezvousError::RankOutOfRange { rank, world });
+    }
+    let addrs: Vec<SocketAddr> = addr.to_socket_addrs()?.collect();
+    let _span = tracing::debug_span!("nccl.rendezvous_join", rank, world).entered();
+    let mut pause = Duration::from_millis(10);
+    let mut stream = loop {
+        let left = deadline_left(deadline, "connecting to rank 0", started)?;
+        if let Some(s) = addrs
+            .iter()
+            .find_map(|a| TcpStream::connect_timeout(a, left.min(Duration::from_secs(2))).ok())
+        {
+            break s;
+        }
+        std::thread::sleep(pause.min(deadline_left(deadline, "connecting to rank 0", started)?));
+        pause = (pause * 2).min(Duration::from_millis(500));
+    };
+    let nonce_c = nonce()?;
+    let mut hello = be32(rank).to_vec();
+    hello.extend_from_slice(&be32(world));
+    hello.extend_from_slice(&nonce_c);
+    write_frame(&mut stream, Kind::Hello, &hello)?;
+    let (kind, challenge) = read_frame(
+        &mut stream,
+        deadline,
+        "waiting for rank 0's challenge",
+        started,
+    )?;
+    match kind {
+        Kind::Challenge if challenge.len() == NONCE => {}
+        Kind::Reject => {
+            return Err(RendezvousError::Rejected(
+                String::from_utf8_lossy(&challenge).into_owned(),
+            ));
+        }
+        _ => return Err(RendezvousError::Malformed("expected a challenge")),
+    }
+    let proof = mac(
+        secret,
+        &[
+            b"nccl-rs proof",
+            &challenge,
+            &nonce_c,
+            &be32(rank),
+            &be32(world),
+        ],
+    )
+    .finalize()
+    .into_bytes();
+    write_frame(&mut stream, Kind::Proof, &proof)?;
+    let (kind, answer) = read_frame(&mut stream, deadline, "waiting for the id", started)?;
+    match kind {
+        Kind::Id if answer.len() == UniqueId::BYTES + TAG => {
+            let (id_bytes, tag) = answer.split_at(UniqueId::BYTES);
+            mac(secret, &[b"nccl-rs id", &nonce_c, id_bytes])
+                .verify_slice(tag)
+                .map_err(|_| RendezvousError::BadSecret)?;
+            let mut bytes = [0u8; UniqueId::BYTES];
+            bytes.copy_from_slice(id_bytes);
+            Ok(UniqueId::from_bytes(bytes))
+        }
+        Kind::Reject => Err(RendezvousError::Rejected(
+            String::from_utf8_lossy(&answer).into_owned(),
+        )),
+        _ => Err(RendezvousError::Malformed("expected the id")),
+    }
+}
+
+const FILE_MAGIC: &[u8; 8] = b"NCRVFILE";
+
+/// Rank 0 publishes `id` at `path` for the other ranks on a shared file
+/// system: written to a temporary file with mode 0600 in the same
+/// directory, then renamed into place, so readers see all or nothing.
+pub fn publish_file(path: &Path, id: &UniqueId) -> Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let tmp = dir.join(format!(
+        ".{}.{}.tmp",
+        path.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        std::process::id()
+    ));
+    {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(FILE_MAGIC)?;
+        f.write_all(&PROTOCOL_VERSION.to_be_bytes())?;
+        f.write_all(id.as_bytes())?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, path).inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })?;
+    Ok(())
+}
+
+/// Decodes the contents of a rendezvous file. Never panics.
+pub fn decode_file(bytes: &[u8]) -> Result<UniqueId> {
+    if bytes.len() != FILE_MAGIC.len() + 2 + UniqueId::BYTES || &bytes[..8] != FILE_MAGIC {
+        return Err(RendezvousError::Malformed("not a rendezvous file"));
+    }
+    let version = u16::from_be_bytes([bytes[8], bytes[9]]);
+    if version != PROTOCOL_VERSION {
+        return Err(RendezvousError::Version { got: version });
+    }
+    let mut id = [0u8; UniqueId::BYTES];
+    id.copy_from_slice(&bytes[10..]);
+    Ok(UniqueId::from_bytes(id))
+}
+
+/// The other ranks wait for the file at `path` until `timeout`.
+pub fn wait_file(path: &Path, timeout: Duration) -> Result<UniqueId> {
+    let started = Instant::now();
+    loop {
+        match std::fs::read(path) {
+            Ok(bytes) => return decode_file(&bytes),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                deadline_left(
+                    started + timeout,
+                    &format!("waiting for {}", path.display()),
+                    started,
+                )?;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
