@@ -370,28 +370,62 @@ pub fn join(
     let addrs: Vec<SocketAddr> = addr.to_socket_addrs()?.collect();
     let _span = tracing::debug_span!("nccl.rendezvous_join", rank, world).entered();
     let mut pause = Duration::from_millis(10);
-    let mut stream = loop {
+    loop {
         let left = deadline_left(deadline, "connecting to rank 0", started)?;
-        if let Some(s) = addrs
+        let connected = addrs
             .iter()
-            .find_map(|a| TcpStream::connect_timeout(a, left.min(Duration::from_secs(2))).ok())
-        {
-            break s;
+            .find_map(|a| TcpStream::connect_timeout(a, left.min(Duration::from_secs(2))).ok());
+        let outcome = match connected {
+            Some(mut stream) => {
+                handshake_client(&mut stream, rank, world, secret, deadline, started)
+            }
+            None => Err(RendezvousError::Io(
+                std::io::ErrorKind::ConnectionRefused.into(),
+            )),
+        };
+        match outcome {
+            // A dropped or refused connection is retried until the deadline:
+            // rank 0 may not be listening yet, or be restarting.
+            Err(e) if retryable(&e) => {
+                std::thread::sleep(pause.min(deadline_left(
+                    deadline,
+                    "connecting to rank 0",
+                    started,
+                )?));
+                pause = (pause * 2).min(Duration::from_millis(500));
+            }
+            other => return other,
         }
-        std::thread::sleep(pause.min(deadline_left(deadline, "connecting to rank 0", started)?));
-        pause = (pause * 2).min(Duration::from_millis(500));
-    };
+    }
+}
+
+fn retryable(e: &RendezvousError) -> bool {
+    use std::io::ErrorKind::*;
+    match e {
+        RendezvousError::Io(io) => matches!(
+            io.kind(),
+            ConnectionRefused | ConnectionReset | ConnectionAborted | BrokenPipe | UnexpectedEof
+        ),
+        RendezvousError::Malformed("connection closed mid-frame") => true,
+        _ => false,
+    }
+}
+
+fn handshake_client(
+    stream: &mut TcpStream,
+    rank: usize,
+    world: usize,
+    secret: &Secret,
+    deadline: Instant,
+    started: Instant,
+) -> Result<UniqueId> {
     let nonce_c = nonce()?;
     let mut hello = be32(rank).to_vec();
     hello.extend_from_slice(&be32(world));
     hello.extend_from_slice(&nonce_c);
-    write_frame(&mut stream, Kind::Hello, &hello)?;
-    let (kind, challenge) = read_frame(
-        &mut stream,
-        deadline,
-        "waiting for rank 0's challenge",
-        started,
-    )?;
+    write_frame(stream, Kind::Hello, &hello)?;
+    let (kind, challenge) =
+        read_frame(stream, deadline, "waiting for rank 0's challenge", started)?;
     match kind {
         Kind::Challenge if challenge.len() == NONCE => {}
         Kind::Reject => {
@@ -413,8 +447,8 @@ pub fn join(
     )
     .finalize()
     .into_bytes();
-    write_frame(&mut stream, Kind::Proof, &proof)?;
-    let (kind, answer) = read_frame(&mut stream, deadline, "waiting for the id", started)?;
+    write_frame(stream, Kind::Proof, &proof)?;
+    let (kind, answer) = read_frame(stream, deadline, "waiting for the id", started)?;
     match kind {
         Kind::Id if answer.len() == UniqueId::BYTES + TAG => {
             let (id_bytes, tag) = answer.split_at(UniqueId::BYTES);
