@@ -38,21 +38,22 @@ thread_local! {
 
 /// Whether this thread is inside a group.
 pub(crate) fn in_group() -> bool {
-    GROUP.with(|g| g.borrow().depth > 0)
+    // During thread teardown the state may be gone: no group is open then.
+    GROUP.try_with(|g| g.borrow().depth > 0).unwrap_or(false)
 }
 
 /// Runs `action` now, or after the outermost group of this thread ends.
 pub(crate) fn after_group(action: Box<dyn FnOnce()>) {
-    let pending = GROUP.with(|g| {
+    let mut action = Some(action);
+    let _ = GROUP.try_with(|g| {
         let mut g = g.borrow_mut();
-        if g.depth > 0 {
-            g.deferred.push(action);
-            None
-        } else {
-            Some(action)
+        if g.depth > 0
+            && let Some(a) = action.take()
+        {
+            g.deferred.push(a);
         }
     });
-    if let Some(action) = pending {
+    if let Some(action) = action {
         action();
     }
 }
