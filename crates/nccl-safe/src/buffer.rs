@@ -134,64 +134,40 @@ fn ordinal_of(stream: &CudaStream) -> usize {
     stream.context().ordinal()
 }
 
-// SAFETY: cudarc's slice owns `len` elements on its stream's device and its
-// `device_ptr` orders `stream` after pending writes, recording the read in
-// the returned guard; its `Drop` frees after recorded work.
-unsafe impl<T: NcclType> DeviceBuffer<T> for CudaSlice<T> {
-    fn len(&self) -> usize {
-        DeviceSlice::len(self)
-    }
-    fn device(&self) -> usize {
-        ordinal_of(DeviceSlice::stream(self))
-    }
-    fn read<'a>(&'a self, stream: &'a CudaStream) -> (u64, Access<'a>) {
-        let own = Arc::clone(DeviceSlice::stream(self));
-        cudarc_access(own, stream, self.device_ptr(stream))
-    }
+/// `DeviceBuffer` for cudarc's slice and views, `DeviceBufferMut` for the
+/// mutable ones: the same four lines for each.
+macro_rules! cudarc_buffer {
+    ($($ty:ty),* ; mut $($mut_ty:ty),*) => {
+        $(
+            // SAFETY: a cudarc slice owns `len` elements on its stream's
+            // device (a view borrows its slice, which stays allocated for the
+            // view's lifetime); `device_ptr` orders `stream` after pending
+            // writes and its guard records the read; the slice's `Drop` frees
+            // after recorded work.
+            unsafe impl<T: NcclType> DeviceBuffer<T> for $ty {
+                fn len(&self) -> usize {
+                    DeviceSlice::len(self)
+                }
+                fn device(&self) -> usize {
+                    ordinal_of(DeviceSlice::stream(self))
+                }
+                fn read<'a>(&'a self, stream: &'a CudaStream) -> (u64, Access<'a>) {
+                    let own = Arc::clone(DeviceSlice::stream(self));
+                    cudarc_access(own, stream, self.device_ptr(stream))
+                }
+            }
+        )*
+        $(
+            // SAFETY: as above, with `device_ptr_mut` ordering after pending
+            // reads and writes.
+            unsafe impl<T: NcclType> DeviceBufferMut<T> for $mut_ty {
+                fn write<'a>(&'a mut self, stream: &'a CudaStream) -> (u64, Access<'a>) {
+                    let own = Arc::clone(DeviceSlice::stream(self));
+                    cudarc_access(own, stream, self.device_ptr_mut(stream))
+                }
+            }
+        )*
+    };
 }
 
-// SAFETY: as for `CudaSlice`, with `device_ptr_mut` ordering after pending
-// reads and writes.
-unsafe impl<T: NcclType> DeviceBufferMut<T> for CudaSlice<T> {
-    fn write<'a>(&'a mut self, stream: &'a CudaStream) -> (u64, Access<'a>) {
-        let own = Arc::clone(DeviceSlice::stream(self));
-        cudarc_access(own, stream, self.device_ptr_mut(stream))
-    }
-}
-
-// SAFETY: a view borrows its slice, which stays allocated for the view's
-// lifetime; cudarc orders and records as for the slice.
-unsafe impl<T: NcclType> DeviceBuffer<T> for CudaView<'_, T> {
-    fn len(&self) -> usize {
-        DeviceSlice::len(self)
-    }
-    fn device(&self) -> usize {
-        ordinal_of(DeviceSlice::stream(self))
-    }
-    fn read<'a>(&'a self, stream: &'a CudaStream) -> (u64, Access<'a>) {
-        let own = Arc::clone(DeviceSlice::stream(self));
-        cudarc_access(own, stream, self.device_ptr(stream))
-    }
-}
-
-// SAFETY: as for `CudaView`.
-unsafe impl<T: NcclType> DeviceBuffer<T> for CudaViewMut<'_, T> {
-    fn len(&self) -> usize {
-        DeviceSlice::len(self)
-    }
-    fn device(&self) -> usize {
-        ordinal_of(DeviceSlice::stream(self))
-    }
-    fn read<'a>(&'a self, stream: &'a CudaStream) -> (u64, Access<'a>) {
-        let own = Arc::clone(DeviceSlice::stream(self));
-        cudarc_access(own, stream, self.device_ptr(stream))
-    }
-}
-
-// SAFETY: as for `CudaSlice`.
-unsafe impl<T: NcclType> DeviceBufferMut<T> for CudaViewMut<'_, T> {
-    fn write<'a>(&'a mut self, stream: &'a CudaStream) -> (u64, Access<'a>) {
-        let own = Arc::clone(DeviceSlice::stream(self));
-        cudarc_access(own, stream, self.device_ptr_mut(stream))
-    }
-}
+cudarc_buffer!(CudaSlice<T>, CudaView<'_, T>, CudaViewMut<'_, T>; mut CudaSlice<T>, CudaViewMut<'_, T>);

@@ -67,6 +67,13 @@ pub(crate) fn check_reduction<'a, T: NcclType>(
     Ok(())
 }
 
+/// Which way a rooted operation moves data.
+#[derive(Clone, Copy)]
+enum Rooted {
+    Gather,
+    Scatter,
+}
+
 /// A communicator and the stream its next operations go on, optionally
 /// inside a group (see [`GroupGuard::on`]).
 ///
@@ -922,7 +929,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
         }
         let _span =
             tracing::trace_span!("nccl.gather", count, dtype = ?T::DATATYPE, root).entered();
-        let enqueued = self.gather_raw::<T>(OP, sp, rp, count, root, is_root);
+        let enqueued = self.rooted_raw::<T>(OP, Rooted::Gather, sp, rp, count, root, is_root);
         // Settled even on error: work queued before the failure keeps its
         // buffers' bookkeeping until the group launches it.
         self.settle([sa].into_iter().chain(ra));
@@ -969,7 +976,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
         let _span =
             tracing::trace_span!("nccl.gather", count, dtype = ?T::DATATYPE, root, in_place = true)
                 .entered();
-        let enqueued = self.gather_raw::<T>(OP, sp, rp, count, root, is_root);
+        let enqueued = self.rooted_raw::<T>(OP, Rooted::Gather, sp, rp, count, root, is_root);
         // Settled even on error: work queued before the failure keeps its
         // buffers' bookkeeping until the group launches it.
         self.settle([a]);
@@ -977,9 +984,16 @@ impl<'s, 'a> OnStream<'s, 'a> {
         Ok(())
     }
 
-    fn gather_raw<T: NcclType>(
+    /// Gather (every rank's `sp` to block i of the root's `rp`) or scatter
+    /// (block i of the root's `sp` to rank i's `rp`): native where the
+    /// library has it and not forced off, else grouped send/recv with the
+    /// root's own block copied locally. Off the root, the root-side address
+    /// is null.
+    #[allow(clippy::too_many_arguments)]
+    fn rooted_raw<T: NcclType>(
         &self,
         op: &'static str,
+        rooted: Rooted,
         sp: u64,
         rp: u64,
         count: usize,
@@ -987,46 +1001,15 @@ impl<'s, 'a> OnStream<'s, 'a> {
         is_root: bool,
     ) -> Result<()> {
         let lib = self.comm.library();
-        if self.comm.uses_send_recv(Feature::NativeGatherScatter) {
-            let (send, recv) = (lib.raw().ncclSend()?, lib.raw().ncclRecv()?);
-            let e = std::mem::size_of::<T>();
-            let group: GroupGuard<'_> = GroupGuard::start_internal()?;
-            if is_root {
-                for peer in 0..self.comm.size() {
-                    let p = ptr(rp, peer * count, e);
-                    if peer == root {
-                        if p != sp {
-                            self.local_copy::<T>(op, sp, p, count)?;
-                        }
-                        continue;
-                    }
-                    let peer_c = peer as i32;
-                    // SAFETY: block `peer` of the validated receive buffer.
-                    self.call(op, |comm, stream| unsafe {
-                        recv(p as *mut c_void, count, T::DATATYPE, peer_c, comm, stream)
-                    })?;
-                }
-            } else {
-                let root_c = root as i32;
-                // SAFETY: the validated send buffer.
-                self.call(op, |comm, stream| unsafe {
-                    send(
-                        sp as *const c_void,
-                        count,
-                        T::DATATYPE,
-                        root_c,
-                        comm,
-                        stream,
-                    )
-                })?;
-            }
-            group.end()
-        } else {
-            let f = lib.raw().ncclGather()?;
+        if !self.comm.uses_send_recv(Feature::NativeGatherScatter) {
+            let f = match rooted {
+                Rooted::Gather => lib.raw().ncclGather()?,
+                Rooted::Scatter => lib.raw().ncclScatter()?,
+            };
             let root_c = root as i32;
-            // SAFETY: validated; `rp` is null off the root, where NCCL does
-            // not use the receive buffer.
-            self.call(op, |comm, stream| unsafe {
+            // SAFETY: validated; off the root NCCL does not use the root-side
+            // buffer, which is null there.
+            return self.call(op, |comm, stream| unsafe {
                 f(
                     sp as *const c_void,
                     rp as *mut c_void,
@@ -1036,8 +1019,75 @@ impl<'s, 'a> OnStream<'s, 'a> {
                     comm,
                     stream,
                 )
-            })
+            });
         }
+        let (send, recv) = (lib.raw().ncclSend()?, lib.raw().ncclRecv()?);
+        let e = std::mem::size_of::<T>();
+        let group: GroupGuard<'_> = GroupGuard::start_internal()?;
+        if is_root {
+            for peer in 0..self.comm.size() {
+                // The root's block `peer`: written by gather, read by scatter.
+                let block = match rooted {
+                    Rooted::Gather => ptr(rp, peer * count, e),
+                    Rooted::Scatter => ptr(sp, peer * count, e),
+                };
+                if peer == root {
+                    let (from, to) = match rooted {
+                        Rooted::Gather => (sp, block),
+                        Rooted::Scatter => (block, rp),
+                    };
+                    if from != to {
+                        self.local_copy::<T>(op, from, to, count)?;
+                    }
+                    continue;
+                }
+                let peer_c = peer as i32;
+                match rooted {
+                    // SAFETY: block `peer` of the validated receive buffer.
+                    Rooted::Gather => self.call(op, |comm, stream| unsafe {
+                        recv(
+                            block as *mut c_void,
+                            count,
+                            T::DATATYPE,
+                            peer_c,
+                            comm,
+                            stream,
+                        )
+                    })?,
+                    // SAFETY: block `peer` of the validated send buffer.
+                    Rooted::Scatter => self.call(op, |comm, stream| unsafe {
+                        send(
+                            block as *const c_void,
+                            count,
+                            T::DATATYPE,
+                            peer_c,
+                            comm,
+                            stream,
+                        )
+                    })?,
+                }
+            }
+        } else {
+            let root_c = root as i32;
+            match rooted {
+                // SAFETY: the validated send buffer.
+                Rooted::Gather => self.call(op, |comm, stream| unsafe {
+                    send(
+                        sp as *const c_void,
+                        count,
+                        T::DATATYPE,
+                        root_c,
+                        comm,
+                        stream,
+                    )
+                })?,
+                // SAFETY: the validated receive buffer.
+                Rooted::Scatter => self.call(op, |comm, stream| unsafe {
+                    recv(rp as *mut c_void, count, T::DATATYPE, root_c, comm, stream)
+                })?,
+            }
+        }
+        group.end()
     }
 
     /// A device-to-device copy on this stream, for the root's own block in
@@ -1124,7 +1174,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
         }
         let _span =
             tracing::trace_span!("nccl.scatter", count, dtype = ?T::DATATYPE, root).entered();
-        let enqueued = self.scatter_raw::<T>(OP, sp, rp, count, root, is_root);
+        let enqueued = self.rooted_raw::<T>(OP, Rooted::Scatter, sp, rp, count, root, is_root);
         // Settled even on error: work queued before the failure keeps its
         // buffers' bookkeeping until the group launches it.
         self.settle(sa.into_iter().chain([ra]));
@@ -1169,68 +1219,12 @@ impl<'s, 'a> OnStream<'s, 'a> {
             (0, p)
         };
         let _span = tracing::trace_span!("nccl.scatter", count, dtype = ?T::DATATYPE, root, in_place = true).entered();
-        let enqueued = self.scatter_raw::<T>(OP, sp, rp, count, root, is_root);
+        let enqueued = self.rooted_raw::<T>(OP, Rooted::Scatter, sp, rp, count, root, is_root);
         // Settled even on error: work queued before the failure keeps its
         // buffers' bookkeeping until the group launches it.
         self.settle([a]);
         enqueued?;
         Ok(())
-    }
-
-    fn scatter_raw<T: NcclType>(
-        &self,
-        op: &'static str,
-        sp: u64,
-        rp: u64,
-        count: usize,
-        root: usize,
-        is_root: bool,
-    ) -> Result<()> {
-        let lib = self.comm.library();
-        if self.comm.uses_send_recv(Feature::NativeGatherScatter) {
-            let (send, recv) = (lib.raw().ncclSend()?, lib.raw().ncclRecv()?);
-            let e = std::mem::size_of::<T>();
-            let group: GroupGuard<'_> = GroupGuard::start_internal()?;
-            if is_root {
-                for peer in 0..self.comm.size() {
-                    let p = ptr(sp, peer * count, e);
-                    if peer == root {
-                        if p != rp {
-                            self.local_copy::<T>(op, p, rp, count)?;
-                        }
-                        continue;
-                    }
-                    let peer_c = peer as i32;
-                    // SAFETY: block `peer` of the validated send buffer.
-                    self.call(op, |comm, stream| unsafe {
-                        send(p as *const c_void, count, T::DATATYPE, peer_c, comm, stream)
-                    })?;
-                }
-            } else {
-                let root_c = root as i32;
-                // SAFETY: the validated receive buffer.
-                self.call(op, |comm, stream| unsafe {
-                    recv(rp as *mut c_void, count, T::DATATYPE, root_c, comm, stream)
-                })?;
-            }
-            group.end()
-        } else {
-            let f = lib.raw().ncclScatter()?;
-            let root_c = root as i32;
-            // SAFETY: validated; `sp` is null off the root, where NCCL does
-            // not read the send buffer.
-            self.call(op, |comm, stream| unsafe {
-                f(
-                    sp as *const c_void,
-                    rp as *mut c_void,
-                    count,
-                    T::DATATYPE,
-                    root_c,
-                    comm,
-                    stream,
-                )
-            })
-        }
     }
 
     // ---- point to point --------------------------------------------------------

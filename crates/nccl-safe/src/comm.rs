@@ -386,6 +386,19 @@ struct Parts {
     timeout: Duration,
 }
 
+impl Parts {
+    /// A child's parts: the parent's device, its settings unless `config`
+    /// gives new ones.
+    fn child_of(parent: &Shared, config: Option<&Config>) -> Parts {
+        Parts {
+            lib: parent.lib,
+            ctx: Arc::clone(&parent.ctx),
+            blocking: config.map_or(parent.blocking, Config::is_blocking),
+            timeout: config.map_or(parent.timeout, Config::get_timeout),
+        }
+    }
+}
+
 fn cuda(op: &'static str) -> impl FnOnce(cudarc::driver::DriverError) -> Error {
     move |source| Error::Cuda { op, source }
 }
@@ -828,12 +841,7 @@ impl Comm {
                 failure = Some(e);
                 break;
             }
-            parts.push(Parts {
-                lib,
-                ctx: Arc::clone(&comm.shared.ctx),
-                blocking: config.map_or(comm.shared.blocking, Config::is_blocking),
-                timeout: config.map_or(comm.shared.timeout, Config::get_timeout),
-            });
+            parts.push(Parts::child_of(&comm.shared, config));
         }
         let ended = group.end();
         drop(raw_configs);
@@ -1002,13 +1010,7 @@ impl Comm {
                 reason: "NCCL returned no communicator",
             });
         }
-        let parts = Parts {
-            lib,
-            ctx: Arc::clone(&self.shared.ctx),
-            blocking: config.map_or(self.shared.blocking, Config::is_blocking),
-            timeout: config.map_or(self.shared.timeout, Config::get_timeout),
-        };
-        Comm::adopt(child, parts, None, true)
+        Comm::adopt(child, Parts::child_of(&self.shared, config), None, true)
     }
 
     /// `ncclCommRevoke`: stops in-flight work so that the communicator can
