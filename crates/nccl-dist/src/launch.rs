@@ -26,6 +26,9 @@ pub enum Launcher {
     Slurm,
     /// `mpirun` of Open MPI.
     OpenMpi,
+    /// One process running every rank ([`crate::World::local`],
+    /// [`crate::World::spawn_local`]).
+    Local,
 }
 
 /// This process's place in the job.

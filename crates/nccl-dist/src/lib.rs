@@ -10,22 +10,56 @@
 //!   authenticated TCP exchange (HMAC-SHA256 over a shared [`Secret`]) or a
 //!   file on a shared file system;
 //! - [`mesh`]: the arithmetic of an N-D device mesh with named axes
-//!   (coordinates, per-axis split colors and keys, slicing, flattening).
+//!   (coordinates, per-axis split colors and keys, slicing, flattening);
+//! - [`World`]: the world communicator, from a launcher (a process per
+//!   GPU), a thread per GPU, or one thread driving every GPU;
+//! - [`DeviceMesh`]: the world on named axes with a communicator per axis,
+//!   optionally placed so inner axes stay inside an NVLink island;
+//! - [`Communicator`]: an object-safe, dtype-tagged interface over raw
+//!   device pointers for frameworks; [`HostCollectives`] for host slices
+//!   and a barrier; [`CommStream`] for overlapping compute and
+//!   communication.
 //!
-//! Moving bytes between GPUs stays NCCL's job, through `nccl-safe`.
+//! Moving bytes between GPUs stays NCCL's job, through `nccl-safe`; every
+//! wait this crate owns has a deadline.
 //!
-//! Status: launch detection, rendezvous and mesh arithmetic are here and
-//! tested on CPUs; the GPU-backed `World` and `DeviceMesh`, the
-//! `Communicator` trait and the watchdog are not yet.
+//! # Example: data-parallel gradients, whatever launched the job
+//!
+//! ```no_run
+//! use nccl_dist::{DeviceMesh, World};
+//! use nccl_dist::nccl_safe::ReduceOp;
+//!
+//! // torchrun, srun, mpirun or `cargo xtask launch -n 4` set the
+//! // environment; NCCL_RS_SECRET holds the shared secret.
+//! let world = World::init()?;
+//! let mesh = DeviceMesh::new(&world, &[("dp", world.size())])?;
+//! let stream = world.comm().stream();
+//! let mut grads = stream.clone_htod(&vec![1.0f32; 1 << 20])?;
+//! mesh.all_reduce_in_place("dp", &mut grads, ReduceOp::Avg)?;
+//! world.comm().synchronize(stream)?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! Not yet here: the watchdog and flight recorder.
 
+mod communicator;
+mod device_mesh;
+mod error;
+mod host;
 pub mod launch;
 pub mod mesh;
 pub mod rendezvous;
 pub mod secret;
+mod world;
 
+pub use communicator::{Communicator, DType};
+pub use device_mesh::{DeviceMesh, Placement, SubMesh, device_order, positions_on_host};
+pub use error::{Error, Result};
+pub use host::{CommEvent, CommStream, HostCollectives};
 pub use launch::{Launch, LaunchError, Launcher};
 pub use mesh::{MeshError, MeshShape};
 pub use rendezvous::RendezvousError;
 pub use secret::{Secret, SecretError};
+pub use world::{PORT_ENV, RendezvousMethod, World, WorldOptions};
 
 pub use nccl_safe;

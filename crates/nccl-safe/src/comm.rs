@@ -1134,6 +1134,58 @@ impl Comm {
         &self.stream
     }
 
+    /// How long this communicator's own waits (nonblocking polling,
+    /// [`Comm::synchronize`], teardown) may take: the [`Config`] timeout.
+    pub fn timeout(&self) -> Duration {
+        self.shared.timeout
+    }
+
+    /// Waits until the work queued so far on `stream` has finished, for at
+    /// most [`Comm::timeout`], checking `ncclCommGetAsyncError` while it
+    /// waits. A stream that does not drain in time, or an asynchronous NCCL
+    /// error, aborts this communicator (the only way NCCL offers out of a
+    /// stuck collective) and returns [`Error::Timeout`] or the NCCL error;
+    /// later calls then get [`Error::Aborted`].
+    ///
+    /// `stream` must belong to this communicator's device.
+    pub fn synchronize(&self, stream: &CudaStream) -> Result<()> {
+        const OP: &str = "synchronize";
+        let found = stream.context().ordinal();
+        if found != self.device {
+            return Err(Error::WrongDevice {
+                op: OP,
+                role: crate::Role::Stream,
+                expected: self.device,
+                found,
+            });
+        }
+        let cuda = |source| Error::Cuda { op: OP, source };
+        let event = stream.record_event(None).map_err(cuda)?;
+        let started = Instant::now();
+        let mut pause = Duration::from_micros(5);
+        loop {
+            if event.try_is_complete().map_err(cuda)? {
+                return Ok(());
+            }
+            let lib = self.shared.lib;
+            let status = self.shared.with_raw(OP, |raw| async_status(lib, raw))?;
+            if status != ncclResult_t::ncclSuccess && status != ncclResult_t::ncclInProgress {
+                let err = self.shared.with_raw(OP, |raw| lib.check(OP, status, raw));
+                let _ = self.shared.abort();
+                return err;
+            }
+            if started.elapsed() >= self.shared.timeout {
+                let _ = self.shared.abort();
+                return Err(Error::Timeout {
+                    op: OP,
+                    waited: started.elapsed(),
+                });
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(1));
+        }
+    }
+
     /// Whether NCCL calls block (the configuration's `blocking`).
     pub fn is_blocking(&self) -> bool {
         self.shared.blocking

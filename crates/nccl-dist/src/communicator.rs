@@ -1,0 +1,700 @@
+//! An object-safe communicator for frameworks that keep their tensors
+//! behind raw device pointers and a runtime dtype tag.
+//!
+//! The typed API of `nccl-safe` wants a Rust type per element type and a
+//! buffer type per tensor type. A framework whose tensors are
+//! `(ptr, len, dtype)` at run time can instead hold a
+//! `Box<dyn Communicator>` and pass pointers. The checks that need no
+//! knowledge of the memory still run before NCCL sees the call (dtype
+//! support, counts, overflow, ranks, the device of each pointer and of the
+//! stream, partial overlap); what only the caller can know is the
+//! contract of each `unsafe` method.
+//!
+//! ```no_run
+//! use nccl_dist::{Communicator, DType, World};
+//! use nccl_dist::nccl_safe::ReduceOp;
+//! use nccl_dist::nccl_safe::cudarc::driver::DevicePtr;
+//!
+//! let world = World::init()?;
+//! let comm: &dyn Communicator = world.comm();
+//! let stream = world.comm().stream();
+//! let grads = stream.alloc_zeros::<f32>(1024)?;
+//! let (ptr, _guard) = grads.device_ptr(stream);
+//! // SAFETY: 1024 f32 on this rank's GPU, not touched elsewhere until the
+//! // all-reduce on `stream` is done.
+//! unsafe {
+//!     comm.all_reduce(ptr, ptr, 1024, DType::F32, ReduceOp::Sum, Some(stream.cu_stream()))?;
+//! }
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use nccl_safe::cudarc::driver::sys::CUstream;
+use nccl_safe::cudarc::driver::{CudaStream, sys};
+use nccl_safe::nccl_sys::ncclDataType_t;
+use nccl_safe::{Access, Comm, DeviceBuffer, DeviceBufferMut, NcclType, ReduceOp};
+
+use crate::error::{Error, Result};
+
+/// An element type, known at run time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum DType {
+    /// `i8`.
+    I8,
+    /// `u8`.
+    U8,
+    /// `i32`.
+    I32,
+    /// `u32`.
+    U32,
+    /// `i64`.
+    I64,
+    /// `u64`.
+    U64,
+    /// IEEE half precision (`half::f16`).
+    F16,
+    /// `f32`.
+    F32,
+    /// `f64`.
+    F64,
+    /// bfloat16 (`half::bf16`).
+    BF16,
+    /// fp8 e4m3 (NCCL 2.24+).
+    F8E4M3,
+    /// fp8 e5m2 (NCCL 2.24+).
+    F8E5M2,
+}
+
+/// Runs `$body` with `$t` bound to the Rust type of `$dtype`.
+macro_rules! with_type {
+    ($dtype:expr, $t:ident => $body:expr) => {
+        match $dtype {
+            DType::I8 => {
+                type $t = i8;
+                $body
+            }
+            DType::U8 => {
+                type $t = u8;
+                $body
+            }
+            DType::I32 => {
+                type $t = i32;
+                $body
+            }
+            DType::U32 => {
+                type $t = u32;
+                $body
+            }
+            DType::I64 => {
+                type $t = i64;
+                $body
+            }
+            DType::U64 => {
+                type $t = u64;
+                $body
+            }
+            DType::F16 => {
+                type $t = half::f16;
+                $body
+            }
+            DType::F32 => {
+                type $t = f32;
+                $body
+            }
+            DType::F64 => {
+                type $t = f64;
+                $body
+            }
+            DType::BF16 => {
+                type $t = half::bf16;
+                $body
+            }
+            DType::F8E4M3 => {
+                type $t = float8::F8E4M3;
+                $body
+            }
+            DType::F8E5M2 => {
+                type $t = float8::F8E5M2;
+                $body
+            }
+        }
+    };
+}
+
+impl DType {
+    /// Every tag.
+    pub const ALL: [DType; 12] = [
+        DType::I8,
+        DType::U8,
+        DType::I32,
+        DType::U32,
+        DType::I64,
+        DType::U64,
+        DType::F16,
+        DType::F32,
+        DType::F64,
+        DType::BF16,
+        DType::F8E4M3,
+        DType::F8E5M2,
+    ];
+
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        with_type!(self, T => std::mem::size_of::<T>())
+    }
+
+    /// NCCL's tag for it.
+    pub fn nccl(self) -> ncclDataType_t {
+        with_type!(self, T => <T as NcclType>::DATATYPE)
+    }
+
+    /// The tag of `T`.
+    pub fn of<T: NcclType>() -> DType {
+        // Every NcclType is one of the twelve; the lookup cannot miss.
+        DType::ALL
+            .into_iter()
+            .find(|d| d.nccl() == T::DATATYPE)
+            .unwrap_or(DType::U8)
+    }
+}
+
+/// Raw device memory presented to the typed API. Built only inside this
+/// module, from pointers whose validity the caller of an `unsafe` method
+/// promised.
+struct Raw<T> {
+    ptr: u64,
+    len: usize,
+    device: usize,
+    _t: PhantomData<T>,
+}
+
+// SAFETY: the caller of the `Communicator` method that built this promised
+// `len` elements of `T` at `ptr` on `device`, alive and unraced until the
+// work on the given stream is done; the stream order is the caller's.
+unsafe impl<T: NcclType> DeviceBuffer<T> for Raw<T> {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn device(&self) -> usize {
+        self.device
+    }
+    fn read<'a>(&'a self, _stream: &'a CudaStream) -> (u64, Access<'a>) {
+        (self.ptr, Access::none())
+    }
+}
+
+// SAFETY: as above, for writing.
+unsafe impl<T: NcclType> DeviceBufferMut<T> for Raw<T> {
+    fn write<'a>(&'a mut self, _stream: &'a CudaStream) -> (u64, Access<'a>) {
+        (self.ptr, Access::none())
+    }
+}
+
+/// The CUDA device that `ptr` belongs to, asking the driver; a pointer
+/// it does not know (host memory, garbage) is an error here rather than a
+/// fault inside NCCL.
+fn device_of(op: &'static str, ptr: u64) -> Result<usize> {
+    let mut ordinal: i32 = -1;
+    // SAFETY: one int is written; the driver validates `ptr` itself.
+    let code = unsafe {
+        sys::cuPointerGetAttribute(
+            (&mut ordinal as *mut i32).cast(),
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+            ptr,
+        )
+    };
+    if code != sys::CUresult::CUDA_SUCCESS || ordinal < 0 {
+        return Err(Error::InvalidArgument {
+            op,
+            reason: format!("{ptr:#x} is not CUDA device memory ({code:?})"),
+        });
+    }
+    Ok(ordinal as usize)
+}
+
+/// What each method of [`Communicator`] needs: the typed buffers and the
+/// stream.
+struct Call<'c> {
+    comm: &'c Comm,
+    stream: Arc<CudaStream>,
+}
+
+impl<'c> Call<'c> {
+    /// # Safety
+    ///
+    /// `stream`, when given, is a live stream of the communicator's device.
+    unsafe fn new(comm: &'c Comm, stream: Option<CUstream>) -> Call<'c> {
+        let stream = match stream {
+            None => Arc::clone(comm.stream()),
+            // SAFETY: the caller's promise; the wrapper does not own it.
+            Some(raw) => unsafe { comm.stream().context().wrap_borrowed_stream(raw) },
+        };
+        Call { comm, stream }
+    }
+
+    fn buf<T: NcclType>(&self, op: &'static str, ptr: u64, len: usize) -> Result<Raw<T>> {
+        let device = if len == 0 {
+            self.comm.device()
+        } else {
+            device_of(op, ptr)?
+        };
+        Ok(Raw {
+            ptr,
+            len,
+            device,
+            _t: PhantomData,
+        })
+    }
+}
+
+/// Element count times `n`, refused when it overflows.
+fn times(op: &'static str, count: usize, n: usize) -> Result<usize> {
+    count.checked_mul(n).ok_or_else(|| {
+        nccl_safe::Error::Overflow {
+            op,
+            count,
+            factor: n,
+        }
+        .into()
+    })
+}
+
+/// A communicator as a framework sees it: raw device pointers (as `u64`
+/// device addresses), a dtype tag and a stream, behind `dyn`.
+///
+/// # Contract of the `unsafe` methods
+///
+/// For every pointer and the count the method's docs give it: the memory
+/// is a live device allocation of at least that many elements of `dtype`,
+/// it stays allocated until the operation has finished on `stream`, and no
+/// other work touches it meanwhile (for the buffers the operation writes)
+/// or writes it (for those it reads). `stream`, when `Some`, is a live
+/// stream of this communicator's device; `None` uses the communicator's
+/// own stream. The operation is queued on that stream: wait for it as for
+/// any other CUDA work.
+///
+/// Checked for you, before NCCL is called: pointers known to the CUDA
+/// driver and on this communicator's device, dtype supported by the
+/// library and GPU, counts that do not overflow, roots and peers in range,
+/// buffers that overlap other than in NCCL's in-place layout.
+pub trait Communicator: Send {
+    /// This rank.
+    fn rank(&self) -> usize;
+    /// Number of ranks.
+    fn size(&self) -> usize;
+    /// CUDA device ordinal.
+    fn device(&self) -> usize;
+
+    /// All-reduce of `count` elements from `send` into `recv` (equal
+    /// pointers: in place).
+    ///
+    /// # Safety
+    ///
+    /// See the [trait contract](Communicator): `count` elements at each.
+    unsafe fn all_reduce(
+        &self,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+        stream: Option<CUstream>,
+    ) -> Result<()>;
+
+    /// Broadcast of `count` elements from `root`'s `send` into every
+    /// rank's `recv` (equal pointers: in place; `send` is read on `root`
+    /// only).
+    ///
+    /// # Safety
+    ///
+    /// See the [trait contract](Communicator): `count` elements at each.
+    unsafe fn broadcast(
+        &self,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DType,
+        root: usize,
+        stream: Option<CUstream>,
+    ) -> Result<()>;
+
+    /// Reduction of every rank's `count` elements at `send` into `root`'s
+    /// `recv` (equal pointers: in place; `recv` is written on `root` only).
+    ///
+    /// # Safety
+    ///
+    /// See the [trait contract](Communicator): `count` elements at each
+    /// (`recv` on `root` only).
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn reduce(
+        &self,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+        root: usize,
+        stream: Option<CUstream>,
+    ) -> Result<()>;
+
+    /// All-gather: `count` elements from each rank's `send`, concatenated
+    /// in rank order into `recv` (`size() * count` elements). In place when
+    /// `send` is `recv`'s slot for this rank.
+    ///
+    /// # Safety
+    ///
+    /// See the [trait contract](Communicator): `count` at `send`,
+    /// `size() * count` at `recv`.
+    unsafe fn all_gather(
+        &self,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DType,
+        stream: Option<CUstream>,
+    ) -> Result<()>;
+
+    /// Reduce-scatter: `recv` gets block `rank()` (of `count` elements) of
+    /// the reduction of every rank's `send` (`size() * count` elements). In
+    /// place when `recv` is `send`'s block for this rank.
+    ///
+    /// # Safety
+    ///
+    /// See the [trait contract](Communicator): `size() * count` at `send`,
+    /// `count` at `recv`.
+    unsafe fn reduce_scatter(
+        &self,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+        stream: Option<CUstream>,
+    ) -> Result<()>;
+
+    /// All-to-all: block j (of `count` elements) of `send` goes to rank j,
+    /// block i of `recv` comes from rank i.
+    ///
+    /// # Safety
+    ///
+    /// See the [trait contract](Communicator): `size() * count` at each.
+    unsafe fn all_to_all(
+        &self,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DType,
+        stream: Option<CUstream>,
+    ) -> Result<()>;
+
+    /// Sends `count` elements at `buf` to `peer`.
+    ///
+    /// # Safety
+    ///
+    /// See the [trait contract](Communicator): `count` elements at `buf`.
+    unsafe fn send(
+        &self,
+        buf: u64,
+        count: usize,
+        dtype: DType,
+        peer: usize,
+        stream: Option<CUstream>,
+    ) -> Result<()>;
+
+    /// Receives `count` elements from `peer` into `buf`.
+    ///
+    /// # Safety
+    ///
+    /// See the [trait contract](Communicator): `count` elements at `buf`.
+    unsafe fn recv(
+        &self,
+        buf: u64,
+        count: usize,
+        dtype: DType,
+        peer: usize,
+        stream: Option<CUstream>,
+    ) -> Result<()>;
+
+    /// A send to `send_peer` and a receive from `recv_peer` in one NCCL
+    /// group, so a ring or pipeline exchange where every rank sends and
+    /// receives cannot deadlock.
+    ///
+    /// # Safety
+    ///
+    /// See the [trait contract](Communicator): `send_count` elements at
+    /// `send`, `recv_count` at `recv`.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn send_recv(
+        &self,
+        send: u64,
+        send_count: usize,
+        send_peer: usize,
+        recv: u64,
+        recv_count: usize,
+        recv_peer: usize,
+        dtype: DType,
+        stream: Option<CUstream>,
+    ) -> Result<()>;
+
+    /// Waits (with the communicator's deadline) until every rank has
+    /// reached the barrier.
+    fn barrier(&self) -> Result<()>;
+}
+
+impl Communicator for Comm {
+    fn rank(&self) -> usize {
+        Comm::rank(self)
+    }
+
+    fn size(&self) -> usize {
+        Comm::size(self)
+    }
+
+    fn device(&self) -> usize {
+        Comm::device(self)
+    }
+
+    unsafe fn all_reduce(
+        &self,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+        stream: Option<CUstream>,
+    ) -> Result<()> {
+        const OP: &str = "Communicator::all_reduce";
+        // SAFETY: the caller's promise about `stream`.
+        let c = unsafe { Call::new(self, stream) };
+        with_type!(dtype, T => {
+            let mut r = c.buf::<T>(OP, recv, count)?;
+            if send == recv {
+                self.on(&c.stream).all_reduce_in_place(&mut r, op)?;
+            } else {
+                let s = c.buf::<T>(OP, send, count)?;
+                self.on(&c.stream).all_reduce(&s, &mut r, op)?;
+            }
+        });
+        Ok(())
+    }
+
+    unsafe fn broadcast(
+        &self,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DType,
+        root: usize,
+        stream: Option<CUstream>,
+    ) -> Result<()> {
+        const OP: &str = "Communicator::broadcast";
+        // SAFETY: the caller's promise about `stream`.
+        let c = unsafe { Call::new(self, stream) };
+        with_type!(dtype, T => {
+            let mut r = c.buf::<T>(OP, recv, count)?;
+            if send == recv {
+                self.on(&c.stream).broadcast_in_place(&mut r, root)?;
+            } else {
+                let on_root = Comm::rank(self) == root;
+                let s = c.buf::<T>(OP, send, if on_root { count } else { 0 })?;
+                self.on(&c.stream).broadcast(on_root.then_some(&s), &mut r, root)?;
+            }
+        });
+        Ok(())
+    }
+
+    unsafe fn reduce(
+        &self,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+        root: usize,
+        stream: Option<CUstream>,
+    ) -> Result<()> {
+        const OP: &str = "Communicator::reduce";
+        // SAFETY: the caller's promise about `stream`.
+        let c = unsafe { Call::new(self, stream) };
+        with_type!(dtype, T => {
+            let mut s = c.buf::<T>(OP, send, count)?;
+            if send == recv {
+                self.on(&c.stream).reduce_in_place(&mut s, op, root)?;
+            } else {
+                let on_root = Comm::rank(self) == root;
+                let mut r = c.buf::<T>(OP, recv, if on_root { count } else { 0 })?;
+                self.on(&c.stream).reduce(&s, on_root.then_some(&mut r), op, root)?;
+            }
+        });
+        Ok(())
+    }
+
+    unsafe fn all_gather(
+        &self,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DType,
+        stream: Option<CUstream>,
+    ) -> Result<()> {
+        const OP: &str = "Communicator::all_gather";
+        // SAFETY: the caller's promise about `stream`.
+        let c = unsafe { Call::new(self, stream) };
+        let total = times(OP, count, Comm::size(self))?;
+        let own_slot = times(OP, times(OP, count, Comm::rank(self))?, dtype.size())?;
+        with_type!(dtype, T => {
+            let mut r = c.buf::<T>(OP, recv, total)?;
+            if recv.checked_add(own_slot as u64) == Some(send) {
+                self.on(&c.stream).all_gather_in_place(&mut r)?;
+            } else {
+                let s = c.buf::<T>(OP, send, count)?;
+                self.on(&c.stream).all_gather(&s, &mut r)?;
+            }
+        });
+        Ok(())
+    }
+
+    unsafe fn reduce_scatter(
+        &self,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+        stream: Option<CUstream>,
+    ) -> Result<()> {
+        const OP: &str = "Communicator::reduce_scatter";
+        // SAFETY: the caller's promise about `stream`.
+        let c = unsafe { Call::new(self, stream) };
+        let total = times(OP, count, Comm::size(self))?;
+        let own_slot = times(OP, times(OP, count, Comm::rank(self))?, dtype.size())?;
+        with_type!(dtype, T => {
+            let mut s = c.buf::<T>(OP, send, total)?;
+            if send.checked_add(own_slot as u64) == Some(recv) {
+                self.on(&c.stream).reduce_scatter_in_place(&mut s, op)?;
+            } else {
+                let mut r = c.buf::<T>(OP, recv, count)?;
+                self.on(&c.stream).reduce_scatter(&s, &mut r, op)?;
+            }
+        });
+        Ok(())
+    }
+
+    unsafe fn all_to_all(
+        &self,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DType,
+        stream: Option<CUstream>,
+    ) -> Result<()> {
+        const OP: &str = "Communicator::all_to_all";
+        // SAFETY: the caller's promise about `stream`.
+        let c = unsafe { Call::new(self, stream) };
+        let total = times(OP, count, Comm::size(self))?;
+        with_type!(dtype, T => {
+            let s = c.buf::<T>(OP, send, total)?;
+            let mut r = c.buf::<T>(OP, recv, total)?;
+            self.on(&c.stream).all_to_all(&s, &mut r)?;
+        });
+        Ok(())
+    }
+
+    unsafe fn send(
+        &self,
+        buf: u64,
+        count: usize,
+        dtype: DType,
+        peer: usize,
+        stream: Option<CUstream>,
+    ) -> Result<()> {
+        const OP: &str = "Communicator::send";
+        // SAFETY: the caller's promise about `stream`.
+        let c = unsafe { Call::new(self, stream) };
+        with_type!(dtype, T => {
+            let b = c.buf::<T>(OP, buf, count)?;
+            self.on(&c.stream).send(&b, peer)?;
+        });
+        Ok(())
+    }
+
+    unsafe fn recv(
+        &self,
+        buf: u64,
+        count: usize,
+        dtype: DType,
+        peer: usize,
+        stream: Option<CUstream>,
+    ) -> Result<()> {
+        const OP: &str = "Communicator::recv";
+        // SAFETY: the caller's promise about `stream`.
+        let c = unsafe { Call::new(self, stream) };
+        with_type!(dtype, T => {
+            let mut b = c.buf::<T>(OP, buf, count)?;
+            self.on(&c.stream).recv(&mut b, peer)?;
+        });
+        Ok(())
+    }
+
+    unsafe fn send_recv(
+        &self,
+        send: u64,
+        send_count: usize,
+        send_peer: usize,
+        recv: u64,
+        recv_count: usize,
+        recv_peer: usize,
+        dtype: DType,
+        stream: Option<CUstream>,
+    ) -> Result<()> {
+        const OP: &str = "Communicator::send_recv";
+        // SAFETY: the caller's promise about `stream`.
+        let c = unsafe { Call::new(self, stream) };
+        with_type!(dtype, T => {
+            let s = c.buf::<T>(OP, send, send_count)?;
+            let mut r = c.buf::<T>(OP, recv, recv_count)?;
+            nccl_safe::group(|g| {
+                g.on_stream(self, &c.stream).send(&s, send_peer)?;
+                g.on_stream(self, &c.stream).recv(&mut r, recv_peer)
+            })?;
+        });
+        Ok(())
+    }
+
+    fn barrier(&self) -> Result<()> {
+        crate::HostCollectives::barrier(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_tag_round_trips_through_its_rust_type() {
+        for d in DType::ALL {
+            let back = with_type!(d, T => DType::of::<T>());
+            assert_eq!(back, d);
+            assert_eq!(
+                d.size(),
+                match d {
+                    DType::I8 | DType::U8 | DType::F8E4M3 | DType::F8E5M2 => 1,
+                    DType::F16 | DType::BF16 => 2,
+                    DType::I32 | DType::U32 | DType::F32 => 4,
+                    _ => 8,
+                }
+            );
+        }
+    }
+
+    #[test]
+    fn the_trait_is_object_safe_and_send() {
+        fn takes(_: Option<&dyn Communicator>) {}
+        takes(None);
+        fn send<T: Send + ?Sized>() {}
+        send::<Box<dyn Communicator>>();
+    }
+}

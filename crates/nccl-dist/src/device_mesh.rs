@@ -1,0 +1,550 @@
+//! [`DeviceMesh`]: the world laid out on named axes, with a communicator
+//! per axis.
+//!
+//! A mesh `[("dp", 2), ("tp", 2)]` over four ranks puts them on a 2×2
+//! grid, row-major (the last axis varies fastest). The `"tp"` communicator
+//! of a rank joins the ranks on its row, the `"dp"` one those on its
+//! column; both come from `ncclCommSplit` on the world communicator.
+//!
+//! ```no_run
+//! use nccl_dist::{DeviceMesh, World};
+//! use nccl_dist::nccl_safe::ReduceOp;
+//!
+//! let world = World::init()?;
+//! let mesh = DeviceMesh::new(&world, &[("dp", 2), ("tp", 2)])?;
+//! let stream = mesh.axis("tp")?.stream().clone();
+//! let mut activations = stream.clone_htod(&[1.0f32; 1024])?;
+//! mesh.all_reduce_in_place("tp", &mut activations, ReduceOp::Sum)?;
+//! mesh.all_reduce_in_place("dp", &mut activations, ReduceOp::Avg)?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use nccl_safe::{Comm, DeviceBuffer, DeviceBufferMut, NcclType, Reduction, Topology};
+
+use crate::error::{Error, Result};
+use crate::host::HostCollectives;
+use crate::mesh::{MeshError, MeshShape};
+use crate::world::World;
+
+/// How world ranks are placed on the mesh.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Placement {
+    /// Mesh position i is world rank i.
+    #[default]
+    RankOrder,
+    /// Ranks are ordered by machine (in order of their lowest rank), and
+    /// on each machine by [`device_order`], so consecutive positions (the
+    /// innermost axis) share an NVLink island and sit on its strongest
+    /// links. Each machine probes its own GPUs; a machine whose processes
+    /// cannot see all of its GPUs keeps rank order there.
+    NvlinkIslands,
+}
+
+/// The GPUs of `topology` in placement order: islands largest first (ties:
+/// smallest ordinal first), each in its [`Topology::ring_order`].
+pub fn device_order(topology: &Topology) -> Vec<usize> {
+    let mut islands = topology.islands();
+    islands.sort_by_key(|i| {
+        (
+            std::cmp::Reverse(i.devices.len()),
+            i.devices.first().copied(),
+        )
+    });
+    islands
+        .iter()
+        .flat_map(|i| topology.ring_order(i))
+        .collect()
+}
+
+/// For ranks on one machine using `devices` (in rank order), each rank's
+/// index on that machine when placed by `order`; devices missing from
+/// `order` come last, in rank order.
+pub fn positions_on_host(order: &[usize], devices: &[usize]) -> Vec<usize> {
+    let mut by_place: Vec<usize> = (0..devices.len()).collect();
+    by_place.sort_by_key(|&i| {
+        (
+            order
+                .iter()
+                .position(|&d| d == devices[i])
+                .unwrap_or(usize::MAX),
+            i,
+        )
+    });
+    let mut out = vec![0; devices.len()];
+    for (place, &i) in by_place.iter().enumerate() {
+        out[i] = place;
+    }
+    out
+}
+
+/// An identifier of this machine: the hash of its host name and boot id.
+fn host_id() -> u64 {
+    let mut text = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    text.push_str(&std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default());
+    text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// The placement order on one machine: `devices[i]` is rank i's GPU.
+fn host_order(devices: &[usize]) -> Vec<usize> {
+    let mut seen: Vec<usize> = devices.to_vec();
+    seen.sort_unstable();
+    seen.dedup();
+    match Topology::probe(&seen) {
+        Ok(topology) => positions_on_host(&device_order(&topology), devices),
+        Err(error) => {
+            tracing::warn!(%error, "topology probe failed; keeping rank order");
+            (0..devices.len()).collect()
+        }
+    }
+}
+
+/// Which world rank sits at each mesh position, agreed by every rank
+/// through two small all-gathers on the world communicator.
+fn nvlink_ranks(comm: &Comm) -> Result<Vec<usize>> {
+    let me = comm.rank();
+    let info = comm.all_gather_host(&[host_id(), comm.device() as u64])?;
+    let (hosts, devices): (Vec<u64>, Vec<usize>) =
+        info.chunks(2).map(|c| (c[0], c[1] as usize)).unzip();
+    let mut host_list: Vec<u64> = Vec::new();
+    for h in &hosts {
+        if !host_list.contains(h) {
+            host_list.push(*h);
+        }
+    }
+    let mine = hosts[me];
+    let offset: usize = host_list
+        .iter()
+        .take_while(|&&h| h != mine)
+        .map(|h| hosts.iter().filter(|x| *x == h).count())
+        .sum();
+    let local: Vec<usize> = (0..hosts.len()).filter(|&r| hosts[r] == mine).collect();
+    let local_devices: Vec<usize> = local.iter().map(|&r| devices[r]).collect();
+    let places = host_order(&local_devices);
+    let index = local.iter().position(|&r| r == me).unwrap_or(0);
+    let position = offset + places[index];
+    let positions = comm.all_gather_host(&[position as u64])?;
+    ranks_from_positions(&positions)
+}
+
+/// Inverts rank → position into position → rank, checking that it is a
+/// permutation.
+fn ranks_from_positions(positions: &[u64]) -> Result<Vec<usize>> {
+    let n = positions.len();
+    let mut ranks = vec![usize::MAX; n];
+    for (rank, &p) in positions.iter().enumerate() {
+        let p = p as usize;
+        if p >= n || ranks[p] != usize::MAX {
+            return Err(Error::InvalidArgument {
+                op: "DeviceMesh placement",
+                reason: format!("ranks disagree on the placement: positions {positions:?}"),
+            });
+        }
+        ranks[p] = rank;
+    }
+    Ok(ranks)
+}
+
+/// A communicator over some axes of the mesh, under a name.
+#[derive(Debug)]
+struct Group {
+    name: String,
+    axes: Vec<String>,
+    comm: Comm,
+}
+
+/// The world on named axes, with one communicator per axis (and per
+/// flattened group).
+#[derive(Debug)]
+pub struct DeviceMesh {
+    shape: MeshShape,
+    position: usize,
+    ranks: Vec<usize>,
+    groups: Vec<Group>,
+}
+
+/// Returns the split (color, key) of every position for `axes`.
+fn splits(shape: &MeshShape, positions: &[usize], axes: &[&str]) -> Result<(Vec<Option<u32>>, Vec<i32>)> {
+    let mut colors = Vec::with_capacity(positions.len());
+    let mut keys = Vec::with_capacity(positions.len());
+    for &p in positions {
+        let (c, k) = shape.split_for(p, axes)?;
+        colors.push(Some(c));
+        keys.push(k);
+    }
+    Ok((colors, keys))
+}
+
+fn split_missing() -> Error {
+    Error::InvalidArgument {
+        op: "DeviceMesh",
+        reason: "ncclCommSplit gave no communicator for a rank with a color".into(),
+    }
+}
+
+impl DeviceMesh {
+    /// The mesh over `world` in rank order: every rank calls this with the
+    /// same axes (it is collective: one `ncclCommSplit` per axis).
+    pub fn new(world: &World, axes: &[(&str, usize)]) -> Result<DeviceMesh> {
+        DeviceMesh::new_with(world, axes, Placement::RankOrder)
+    }
+
+    /// As [`DeviceMesh::new`], with the placement chosen.
+    pub fn new_with(world: &World, axes: &[(&str, usize)], placement: Placement) -> Result<DeviceMesh> {
+        let shape = MeshShape::new(axes, world.size())?;
+        let _span = tracing::debug_span!("nccl.device_mesh", %shape, rank = world.rank()).entered();
+        let ranks = match placement {
+            Placement::RankOrder => (0..world.size()).collect(),
+            Placement::NvlinkIslands => nvlink_ranks(world.comm())?,
+        };
+        let position = ranks
+            .iter()
+            .position(|&r| r == world.rank())
+            .ok_or_else(split_missing)?;
+        let mut groups = Vec::new();
+        for name in shape.names() {
+            let (c, k) = shape.split_for(position, &[name])?;
+            let comm = world.comm().split(Some(c), k, None)?.ok_or_else(split_missing)?;
+            groups.push(Group {
+                name: name.to_string(),
+                axes: vec![name.to_string()],
+                comm,
+            });
+        }
+        Ok(DeviceMesh {
+            shape,
+            position,
+            ranks,
+            groups,
+        })
+    }
+
+    /// The meshes of worlds that one thread drives ([`World::local`]),
+    /// split together in one group per axis. Collectives on them go in one
+    /// group as well.
+    pub fn new_all(
+        worlds: &[World],
+        axes: &[(&str, usize)],
+        placement: Placement,
+    ) -> Result<Vec<DeviceMesh>> {
+        let n = worlds.len();
+        let shape = MeshShape::new(axes, n)?;
+        if worlds.iter().enumerate().any(|(i, w)| w.rank() != i || w.size() != n) {
+            return Err(Error::InvalidArgument {
+                op: "DeviceMesh::new_all",
+                reason: "pass every world of one World::local, in rank order".into(),
+            });
+        }
+        let ranks: Vec<usize> = match placement {
+            Placement::RankOrder => (0..n).collect(),
+            Placement::NvlinkIslands => {
+                let devices: Vec<usize> = worlds.iter().map(World::device).collect();
+                let places = host_order(&devices);
+                ranks_from_positions(&places.iter().map(|&p| p as u64).collect::<Vec<_>>())?
+            }
+        };
+        let mut positions = vec![0; n];
+        for (p, &r) in ranks.iter().enumerate() {
+            positions[r] = p;
+        }
+        let comms: Vec<&Comm> = worlds.iter().map(World::comm).collect();
+        let mut per_rank: Vec<Vec<Group>> = (0..n).map(|_| Vec::new()).collect();
+        for name in shape.names() {
+            let (colors, keys) = splits(&shape, &positions, &[name])?;
+            let made = Comm::split_all(&comms, &colors, &keys, None)?;
+            for (groups, comm) in per_rank.iter_mut().zip(made) {
+                groups.push(Group {
+                    name: name.to_string(),
+                    axes: vec![name.to_string()],
+                    comm: comm.ok_or_else(split_missing)?,
+                });
+            }
+        }
+        Ok(per_rank
+            .into_iter()
+            .zip(positions)
+            .map(|(groups, position)| DeviceMesh {
+                shape: shape.clone(),
+                position,
+                ranks: ranks.clone(),
+                groups,
+            })
+            .collect())
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> &MeshShape {
+        &self.shape
+    }
+
+    /// This rank's coordinate, one entry per axis in mesh order.
+    pub fn coordinate(&self) -> Vec<usize> {
+        self.shape.coordinate(self.position).unwrap_or_default()
+    }
+
+    /// This rank's position in the row-major mesh (its world rank under
+    /// [`Placement::RankOrder`]).
+    pub fn position(&self) -> usize {
+        self.position
+    }
+
+    /// The world rank at `coord`, if it is inside the mesh.
+    pub fn world_rank_of(&self, coord: &[usize]) -> Option<usize> {
+        self.shape.rank_of(coord).map(|p| self.ranks[p])
+    }
+
+    fn group(&self, name: &str) -> Result<&Group> {
+        self.groups
+            .iter()
+            .find(|g| g.name == name)
+            .ok_or_else(|| MeshError::UnknownAxis(name.to_string()).into())
+    }
+
+    /// The communicator along `axis` (a mesh axis or a flattened name).
+    pub fn axis(&self, axis: &str) -> Result<&Comm> {
+        Ok(&self.group(axis)?.comm)
+    }
+
+    /// Ranks along `axis`.
+    pub fn size(&self, axis: &str) -> Result<usize> {
+        Ok(self.axis(axis)?.size())
+    }
+
+    /// This rank's index along `axis`.
+    pub fn local_rank(&self, axis: &str) -> Result<usize> {
+        Ok(self.axis(axis)?.rank())
+    }
+
+    /// The sub-mesh of `axes` (in the order given), sharing this mesh's
+    /// communicators.
+    pub fn slice(&self, axes: &[&str]) -> Result<SubMesh<'_>> {
+        Ok(SubMesh {
+            mesh: self,
+            shape: self.shape.slice(axes)?,
+        })
+    }
+
+    /// A communicator over the adjacent `axes` merged, under `name` (then
+    /// `axis(name)`, `size(name)`, `local_rank(name)` work). Collective:
+    /// every rank calls it with the same arguments.
+    pub fn flatten(&mut self, axes: &[&str], name: &str) -> Result<&Comm> {
+        self.check_flatten(axes, name)?;
+        let (c, k) = self.shape.split_for(self.position, axes)?;
+        let comm = self.axis(axes[0])?.split(Some(c), k, None)?;
+        let comm = comm.ok_or_else(split_missing)?;
+        self.push_group(axes, name, comm)
+    }
+
+    /// [`DeviceMesh::flatten`] on the meshes of [`DeviceMesh::new_all`],
+    /// split together in one group.
+    pub fn flatten_all(meshes: &mut [DeviceMesh], axes: &[&str], name: &str) -> Result<()> {
+        for m in meshes.iter() {
+            m.check_flatten(axes, name)?;
+        }
+        let positions: Vec<usize> = meshes.iter().map(|m| m.position).collect();
+        let Some(first) = meshes.first() else {
+            return Ok(());
+        };
+        let (colors, keys) = splits(&first.shape, &positions, axes)?;
+        let parents: Vec<&Comm> = meshes
+            .iter()
+            .map(|m| m.axis(axes[0]))
+            .collect::<Result<_>>()?;
+        let made = Comm::split_all(&parents, &colors, &keys, None)?;
+        for (m, comm) in meshes.iter_mut().zip(made) {
+            m.push_group(axes, name, comm.ok_or_else(split_missing)?)?;
+        }
+        Ok(())
+    }
+
+    fn check_flatten(&self, axes: &[&str], name: &str) -> Result<()> {
+        self.shape.flatten(axes, name)?;
+        if self.groups.iter().any(|g| g.name == name) {
+            return Err(MeshError::DuplicateAxis(name.to_string()).into());
+        }
+        Ok(())
+    }
+
+    fn push_group(&mut self, axes: &[&str], name: &str, comm: Comm) -> Result<&Comm> {
+        self.groups.push(Group {
+            name: name.to_string(),
+            axes: axes.iter().map(|a| a.to_string()).collect(),
+            comm,
+        });
+        Ok(&self.groups[self.groups.len() - 1].comm)
+    }
+
+    /// The axes a name covers (one for a mesh axis, several for a
+    /// flattened group).
+    pub fn axes_of(&self, name: &str) -> Result<Vec<&str>> {
+        Ok(self.group(name)?.axes.iter().map(String::as_str).collect())
+    }
+
+    /// All-reduce along `axis`. See [`Comm::all_reduce`].
+    pub fn all_reduce<'a, T: NcclType>(
+        &'a self,
+        axis: &str,
+        send: &'a (impl DeviceBuffer<T> + ?Sized),
+        recv: &'a mut (impl DeviceBufferMut<T> + ?Sized),
+        op: impl Reduction<'a, T>,
+    ) -> Result<()> {
+        Ok(self.axis(axis)?.all_reduce(send, recv, op)?)
+    }
+
+    /// In-place all-reduce along `axis`.
+    pub fn all_reduce_in_place<'a, T: NcclType>(
+        &'a self,
+        axis: &str,
+        buf: &'a mut (impl DeviceBufferMut<T> + ?Sized),
+        op: impl Reduction<'a, T>,
+    ) -> Result<()> {
+        Ok(self.axis(axis)?.all_reduce_in_place(buf, op)?)
+    }
+
+    /// In-place broadcast along `axis` from the rank whose index along it
+    /// is `root`.
+    pub fn broadcast_in_place<'a, T: NcclType>(
+        &'a self,
+        axis: &str,
+        buf: &'a mut (impl DeviceBufferMut<T> + ?Sized),
+        root: usize,
+    ) -> Result<()> {
+        Ok(self.axis(axis)?.broadcast_in_place(buf, root)?)
+    }
+
+    /// All-gather along `axis`.
+    pub fn all_gather<'a, T: NcclType>(
+        &'a self,
+        axis: &str,
+        send: &'a (impl DeviceBuffer<T> + ?Sized),
+        recv: &'a mut (impl DeviceBufferMut<T> + ?Sized),
+    ) -> Result<()> {
+        Ok(self.axis(axis)?.all_gather(send, recv)?)
+    }
+
+    /// Reduce-scatter along `axis`.
+    pub fn reduce_scatter<'a, T: NcclType>(
+        &'a self,
+        axis: &str,
+        send: &'a (impl DeviceBuffer<T> + ?Sized),
+        recv: &'a mut (impl DeviceBufferMut<T> + ?Sized),
+        op: impl Reduction<'a, T>,
+    ) -> Result<()> {
+        Ok(self.axis(axis)?.reduce_scatter(send, recv, op)?)
+    }
+
+    /// All-to-all along `axis`.
+    pub fn all_to_all<'a, T: NcclType>(
+        &'a self,
+        axis: &str,
+        send: &'a (impl DeviceBuffer<T> + ?Sized),
+        recv: &'a mut (impl DeviceBufferMut<T> + ?Sized),
+    ) -> Result<()> {
+        Ok(self.axis(axis)?.all_to_all(send, recv)?)
+    }
+}
+
+/// Some axes of a [`DeviceMesh`], sharing its communicators.
+#[derive(Debug)]
+pub struct SubMesh<'m> {
+    mesh: &'m DeviceMesh,
+    shape: MeshShape,
+}
+
+impl<'m> SubMesh<'m> {
+    /// The sub-shape.
+    pub fn shape(&self) -> &MeshShape {
+        &self.shape
+    }
+
+    /// This rank's coordinate on the sub-mesh's axes.
+    pub fn coordinate(&self) -> Vec<usize> {
+        let full = self.mesh.coordinate();
+        let names = self.mesh.shape.names();
+        self.shape
+            .names()
+            .iter()
+            .filter_map(|n| names.iter().position(|m| m == n).map(|i| full[i]))
+            .collect()
+    }
+
+    /// The communicator along `axis`, one of the sub-mesh's.
+    pub fn axis(&self, axis: &str) -> Result<&'m Comm> {
+        self.shape.axis_size(axis)?;
+        self.mesh.axis(axis)
+    }
+
+    /// Ranks along `axis`.
+    pub fn size(&self, axis: &str) -> Result<usize> {
+        Ok(self.shape.axis_size(axis)?)
+    }
+
+    /// This rank's index along `axis`.
+    pub fn local_rank(&self, axis: &str) -> Result<usize> {
+        Ok(self.axis(axis)?.rank())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nccl_safe::{Gpu, Link, NvmlStatus};
+
+    fn two_islands() -> Topology {
+        // GPUs 0 and 2 share NVLink, 1 and 3 share NVLink; PCIe between.
+        let gpus: Vec<Gpu> = (0..4)
+            .map(|i| Gpu {
+                ordinal: i,
+                pci_bus_id: format!("0000:{i:02x}:00.0"),
+            })
+            .collect();
+        let links = (0..4)
+            .map(|a| {
+                (0..4)
+                    .map(|b| Link {
+                        peer_access: a != b,
+                        performance_rank: Some(0),
+                        native_atomics: false,
+                        nvlinks: Some(if a != b && a % 2 == b % 2 { 4 } else { 0 }),
+                        pcie: None,
+                    })
+                    .collect()
+            })
+            .collect();
+        Topology::from_links(gpus, links, NvmlStatus::Available).expect("topology")
+    }
+
+    #[test]
+    fn device_order_keeps_islands_together() {
+        assert_eq!(device_order(&two_islands()), vec![0, 2, 1, 3]);
+    }
+
+    #[test]
+    fn ranks_are_placed_by_device_order() {
+        // Rank i on GPU i: positions follow [0, 2, 1, 3].
+        assert_eq!(positions_on_host(&[0, 2, 1, 3], &[0, 1, 2, 3]), vec![0, 2, 1, 3]);
+        // A device outside the order goes last.
+        assert_eq!(positions_on_host(&[1, 0], &[5, 0, 1]), vec![2, 1, 0]);
+        let ranks = ranks_from_positions(&[0, 2, 1, 3]).expect("permutation");
+        assert_eq!(ranks, vec![0, 2, 1, 3]);
+        assert!(ranks_from_positions(&[0, 0]).is_err());
+        assert!(ranks_from_positions(&[0, 5]).is_err());
+    }
+
+    #[test]
+    fn a_2x2_mesh_on_two_islands_keeps_tp_on_nvlink() {
+        let topology = two_islands();
+        let places = positions_on_host(&device_order(&topology), &[0, 1, 2, 3]);
+        let ranks = ranks_from_positions(&places.iter().map(|&p| p as u64).collect::<Vec<_>>())
+            .expect("permutation");
+        let shape = MeshShape::new(&[("dp", 2), ("tp", 2)], 4).expect("shape");
+        for p in 0..4 {
+            let members = shape.group_members(p, &["tp"]).expect("members");
+            let devices: Vec<usize> = members.iter().map(|&m| ranks[m]).collect();
+            // Rank r uses GPU r, so the tp pair must share an island.
+            assert_eq!(devices[0] % 2, devices[1] % 2, "tp group {devices:?}");
+        }
+    }
+}

@@ -1,0 +1,49 @@
+//! The error type of this crate: every failure of the layers below, plus
+//! what only this layer can get wrong.
+
+use crate::{LaunchError, MeshError, RendezvousError, SecretError};
+
+/// Anything that can go wrong in `nccl-dist`.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The launch environment cannot be used.
+    #[error(transparent)]
+    Launch(#[from] LaunchError),
+    /// The shared secret is missing or unusable.
+    #[error(transparent)]
+    Secret(#[from] SecretError),
+    /// The unique-id exchange failed.
+    #[error(transparent)]
+    Rendezvous(#[from] RendezvousError),
+    /// A mesh shape, axis name or coordinate is wrong.
+    #[error(transparent)]
+    Mesh(#[from] MeshError),
+    /// NCCL, CUDA or a check of `nccl-safe` failed.
+    #[error(transparent)]
+    Nccl(#[from] nccl_safe::Error),
+    /// A thread driving one rank panicked.
+    #[error("the thread of rank {rank} panicked: {message}")]
+    RankPanicked {
+        /// The rank.
+        rank: usize,
+        /// The panic message, where it was text.
+        message: String,
+    },
+    /// Arguments that do not fit together, found before any NCCL call.
+    #[error("{op}: {reason}")]
+    InvalidArgument {
+        /// The call.
+        op: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// `Result` with this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Maps a CUDA driver error of `op` into [`Error`].
+pub(crate) fn cuda(op: &'static str) -> impl Fn(cudarc::driver::DriverError) -> Error {
+    move |source| Error::Nccl(nccl_safe::Error::Cuda { op, source })
+}
