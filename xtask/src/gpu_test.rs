@@ -6,8 +6,8 @@
 //! size x mode with pass/fail and time.
 //!
 //! ```text
-//! cargo xtask gpu-test [--worlds 1,2,4] [--modes single,threads] [--filter TEXT]
-//!                      [--timeout SECS] [--out DIR]
+//! cargo xtask gpu-test [--worlds 1,2,4] [--modes single,threads,processes]
+//!                      [--filter TEXT] [--timeout SECS] [--out DIR]
 //! cargo xtask gpu-test --bundle DIR          # pack binaries + xtask for a host without cargo
 //! DIR/xtask gpu-test --from-bundle DIR ...   # run there
 //! ```
@@ -15,11 +15,17 @@
 //! Without `--worlds`, the sizes 1, 2 and 4 that the host has are run; an
 //! explicit world larger than the host's GPU count is an error, as is a
 //! host with no GPU.
+//!
+//! Launch modes: `single` (one thread drives every GPU), `threads` (a
+//! thread per rank) and `processes` (xtask starts a process per rank with
+//! the torchrun variables, fresh ports and a fresh `NCCL_RS_SECRET`, as
+//! `cargo xtask launch` does).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::launch::{Ended, job, rank_env, wait_all};
 use crate::{Result, cargo, test::gpu_count, workspace_root};
 
 /// The GPU test targets: (package, test target, name in the bundle, whether
@@ -28,10 +34,15 @@ use crate::{Result, cargo, test::gpu_count, workspace_root};
 const TARGETS: &[(&str, &str, &str, bool)] = &[
     ("nccl-safe", "gpu", "nccl-safe-gpu", true),
     ("nccl-safe", "topology", "nccl-safe-topology", false),
+    ("nccl-dist", "gpu", "nccl-dist-gpu", true),
 ];
 
-/// Launch modes the harness understands (`NCCL_SAFE_TEST_MODE`).
-const MODES: &[&str] = &["single", "threads"];
+/// Examples packed into a bundle (`DIR/examples/NAME`), for
+/// `DIR/xtask launch` and torchrun on the GPU host.
+pub const EXAMPLES: &[&str] = &["dp_allreduce", "mesh_2d"];
+
+/// Launch modes the harnesses understand (`NCCL_SAFE_TEST_MODE`).
+const MODES: &[&str] = &["single", "threads", "processes"];
 
 struct Options {
     worlds: Option<Vec<usize>>,
@@ -140,7 +151,9 @@ fn build_tests() -> Result<Vec<PathBuf>> {
         let exe = text
             .lines()
             .filter(|l| {
-                l.contains("\"compiler-artifact\"") && l.contains(&format!("\"name\":\"{target}\""))
+                l.contains("\"compiler-artifact\"")
+                    && l.contains(&format!("\"name\":\"{target}\""))
+                    && l.contains(&format!("/{package}#"))
             })
             .find_map(|l| json_string(l, "executable"))
             .ok_or_else(|| format!("cargo did not report the {target} test executable"))?;
@@ -163,6 +176,19 @@ fn bundle(dir: &Path) -> Result<()> {
     std::fs::create_dir_all(dir.join("tests"))?;
     for (path, (_, _, name, _)) in binaries.iter().zip(TARGETS) {
         std::fs::copy(path, dir.join("tests").join(name))?;
+    }
+    eprintln!("xtask: building the examples (release) for the bundle");
+    crate::run(
+        cargo()
+            .args(["build", "--release", "-p", "nccl-dist", "--examples"])
+            .env("CARGO_PROFILE_RELEASE_STRIP", "true"),
+    )?;
+    std::fs::create_dir_all(dir.join("examples"))?;
+    for name in EXAMPLES {
+        std::fs::copy(
+            workspace_root().join("target/release/examples").join(name),
+            dir.join("examples").join(name),
+        )?;
     }
     eprintln!("xtask: building xtask (release) for the bundle");
     crate::run(
@@ -224,8 +250,8 @@ impl Outcome {
     }
 }
 
-/// Runs one test in its own process, killing it at the deadline; the
-/// output goes to `log`.
+/// Runs one test in its own process (a process per rank in `processes`
+/// mode), killing it at the deadline; the output goes to `log`.
 fn run_one(
     binary: &Path,
     test: &str,
@@ -236,8 +262,14 @@ fn run_one(
 ) -> Result<Outcome> {
     let file = std::fs::File::create(log)?;
     let started = Instant::now();
-    let mut child = Command::new(binary)
-        .args([
+    let ranks = if mode == "processes" { world } else { 1 };
+    let (ports, secret) = job()?;
+    let id_file = log.with_extension("id");
+    let _ = std::fs::remove_file(&id_file);
+    let mut children = Vec::with_capacity(ranks);
+    for rank in 0..ranks {
+        let mut cmd = Command::new(binary);
+        cmd.args([
             "--ignored",
             "--exact",
             test,
@@ -248,24 +280,21 @@ fn run_one(
         .env("NCCL_SAFE_TEST_WORLD", world.to_string())
         .env("NCCL_SAFE_TEST_MODE", mode)
         .stdout(file.try_clone()?)
-        .stderr(file)
-        .spawn()?;
-    loop {
-        if let Some(status) = child.try_wait()? {
-            let took = started.elapsed();
-            return Ok(if status.success() {
-                Outcome::Pass(took)
-            } else {
-                Outcome::Fail(took)
-            });
+        .stderr(file.try_clone()?);
+        if mode == "processes" {
+            cmd.envs(rank_env(rank, world, ports, &secret))
+                .env("NCCL_SAFE_TEST_ID_FILE", &id_file);
         }
-        if started.elapsed() > timeout {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Ok(Outcome::Timeout(started.elapsed()));
-        }
-        std::thread::sleep(Duration::from_millis(50));
+        children.push(cmd.spawn()?);
     }
+    let ended = wait_all(&mut children, started + timeout)?;
+    let _ = std::fs::remove_file(&id_file);
+    let took = started.elapsed();
+    Ok(match ended {
+        Ended::Exited(statuses) if statuses.iter().all(|s| s.success()) => Outcome::Pass(took),
+        Ended::Exited(_) => Outcome::Fail(took),
+        Ended::TimedOut => Outcome::Timeout(took),
+    })
 }
 
 fn matrix(o: &Options, binaries: &[PathBuf]) -> Result<()> {

@@ -7,11 +7,13 @@
 //! cargo xtask fetch            only fetch the pinned wheels (and libclang)
 //! cargo xtask ci               fmt --check, clippy -D warnings, docs, test, bindgen --check
 //! cargo xtask gpu-test         the GPU test matrix (see gpu_test.rs)
+//! cargo xtask launch -n N ...  a process per rank, like torchrun (see launch.rs)
 //! ```
 
 mod bindgen;
 mod fetch;
 mod gpu_test;
+mod launch;
 mod pins;
 mod test;
 
@@ -28,10 +30,13 @@ commands:
   bindgen [--check] regenerate the reference bindings (--check: fail if stale)
   fetch             fetch the pinned NCCL wheels and libclang only
   ci                what CI runs: fmt, clippy, docs, test, bindgen --check
-  gpu-test [--worlds 1,2,4] [--modes single,threads] [--filter TEXT] [--timeout SECS] [--out DIR]
+  gpu-test [--worlds 1,2,4] [--modes single,threads,processes] [--filter TEXT] [--timeout SECS] [--out DIR]
                     run the GPU test matrix (fails without the GPUs asked for)
-  gpu-test --bundle DIR        pack the GPU tests and xtask for a host without cargo
-  gpu-test --from-bundle DIR   run a bundle's tests (on the GPU host)";
+  gpu-test --bundle DIR        pack the GPU tests, examples and xtask for a host without cargo
+  gpu-test --from-bundle DIR   run a bundle's tests (on the GPU host)
+  launch -n N [--timeout SECS] (--example NAME | PROGRAM) [--] [ARGS]
+                    run N processes on this machine with the torchrun variables
+                    and a fresh NCCL_RS_SECRET (World::init() picks them up)";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -43,6 +48,7 @@ fn main() -> ExitCode {
         ["fetch"] => fetch::all_nccl().and_then(|()| fetch::libclang().map(drop)),
         ["ci"] => ci(),
         ["gpu-test", rest @ ..] => gpu_test::run(rest),
+        ["launch", rest @ ..] => launch::run(rest),
         ["help" | "--help" | "-h"] | [] => {
             println!("{USAGE}");
             Ok(())

@@ -439,8 +439,9 @@ pub trait Communicator: Send {
         stream: Option<CUstream>,
     ) -> Result<()>;
 
-    /// Waits (with the communicator's deadline) until every rank has
-    /// reached the barrier.
+    /// Returns once every rank has reached the barrier: a one-element
+    /// all-reduce, waited for with the communicator's deadline (which, when
+    /// it runs out, aborts the communicator: see `Comm::synchronize`).
     fn barrier(&self) -> Result<()>;
 }
 
@@ -665,7 +666,7 @@ impl Communicator for Comm {
     }
 
     fn barrier(&self) -> Result<()> {
-        crate::HostCollectives::barrier(self)
+        crate::host::barrier(self)
     }
 }
 

@@ -166,7 +166,11 @@ pub struct DeviceMesh {
 }
 
 /// Returns the split (color, key) of every position for `axes`.
-fn splits(shape: &MeshShape, positions: &[usize], axes: &[&str]) -> Result<(Vec<Option<u32>>, Vec<i32>)> {
+fn splits(
+    shape: &MeshShape,
+    positions: &[usize],
+    axes: &[&str],
+) -> Result<(Vec<Option<u32>>, Vec<i32>)> {
     let mut colors = Vec::with_capacity(positions.len());
     let mut keys = Vec::with_capacity(positions.len());
     for &p in positions {
@@ -192,7 +196,11 @@ impl DeviceMesh {
     }
 
     /// As [`DeviceMesh::new`], with the placement chosen.
-    pub fn new_with(world: &World, axes: &[(&str, usize)], placement: Placement) -> Result<DeviceMesh> {
+    pub fn new_with(
+        world: &World,
+        axes: &[(&str, usize)],
+        placement: Placement,
+    ) -> Result<DeviceMesh> {
         let shape = MeshShape::new(axes, world.size())?;
         let _span = tracing::debug_span!("nccl.device_mesh", %shape, rank = world.rank()).entered();
         let ranks = match placement {
@@ -206,7 +214,10 @@ impl DeviceMesh {
         let mut groups = Vec::new();
         for name in shape.names() {
             let (c, k) = shape.split_for(position, &[name])?;
-            let comm = world.comm().split(Some(c), k, None)?.ok_or_else(split_missing)?;
+            let comm = world
+                .comm()
+                .split(Some(c), k, None)?
+                .ok_or_else(split_missing)?;
             groups.push(Group {
                 name: name.to_string(),
                 axes: vec![name.to_string()],
@@ -231,7 +242,11 @@ impl DeviceMesh {
     ) -> Result<Vec<DeviceMesh>> {
         let n = worlds.len();
         let shape = MeshShape::new(axes, n)?;
-        if worlds.iter().enumerate().any(|(i, w)| w.rank() != i || w.size() != n) {
+        if worlds
+            .iter()
+            .enumerate()
+            .any(|(i, w)| w.rank() != i || w.size() != n)
+        {
             return Err(Error::InvalidArgument {
                 op: "DeviceMesh::new_all",
                 reason: "pass every world of one World::local, in rank order".into(),
@@ -524,7 +539,10 @@ mod tests {
     #[test]
     fn ranks_are_placed_by_device_order() {
         // Rank i on GPU i: positions follow [0, 2, 1, 3].
-        assert_eq!(positions_on_host(&[0, 2, 1, 3], &[0, 1, 2, 3]), vec![0, 2, 1, 3]);
+        assert_eq!(
+            positions_on_host(&[0, 2, 1, 3], &[0, 1, 2, 3]),
+            vec![0, 2, 1, 3]
+        );
         // A device outside the order goes last.
         assert_eq!(positions_on_host(&[1, 0], &[5, 0, 1]), vec![2, 1, 0]);
         let ranks = ranks_from_positions(&[0, 2, 1, 3]).expect("permutation");

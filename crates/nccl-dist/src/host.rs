@@ -1,6 +1,6 @@
 //! For code that holds host data or must order communication against its
-//! own compute: host-slice collectives, a barrier, and a communication
-//! stream with events.
+//! own compute: host-slice collectives and a communication stream with
+//! events. (The barrier is [`crate::Communicator::barrier`].)
 //!
 //! Every wait here is [`Comm::synchronize`]: bounded by the communicator's
 //! timeout, and a wait that runs out aborts the communicator instead of
@@ -21,13 +21,13 @@ use crate::error::{Result, cuda};
 /// collectives inside a group instead.
 ///
 /// ```no_run
-/// use nccl_dist::{HostCollectives, World};
+/// use nccl_dist::{Communicator, HostCollectives, World};
 /// use nccl_dist::nccl_safe::ReduceOp;
 ///
 /// let world = World::init()?;
 /// let mut loss = [0.25f32];
 /// world.comm().all_reduce_host(&mut loss, ReduceOp::Avg)?;
-/// world.comm().barrier()?;
+/// Communicator::barrier(world.comm())?;
 /// # Ok::<(), nccl_dist::Error>(())
 /// ```
 pub trait HostCollectives {
@@ -40,10 +40,6 @@ pub trait HostCollectives {
     /// Every rank's `send`, concatenated in rank order (all ranks pass the
     /// same length).
     fn all_gather_host<T: NcclType>(&self, send: &[T]) -> Result<Vec<T>>;
-
-    /// Returns once every rank has reached its barrier (a one-element
-    /// all-reduce, waited for).
-    fn barrier(&self) -> Result<()>;
 }
 
 impl HostCollectives for Comm {
@@ -87,13 +83,14 @@ impl HostCollectives for Comm {
     }
 
     fn all_gather_host<T: NcclType>(&self, send: &[T]) -> Result<Vec<T>> {
-        let total = send.len().checked_mul(self.size()).ok_or_else(|| {
-            nccl_safe::Error::Overflow {
-                op: "all_gather_host",
-                count: send.len(),
-                factor: self.size(),
-            }
-        })?;
+        let total =
+            send.len()
+                .checked_mul(self.size())
+                .ok_or_else(|| nccl_safe::Error::Overflow {
+                    op: "all_gather_host",
+                    count: send.len(),
+                    factor: self.size(),
+                })?;
         if total == 0 {
             return Ok(Vec::new());
         }
@@ -101,8 +98,7 @@ impl HostCollectives for Comm {
         let dev_send = stream.clone_htod(send).map_err(cuda("all_gather_host"))?;
         // SAFETY: every element is written by the all-gather before it is
         // read back.
-        let mut dev_recv =
-            unsafe { stream.alloc::<T>(total) }.map_err(cuda("all_gather_host"))?;
+        let mut dev_recv = unsafe { stream.alloc::<T>(total) }.map_err(cuda("all_gather_host"))?;
         self.all_gather(&dev_send, &mut dev_recv)?;
         self.synchronize(stream)?;
         let out = stream
@@ -111,16 +107,15 @@ impl HostCollectives for Comm {
         stream.synchronize().map_err(cuda("all_gather_host"))?;
         Ok(out)
     }
+}
 
-    fn barrier(&self) -> Result<()> {
-        let stream = self.stream();
-        let mut token = stream
-            .alloc_zeros::<i32>(1)
-            .map_err(cuda("barrier"))?;
-        self.all_reduce_in_place(&mut token, ReduceOp::Sum)?;
-        self.synchronize(stream)?;
-        Ok(())
-    }
+/// A one-element all-reduce, waited for with the communicator's deadline.
+pub(crate) fn barrier(comm: &Comm) -> Result<()> {
+    let stream = comm.stream();
+    let mut token = stream.alloc_zeros::<i32>(1).map_err(cuda("barrier"))?;
+    comm.all_reduce_in_place(&mut token, ReduceOp::Sum)?;
+    comm.synchronize(stream)?;
+    Ok(())
 }
 
 /// A stream for communication beside the compute stream, so collectives

@@ -134,7 +134,9 @@ impl WorldOptions {
                 .checked_add(1)
                 .ok_or_else(|| Error::InvalidArgument {
                     op: "World::init",
-                    reason: "MASTER_PORT is 65535, so MASTER_PORT + 1 does not exist; set NCCL_RS_PORT".into(),
+                    reason:
+                        "MASTER_PORT is 65535, so MASTER_PORT + 1 does not exist; set NCCL_RS_PORT"
+                            .into(),
                 });
         }
         Ok(launch.master_port)
@@ -252,19 +254,11 @@ impl World {
             .to_socket_addrs()
             .ok()
             .and_then(|mut addrs| addrs.find_map(|a| TcpListener::bind(a).ok()))
-            .map_or_else(
-                || TcpListener::bind((Ipv4Addr::UNSPECIFIED, port)),
-                Ok,
-            )
+            .map_or_else(|| TcpListener::bind((Ipv4Addr::UNSPECIFIED, port)), Ok)
             .map_err(rendezvous::RendezvousError::Io)?;
         let id = UniqueId::new()?;
-        let refused = rendezvous::serve(
-            &listener,
-            launch.world_size,
-            secret,
-            &id,
-            options.timeout,
-        )?;
+        let refused =
+            rendezvous::serve(&listener, launch.world_size, secret, &id, options.timeout)?;
         for error in refused {
             tracing::warn!(%error, "rendezvous: refused a peer");
         }

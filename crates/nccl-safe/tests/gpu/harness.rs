@@ -16,12 +16,56 @@ pub enum Mode {
     Single,
     /// A thread per rank, `Comm::init_rank`.
     Threads,
+    /// A process per rank (started by `cargo xtask gpu-test` with `RANK`
+    /// and `LOCAL_RANK`); rank 0 hands out the unique id through the file
+    /// `NCCL_SAFE_TEST_ID_FILE`. (nccl-dist's TCP rendezvous is not used
+    /// here: nccl-safe cannot depend on the crate above it.)
+    Processes,
 }
 
 pub fn mode() -> Mode {
     match std::env::var("NCCL_SAFE_TEST_MODE").as_deref() {
         Ok("threads") => Mode::Threads,
+        Ok("processes") => Mode::Processes,
         _ => Mode::Single,
+    }
+}
+
+fn env_number(var: &str) -> usize {
+    std::env::var(var)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("processes mode needs {var}"))
+}
+
+/// Rank 0 writes a fresh id (to a temporary name, then renamed, so no
+/// reader sees half of it); the others poll for it for up to a minute.
+fn exchange_id(rank: usize) -> UniqueId {
+    let path = std::path::PathBuf::from(
+        std::env::var_os("NCCL_SAFE_TEST_ID_FILE")
+            .expect("processes mode needs NCCL_SAFE_TEST_ID_FILE"),
+    );
+    if rank == 0 {
+        let id = UniqueId::new().expect("unique id");
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, id.as_bytes()).expect("write id");
+        std::fs::rename(&tmp, &path).expect("publish id");
+        return id;
+    }
+    let started = std::time::Instant::now();
+    loop {
+        if let Some(bytes) = std::fs::read(&path)
+            .ok()
+            .and_then(|b| <[u8; UniqueId::BYTES]>::try_from(b.as_slice()).ok())
+        {
+            return UniqueId::from_bytes(bytes);
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "no unique id from rank 0 in {}",
+            path.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
 
@@ -107,6 +151,21 @@ pub fn run(config: Config, body: impl Fn(&mut [Rank]) -> TestResult + Sync) {
             });
             if !errors.is_empty() {
                 panic!("thread-per-rank mode, world {world}: {}", errors.join("; "));
+            }
+        }
+        Mode::Processes => {
+            let rank = env_number("RANK");
+            assert_eq!(env_number("WORLD_SIZE"), world, "WORLD_SIZE");
+            let device = env_number("LOCAL_RANK");
+            let id = exchange_id(rank);
+            let comm = Comm::init_rank(&id, rank, world, device, &config).expect("init_rank");
+            assert_eq!(
+                (comm.rank(), comm.size(), comm.device()),
+                (rank, world, rank)
+            );
+            let mut ranks = [Rank { comm, rank, world }];
+            if let Err(e) = body(&mut ranks) {
+                panic!("process-per-rank mode, world {world}, rank {rank}: {e}");
             }
         }
     }

@@ -1122,6 +1122,25 @@ fn communicators_drop_cleanly_in_every_order() {
                 });
             }
         }
+        Mode::Processes => {
+            // One child dropped before its parent, one after.
+            let late = std::sync::Mutex::new(None);
+            run(Config::new(), |ranks| {
+                let r = &ranks[0];
+                let child = r
+                    .comm
+                    .split(Some(0), r.rank as i32, None)?
+                    .ok_or("no child")?;
+                drop(child);
+                let outliving = r
+                    .comm
+                    .split(Some(0), r.rank as i32, None)?
+                    .ok_or("no child")?;
+                *late.lock().map_err(|_| "poisoned")? = Some(outliving);
+                Ok(())
+            });
+            drop(late);
+        }
     }
 }
 

@@ -1,0 +1,536 @@
+//! GPU tests of `nccl-dist`: worlds, meshes, the `Communicator` trait, host
+//! helpers and the communication stream, in every launch mode.
+//!
+//! Ignored by default; `cargo xtask gpu-test` runs each one per world size
+//! and launch mode (`NCCL_SAFE_TEST_WORLD`, `NCCL_SAFE_TEST_MODE`):
+//!
+//! - `single`: one thread drives every GPU ([`World::local`]);
+//! - `threads`: a thread per GPU ([`World::spawn_local`]);
+//! - `processes`: xtask starts a process per rank with the torchrun
+//!   variables and a fresh `NCCL_RS_SECRET`; each calls [`World::init`].
+//!
+//! Values are small integers, exact in every type used, so every check is
+//! bit-exact.
+
+use std::error::Error as StdError;
+
+use nccl_dist::nccl_safe::cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+use nccl_dist::nccl_safe::{Comm, NcclType, ReduceOp, group};
+use nccl_dist::{
+    CommStream, Communicator, DType, DeviceMesh, Error, HostCollectives, MeshError, Placement,
+    World,
+};
+
+type TestResult<T = ()> = Result<T, Box<dyn StdError + Send + Sync>>;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Single,
+    Threads,
+    Processes,
+}
+
+fn mode() -> Mode {
+    match std::env::var("NCCL_SAFE_TEST_MODE").as_deref() {
+        Ok("threads") => Mode::Threads,
+        Ok("processes") => Mode::Processes,
+        _ => Mode::Single,
+    }
+}
+
+fn world_size() -> usize {
+    let visible =
+        nccl_dist::nccl_safe::cudarc::driver::CudaContext::device_count().unwrap_or(0) as usize;
+    let wanted = std::env::var("NCCL_SAFE_TEST_WORLD")
+        .ok()
+        .and_then(|w| w.parse().ok())
+        .unwrap_or(visible);
+    assert!(
+        wanted >= 1 && wanted <= visible,
+        "asked for {wanted} GPUs, {visible} visible"
+    );
+    wanted
+}
+
+/// Runs `body` with the worlds this thread drives: all of them in `single`
+/// mode, its own in the other two.
+fn run(body: impl Fn(&mut [World]) -> TestResult + Sync) {
+    let n = world_size();
+    let m = mode();
+    let outcome: TestResult = match m {
+        Mode::Single => World::local(n)
+            .map_err(Into::into)
+            .and_then(|mut worlds| body(&mut worlds)),
+        Mode::Threads => World::spawn_local(n, |w| {
+            let mut one = [w];
+            body(&mut one).map_err(|e| Error::InvalidArgument {
+                op: "test",
+                reason: e.to_string(),
+            })
+        })
+        .map(drop)
+        .map_err(Into::into),
+        Mode::Processes => World::init().map_err(Into::into).and_then(|w| {
+            assert_eq!(w.size(), n, "WORLD_SIZE");
+            let mut one = [w];
+            body(&mut one)
+        }),
+    };
+    if let Err(e) = outcome {
+        panic!("{m:?} mode, world {n}: {e}");
+    }
+}
+
+/// Runs `f` once per world, on a thread each when this thread drives
+/// several: for the blocking, per-communicator APIs (host helpers, the
+/// `Communicator` trait), which NCCL lets other threads use one at a time.
+fn per_world(worlds: &mut [World], f: impl Fn(&World) -> TestResult + Sync) -> TestResult {
+    if worlds.len() == 1 {
+        return f(&worlds[0]);
+    }
+    let f = &f;
+    std::thread::scope(|s| {
+        let handles: Vec<_> = worlds.iter_mut().map(|w| s.spawn(move || f(w))).collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("a rank's thread panicked".into()))
+            })
+            .collect::<TestResult<Vec<()>>>()
+            .map(drop)
+    })
+}
+
+/// Rank `r`'s test value at index `i`: `(r + 1) * (i % 3 + 1)`.
+fn value(r: usize, i: usize) -> f64 {
+    ((r + 1) * (i % 3 + 1)) as f64
+}
+
+trait Exact:
+    NcclType + PartialEq + std::fmt::Debug + nccl_dist::nccl_safe::cudarc::driver::ValidAsZeroBits
+{
+    fn from(x: f64) -> Self;
+}
+macro_rules! exact {
+    ($($t:ty => $e:expr),*) => {$(impl Exact for $t { fn from(x: f64) -> Self { $e(x) } })*};
+}
+exact!(f32 => |x| x as f32, f64 => |x| x, i8 => |x| x as i8, u8 => |x| x as u8,
+    i32 => |x| x as i32, u64 => |x| x as u64,
+    half::f16 => half::f16::from_f64, half::bf16 => half::bf16::from_f64);
+
+fn values<T: Exact>(r: usize, len: usize) -> Vec<T> {
+    (0..len).map(|i| T::from(value(r, i))).collect()
+}
+
+/// The sum over `ranks` of their values.
+fn sum_of<T: Exact>(ranks: &[usize], len: usize) -> Vec<T> {
+    (0..len)
+        .map(|i| T::from(ranks.iter().map(|&r| value(r, i)).sum()))
+        .collect()
+}
+
+fn upload<T: Exact>(comm: &Comm, data: &[T]) -> TestResult<CudaSlice<T>> {
+    Ok(comm.stream().clone_htod(data)?)
+}
+
+fn download<T: Exact>(comm: &Comm, buf: &CudaSlice<T>) -> TestResult<Vec<T>> {
+    comm.synchronize(comm.stream())?;
+    Ok(comm.stream().clone_dtoh(buf)?)
+}
+
+/// Meshes over the worlds this thread drives.
+fn meshes(
+    worlds: &[World],
+    axes: &[(&str, usize)],
+    placement: Placement,
+) -> TestResult<Vec<DeviceMesh>> {
+    if worlds.len() == 1 {
+        Ok(vec![DeviceMesh::new_with(&worlds[0], axes, placement)?])
+    } else {
+        Ok(DeviceMesh::new_all(worlds, axes, placement)?)
+    }
+}
+
+/// In-place all-reduce of every mesh's buffer along `axis`, grouped when
+/// this thread drives several.
+fn all_reduce_along(meshes: &[DeviceMesh], bufs: &mut [CudaSlice<f32>], axis: &str) -> TestResult {
+    if meshes.len() == 1 {
+        meshes[0].all_reduce_in_place(axis, &mut bufs[0], ReduceOp::Sum)?;
+        return Ok(());
+    }
+    group(|g| {
+        for (m, b) in meshes.iter().zip(bufs.iter_mut()) {
+            let comm = m
+                .axis(axis)
+                .map_err(|_| nccl_dist::nccl_safe::Error::InvalidArgument {
+                    op: "test",
+                    reason: "axis missing",
+                })?;
+            g.on(comm).all_reduce_in_place(b, ReduceOp::Sum)?;
+        }
+        Ok(())
+    })?;
+    Ok(())
+}
+
+/// Checks that every mesh's buffer holds the sum over the world ranks of
+/// its group along `axes`.
+fn check_groups(
+    meshes: &[DeviceMesh],
+    bufs: &[CudaSlice<f32>],
+    name: &str,
+    axes: &[&str],
+    len: usize,
+) -> TestResult {
+    for (m, b) in meshes.iter().zip(bufs) {
+        let members: Vec<usize> = m
+            .shape()
+            .group_members(m.position(), axes)?
+            .into_iter()
+            .map(|p| {
+                let coord = m.shape().coordinate(p).expect("in mesh");
+                m.world_rank_of(&coord).expect("in mesh")
+            })
+            .collect();
+        let comm = m.axis(name)?;
+        let got = download(comm, b)?;
+        let want = sum_of::<f32>(&members, len);
+        assert_eq!(
+            got,
+            want,
+            "mesh position {} along {axes:?} (members {members:?})",
+            m.position()
+        );
+    }
+    Ok(())
+}
+
+fn world_rank(m: &DeviceMesh) -> usize {
+    m.world_rank_of(&m.coordinate()).expect("own coordinate")
+}
+
+#[test]
+#[ignore = "needs GPUs: cargo xtask gpu-test"]
+fn worlds_know_their_place_and_all_reduce_bit_exact() {
+    run(|worlds| {
+        let n = world_size();
+        for w in worlds.iter() {
+            assert_eq!(w.size(), n);
+            assert!(w.rank() < n);
+            if mode() != Mode::Processes {
+                assert_eq!(w.device(), w.rank());
+            }
+            assert_eq!(w.device(), w.comm().device());
+        }
+        let len = 4099;
+        let mut bufs = worlds
+            .iter()
+            .map(|w| upload(w.comm(), &values::<f32>(w.rank(), len)))
+            .collect::<TestResult<Vec<_>>>()?;
+        if worlds.len() == 1 {
+            worlds[0]
+                .comm()
+                .all_reduce_in_place(&mut bufs[0], ReduceOp::Sum)?;
+        } else {
+            group(|g| {
+                for (w, b) in worlds.iter().zip(bufs.iter_mut()) {
+                    g.on(w.comm()).all_reduce_in_place(b, ReduceOp::Sum)?;
+                }
+                Ok(())
+            })?;
+        }
+        let all: Vec<usize> = (0..n).collect();
+        for (w, b) in worlds.iter().zip(&bufs) {
+            assert_eq!(download(w.comm(), b)?, sum_of::<f32>(&all, len));
+        }
+        Ok(())
+    });
+}
+
+#[test]
+#[ignore = "needs GPUs: cargo xtask gpu-test"]
+fn host_helpers_and_barrier_are_exact() {
+    run(|worlds| {
+        per_world(worlds, |w| {
+            let n = w.size();
+            let comm = w.comm();
+            let all: Vec<usize> = (0..n).collect();
+            let mut data = values::<i32>(w.rank(), 1000);
+            comm.all_reduce_host(&mut data, ReduceOp::Sum)?;
+            assert_eq!(data, sum_of::<i32>(&all, 1000));
+            let mut b = values::<f64>(w.rank(), 17);
+            comm.broadcast_host(&mut b, n - 1)?;
+            assert_eq!(b, values::<f64>(n - 1, 17));
+            let gathered = comm.all_gather_host(&[w.rank() as u64, 7])?;
+            let want: Vec<u64> = (0..n as u64).flat_map(|r| [r, 7]).collect();
+            assert_eq!(gathered, want);
+            for _ in 0..3 {
+                Communicator::barrier(comm)?;
+            }
+            // A bad root is a typed error and the communicator still works.
+            let e = comm.broadcast_host(&mut b, n).unwrap_err();
+            assert!(matches!(
+                e,
+                Error::Nccl(nccl_dist::nccl_safe::Error::RankOutOfRange { .. })
+            ));
+            Communicator::barrier(comm)?;
+            Ok(())
+        })
+    });
+}
+
+#[test]
+#[ignore = "needs GPUs: cargo xtask gpu-test"]
+fn one_dimensional_mesh_reduces_bit_exact() {
+    run(|worlds| {
+        let n = world_size();
+        for placement in [Placement::RankOrder, Placement::NvlinkIslands] {
+            let ms = meshes(worlds, &[("dp", n)], placement)?;
+            for m in &ms {
+                assert_eq!(m.size("dp")?, n);
+                assert_eq!(m.local_rank("dp")?, m.position());
+                assert_eq!(m.coordinate(), vec![m.position()]);
+            }
+            let len = 1 << 16;
+            let mut bufs = ms
+                .iter()
+                .map(|m| upload(m.axis("dp")?, &values::<f32>(world_rank(m), len)))
+                .collect::<TestResult<Vec<_>>>()?;
+            all_reduce_along(&ms, &mut bufs, "dp")?;
+            check_groups(&ms, &bufs, "dp", &["dp"], len)?;
+            // Typed errors for shapes and names, before any NCCL call.
+            let e = DeviceMesh::new(&worlds[0], &[("dp", n + 1)]).unwrap_err();
+            assert!(
+                matches!(e, Error::Mesh(MeshError::ShapeMismatch { .. })),
+                "{e}"
+            );
+            let e = DeviceMesh::new(&worlds[0], &[("dp", n), ("dp", 1)]).unwrap_err();
+            assert!(matches!(e, Error::Mesh(MeshError::DuplicateAxis(_))), "{e}");
+            let e = ms[0].axis("tp").unwrap_err();
+            assert!(matches!(e, Error::Mesh(MeshError::UnknownAxis(_))), "{e}");
+        }
+        Ok(())
+    });
+}
+
+#[test]
+#[ignore = "needs GPUs: cargo xtask gpu-test"]
+fn two_dimensional_mesh_reduces_along_each_axis_bit_exact() {
+    run(|worlds| {
+        let n = world_size();
+        // 4 GPUs: 2x2; 2 GPUs: 1x2 and 2x1; 1 GPU: 1x1.
+        let shapes: Vec<(usize, usize)> = (1..=n)
+            .filter(|a| n.is_multiple_of(*a))
+            .map(|a| (a, n / a))
+            .collect();
+        for (dp, tp) in shapes {
+            for placement in [Placement::RankOrder, Placement::NvlinkIslands] {
+                let mut ms = meshes(worlds, &[("dp", dp), ("tp", tp)], placement)?;
+                for m in &ms {
+                    let c = m.coordinate();
+                    assert_eq!((m.size("dp")?, m.size("tp")?), (dp, tp));
+                    assert_eq!((m.local_rank("dp")?, m.local_rank("tp")?), (c[0], c[1]));
+                    let sub = m.slice(&["tp"])?;
+                    assert_eq!(sub.coordinate(), vec![c[1]]);
+                    assert_eq!(sub.axis("tp")?.size(), tp);
+                    assert!(sub.axis("dp").is_err());
+                }
+                let len = 3001;
+                // tensor parallel, then data parallel: the sum over the world.
+                let mut bufs = ms
+                    .iter()
+                    .map(|m| upload(m.axis("tp")?, &values::<f32>(world_rank(m), len)))
+                    .collect::<TestResult<Vec<_>>>()?;
+                all_reduce_along(&ms, &mut bufs, "tp")?;
+                check_groups(&ms, &bufs, "tp", &["tp"], len)?;
+                let mut bufs = ms
+                    .iter()
+                    .map(|m| upload(m.axis("dp")?, &values::<f32>(world_rank(m), len)))
+                    .collect::<TestResult<Vec<_>>>()?;
+                all_reduce_along(&ms, &mut bufs, "dp")?;
+                check_groups(&ms, &bufs, "dp", &["dp"], len)?;
+                // Flattened: one communicator over both axes.
+                if ms.len() == 1 {
+                    ms[0].flatten(&["dp", "tp"], "dp_tp")?;
+                } else {
+                    DeviceMesh::flatten_all(&mut ms, &["dp", "tp"], "dp_tp")?;
+                }
+                for m in &ms {
+                    assert_eq!(m.size("dp_tp")?, n);
+                    assert_eq!(m.axes_of("dp_tp")?, vec!["dp", "tp"]);
+                }
+                let mut bufs = ms
+                    .iter()
+                    .map(|m| upload(m.axis("dp_tp")?, &values::<f32>(world_rank(m), len)))
+                    .collect::<TestResult<Vec<_>>>()?;
+                all_reduce_along(&ms, &mut bufs, "dp_tp")?;
+                check_groups(&ms, &bufs, "dp_tp", &["dp", "tp"], len)?;
+                let e = ms[0].flatten(&["dp", "tp"], "dp_tp").unwrap_err();
+                assert!(matches!(e, Error::Mesh(MeshError::DuplicateAxis(_))), "{e}");
+            }
+        }
+        Ok(())
+    });
+}
+
+/// Every collective of the trait on one type, against values computed on
+/// the host.
+fn trait_collectives<T: Exact>(w: &World) -> TestResult {
+    let comm: &dyn Communicator = w.comm();
+    let (n, r) = (comm.size(), comm.rank());
+    let stream = w.comm().stream();
+    let raw = Some(stream.cu_stream());
+    let dtype = DType::of::<T>();
+    let all: Vec<usize> = (0..n).collect();
+    let len = 257;
+    // all_reduce, out of place then in place.
+    let send = stream.clone_htod(&values::<T>(r, len))?;
+    let mut recv = stream.alloc_zeros::<T>(len)?;
+    {
+        let (s, _g1) = send.device_ptr(stream);
+        let (d, _g2) = recv.device_ptr_mut(stream);
+        // SAFETY: `len` elements each, on this device, used on `stream` only.
+        unsafe { comm.all_reduce(s, d, len, dtype, ReduceOp::Sum, raw)? };
+    }
+    assert_eq!(download(w.comm(), &recv)?, sum_of::<T>(&all, len));
+    let mut inplace = stream.clone_htod(&values::<T>(r, len))?;
+    {
+        let (p, _g) = inplace.device_ptr_mut(stream);
+        // SAFETY: as above, in place.
+        unsafe { comm.all_reduce(p, p, len, dtype, ReduceOp::Sum, None)? };
+    }
+    assert_eq!(download(w.comm(), &inplace)?, sum_of::<T>(&all, len));
+    // all_gather in place: this rank's slot holds its values.
+    let mut gathered = stream.alloc_zeros::<T>(len * n)?;
+    stream.memcpy_htod(
+        &values::<T>(r, len),
+        &mut gathered.slice_mut(r * len..(r + 1) * len),
+    )?;
+    {
+        let (p, _g) = gathered.device_ptr_mut(stream);
+        let slot = p + (r * len * std::mem::size_of::<T>()) as u64;
+        // SAFETY: `n * len` elements at `p`, this rank's block at `slot`.
+        unsafe { comm.all_gather(slot, p, len, dtype, raw)? };
+    }
+    let want: Vec<T> = (0..n).flat_map(|q| values::<T>(q, len)).collect();
+    assert_eq!(download(w.comm(), &gathered)?, want);
+    // reduce_scatter out of place.
+    let big = stream.clone_htod(&(0..n).flat_map(|_| values::<T>(r, len)).collect::<Vec<T>>())?;
+    let mut part = stream.alloc_zeros::<T>(len)?;
+    {
+        let (s, _g1) = big.device_ptr(stream);
+        let (d, _g2) = part.device_ptr_mut(stream);
+        // SAFETY: `n * len` at `s`, `len` at `d`.
+        unsafe { comm.reduce_scatter(s, d, len, dtype, ReduceOp::Sum, raw)? };
+    }
+    assert_eq!(download(w.comm(), &part)?, sum_of::<T>(&all, len));
+    // broadcast from the last rank.
+    let mut b = stream.clone_htod(&values::<T>(r, len))?;
+    {
+        let (p, _g) = b.device_ptr_mut(stream);
+        // SAFETY: `len` elements, in place.
+        unsafe { comm.broadcast(p, p, len, dtype, n - 1, raw)? };
+    }
+    assert_eq!(download(w.comm(), &b)?, values::<T>(n - 1, len));
+    // A ring: send to the next rank, receive from the previous one.
+    let mine = stream.clone_htod(&values::<T>(r, len))?;
+    let mut from_prev = stream.alloc_zeros::<T>(len)?;
+    {
+        let (s, _g1) = mine.device_ptr(stream);
+        let (d, _g2) = from_prev.device_ptr_mut(stream);
+        // SAFETY: `len` elements each.
+        unsafe { comm.send_recv(s, len, (r + 1) % n, d, len, (r + n - 1) % n, dtype, raw)? };
+    }
+    assert_eq!(
+        download(w.comm(), &from_prev)?,
+        values::<T>((r + n - 1) % n, len)
+    );
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs GPUs: cargo xtask gpu-test"]
+fn communicator_trait_runs_every_collective_bit_exact_and_refuses_bad_pointers() {
+    run(|worlds| {
+        per_world(worlds, |w| {
+            trait_collectives::<f32>(w)?;
+            trait_collectives::<half::bf16>(w)?;
+            trait_collectives::<half::f16>(w)?;
+            trait_collectives::<i8>(w)?;
+            trait_collectives::<u8>(w)?;
+            trait_collectives::<u64>(w)?;
+            let comm: &dyn Communicator = w.comm();
+            let host = [0f32; 4];
+            // SAFETY: refused before NCCL: the pointer is host memory.
+            let e = unsafe {
+                comm.all_reduce(
+                    host.as_ptr() as u64,
+                    host.as_ptr() as u64,
+                    4,
+                    DType::F32,
+                    ReduceOp::Sum,
+                    None,
+                )
+            }
+            .unwrap_err();
+            assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+            let buf = w.comm().stream().alloc_zeros::<f32>(8)?;
+            let (p, _g) = buf.device_ptr(w.comm().stream());
+            // SAFETY: refused before NCCL: the root is out of range.
+            let e = unsafe { comm.broadcast(p, p, 8, DType::F32, comm.size(), None) }.unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    Error::Nccl(nccl_dist::nccl_safe::Error::RankOutOfRange { .. })
+                ),
+                "{e}"
+            );
+            // Partial overlap (not the in-place layout) is refused.
+            // SAFETY: refused before NCCL.
+            let e = unsafe { comm.all_reduce(p, p + 4, 4, DType::F32, ReduceOp::Sum, None) }
+                .unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    Error::Nccl(nccl_dist::nccl_safe::Error::PartialAlias { .. })
+                ),
+                "{e}"
+            );
+            drop(_g);
+            comm.barrier()?;
+            Ok(())
+        })
+    });
+}
+
+#[test]
+#[ignore = "needs GPUs: cargo xtask gpu-test"]
+fn comm_stream_overlaps_and_orders_with_compute() {
+    run(|worlds| {
+        per_world(worlds, |w| {
+            let comm = w.comm();
+            let n = comm.size();
+            let compute = comm.stream().context().new_stream()?;
+            let len = 1 << 20;
+            let all: Vec<usize> = (0..n).collect();
+            // The gradients are written on the compute stream...
+            let mut grads = compute.alloc_zeros::<f32>(len)?;
+            compute.memcpy_htod(&values::<f32>(w.rank(), len), &mut grads)?;
+            let comms = CommStream::new(comm)?;
+            comms.wait_for(&compute)?;
+            // ...reduced on the communication stream...
+            comm.on(comms.stream())
+                .all_reduce_in_place(&mut grads, ReduceOp::Sum)?;
+            let done = comms.record()?;
+            // ...and read back on the compute stream after the event.
+            done.block(&compute)?;
+            let mut host = vec![0f32; len];
+            compute.memcpy_dtoh(&grads, &mut host)?;
+            comm.synchronize(&compute)?;
+            assert!(done.is_done()?);
+            assert_eq!(host, sum_of::<f32>(&all, len));
+            Ok(())
+        })
+    });
+}
