@@ -422,7 +422,8 @@ mod tests {
         assert_eq!(o.worlds, Some(vec![1, 4]));
         assert_eq!(o.modes, vec!["threads".to_string()]);
         assert_eq!(o.timeout, Duration::from_secs(9));
-        assert!(parse(&["--modes", "processes"]).is_err());
+        assert!(parse(&["--modes", "processes"]).is_ok());
+        assert!(parse(&["--modes", "mpi"]).is_err());
         assert!(parse(&["--worlds", "two"]).is_err());
         assert!(parse(&["--bogus"]).is_err());
     }
