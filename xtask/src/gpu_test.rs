@@ -7,7 +7,8 @@
 //!
 //! ```text
 //! cargo xtask gpu-test [--worlds 1,2,4] [--modes single,threads,processes]
-//!                      [--filter TEXT] [--timeout SECS] [--out DIR]
+//!                      [--filter TEXT] [--targets nccl-safe-gpu,nccl-dist-gpu,...]
+//!                      [--timeout SECS] [--out DIR]
 //! cargo xtask gpu-test --bundle DIR          # pack binaries + xtask for a host without cargo
 //! DIR/xtask gpu-test --from-bundle DIR ...   # run there
 //! ```
@@ -48,6 +49,7 @@ struct Options {
     worlds: Option<Vec<usize>>,
     modes: Vec<String>,
     filter: Option<String>,
+    targets: Option<Vec<String>>,
     timeout: Duration,
     out: PathBuf,
     bundle: Option<PathBuf>,
@@ -59,6 +61,7 @@ fn parse(args: &[&str]) -> Result<Options> {
         worlds: None,
         modes: MODES.iter().map(|m| m.to_string()).collect(),
         filter: None,
+        targets: None,
         timeout: Duration::from_secs(300),
         out: workspace_root().join("target/gpu-test"),
         bundle: None,
@@ -92,6 +95,19 @@ fn parse(args: &[&str]) -> Result<Options> {
                 o.modes = modes;
             }
             "--filter" => o.filter = Some(value()?.to_string()),
+            "--targets" => {
+                let names: Vec<String> = value()?.split(',').map(str::to_string).collect();
+                if let Some(bad) = names
+                    .iter()
+                    .find(|n| !TARGETS.iter().any(|(_, _, name, _)| name == n))
+                {
+                    let known: Vec<&str> = TARGETS.iter().map(|t| t.2).collect();
+                    return Err(
+                        format!("unknown target {bad:?}; targets: {}", known.join(", ")).into(),
+                    );
+                }
+                o.targets = Some(names);
+            }
             "--timeout" => {
                 let secs: u64 = value()?.parse().map_err(|_| "--timeout takes seconds")?;
                 o.timeout = Duration::from_secs(secs);
@@ -322,7 +338,13 @@ fn matrix(o: &Options, binaries: &[PathBuf]) -> Result<()> {
         }
     }
     let mut tests = Vec::new();
-    for (binary, (_, _, _, per_mode)) in binaries.iter().zip(TARGETS) {
+    for (binary, (_, _, name, per_mode)) in binaries.iter().zip(TARGETS) {
+        if o.targets
+            .as_ref()
+            .is_some_and(|t| !t.iter().any(|n| n == name))
+        {
+            continue;
+        }
         for test in list_tests(binary)? {
             // `--filter a,b` keeps tests whose name contains any of them.
             if o.filter
