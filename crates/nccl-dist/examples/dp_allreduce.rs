@@ -20,7 +20,7 @@ use std::time::Instant;
 
 use nccl_dist::nccl_safe::ReduceOp;
 use nccl_dist::nccl_safe::cudarc::driver::CudaContext;
-use nccl_dist::{DeviceMesh, Launch, World};
+use nccl_dist::{Communicator, DeviceMesh, Launch, World};
 
 const ELEMENTS: usize = 64 << 20; // 256 MiB of f32 per rank
 const STEPS: usize = 5;
@@ -40,6 +40,8 @@ fn step(world: World) -> nccl_dist::Result<()> {
             })?;
     let mut took = Vec::with_capacity(STEPS);
     for _ in 0..STEPS {
+        // Every rank starts the clock together.
+        Communicator::barrier(comm)?;
         let started = Instant::now();
         comm.all_reduce_in_place(&mut grads, ReduceOp::Avg)?;
         comm.synchronize(stream)?;

@@ -88,17 +88,32 @@ fn host_id() -> u64 {
 }
 
 /// The placement order on one machine: `devices[i]` is rank i's GPU.
+///
+/// The device order is probed once per process and kept: threads of one
+/// process (a thread per GPU) must all see the same order, and NVML queried
+/// from several threads at once can answer differently.
 fn host_order(devices: &[usize]) -> Vec<usize> {
+    static ORDERS: std::sync::Mutex<Vec<(Vec<usize>, Vec<usize>)>> =
+        std::sync::Mutex::new(Vec::new());
     let mut seen: Vec<usize> = devices.to_vec();
     seen.sort_unstable();
     seen.dedup();
-    match Topology::probe(&seen) {
-        Ok(topology) => positions_on_host(&device_order(&topology), devices),
-        Err(error) => {
-            tracing::warn!(%error, "topology probe failed; keeping rank order");
-            (0..devices.len()).collect()
+    let mut cache = ORDERS.lock().unwrap_or_else(|p| p.into_inner());
+    let order = match cache.iter().find(|(key, _)| *key == seen) {
+        Some((_, order)) => order.clone(),
+        None => {
+            let order = match Topology::probe(&seen) {
+                Ok(topology) => device_order(&topology),
+                Err(error) => {
+                    tracing::warn!(%error, "topology probe failed; keeping rank order");
+                    seen.clone()
+                }
+            };
+            cache.push((seen, order.clone()));
+            order
         }
-    }
+    };
+    positions_on_host(&order, devices)
 }
 
 /// Which world rank sits at each mesh position, agreed by every rank
@@ -162,6 +177,7 @@ pub struct DeviceMesh {
     shape: MeshShape,
     position: usize,
     ranks: Vec<usize>,
+    whole: Comm,
     groups: Vec<Group>,
 }
 
@@ -211,13 +227,14 @@ impl DeviceMesh {
             .iter()
             .position(|&r| r == world.rank())
             .ok_or_else(split_missing)?;
+        let whole = world
+            .comm()
+            .split(Some(0), position as i32, None)?
+            .ok_or_else(split_missing)?;
         let mut groups = Vec::new();
         for name in shape.names() {
             let (c, k) = shape.split_for(position, &[name])?;
-            let comm = world
-                .comm()
-                .split(Some(c), k, None)?
-                .ok_or_else(split_missing)?;
+            let comm = whole.split(Some(c), k, None)?.ok_or_else(split_missing)?;
             groups.push(Group {
                 name: name.to_string(),
                 axes: vec![name.to_string()],
@@ -228,6 +245,7 @@ impl DeviceMesh {
             shape,
             position,
             ranks,
+            whole,
             groups,
         })
     }
@@ -264,7 +282,13 @@ impl DeviceMesh {
         for (p, &r) in ranks.iter().enumerate() {
             positions[r] = p;
         }
-        let comms: Vec<&Comm> = worlds.iter().map(World::comm).collect();
+        let world_comms: Vec<&Comm> = worlds.iter().map(World::comm).collect();
+        let keys: Vec<i32> = positions.iter().map(|&p| p as i32).collect();
+        let wholes: Vec<Comm> = Comm::split_all(&world_comms, &vec![Some(0); n], &keys, None)?
+            .into_iter()
+            .map(|c| c.ok_or_else(split_missing))
+            .collect::<Result<_>>()?;
+        let comms: Vec<&Comm> = wholes.iter().collect();
         let mut per_rank: Vec<Vec<Group>> = (0..n).map(|_| Vec::new()).collect();
         for name in shape.names() {
             let (colors, keys) = splits(&shape, &positions, &[name])?;
@@ -280,10 +304,12 @@ impl DeviceMesh {
         Ok(per_rank
             .into_iter()
             .zip(positions)
-            .map(|(groups, position)| DeviceMesh {
+            .zip(wholes)
+            .map(|((groups, position), whole)| DeviceMesh {
                 shape: shape.clone(),
                 position,
                 ranks: ranks.clone(),
+                whole,
                 groups,
             })
             .collect())
@@ -317,6 +343,13 @@ impl DeviceMesh {
             .ok_or_else(|| MeshError::UnknownAxis(name.to_string()).into())
     }
 
+    /// The communicator over the whole mesh, its ranks ordered by mesh
+    /// position (so under [`Placement::NvlinkIslands`] neighbours in it
+    /// share NVLink).
+    pub fn comm(&self) -> &Comm {
+        &self.whole
+    }
+
     /// The communicator along `axis` (a mesh axis or a flattened name).
     pub fn axis(&self, axis: &str) -> Result<&Comm> {
         Ok(&self.group(axis)?.comm)
@@ -347,7 +380,7 @@ impl DeviceMesh {
     pub fn flatten(&mut self, axes: &[&str], name: &str) -> Result<&Comm> {
         self.check_flatten(axes, name)?;
         let (c, k) = self.shape.split_for(self.position, axes)?;
-        let comm = self.axis(axes[0])?.split(Some(c), k, None)?;
+        let comm = self.whole.split(Some(c), k, None)?;
         let comm = comm.ok_or_else(split_missing)?;
         self.push_group(axes, name, comm)
     }
@@ -363,10 +396,7 @@ impl DeviceMesh {
             return Ok(());
         };
         let (colors, keys) = splits(&first.shape, &positions, axes)?;
-        let parents: Vec<&Comm> = meshes
-            .iter()
-            .map(|m| m.axis(axes[0]))
-            .collect::<Result<_>>()?;
+        let parents: Vec<&Comm> = meshes.iter().map(|m| &m.whole).collect();
         let made = Comm::split_all(&parents, &colors, &keys, None)?;
         for (m, comm) in meshes.iter_mut().zip(made) {
             m.push_group(axes, name, comm.ok_or_else(split_missing)?)?;

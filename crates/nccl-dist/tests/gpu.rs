@@ -291,6 +291,7 @@ fn one_dimensional_mesh_reduces_bit_exact() {
                 assert_eq!(m.size("dp")?, n);
                 assert_eq!(m.local_rank("dp")?, m.position());
                 assert_eq!(m.coordinate(), vec![m.position()]);
+                assert_eq!((m.comm().rank(), m.comm().size()), (m.position(), n));
             }
             let len = 1 << 16;
             let mut bufs = ms

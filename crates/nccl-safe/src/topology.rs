@@ -115,7 +115,6 @@ pub struct Topology {
     gpus: Vec<Gpu>,
     links: Vec<Vec<Link>>,
     nvml: NvmlStatus,
-    contexts: Vec<Arc<CudaContext>>,
 }
 
 fn cuda(op: &'static str) -> impl FnOnce(cudarc::driver::DriverError) -> Error {
@@ -132,12 +131,7 @@ impl Topology {
                 reason: "links must be an n x n matrix for n GPUs",
             });
         }
-        Ok(Topology {
-            gpus,
-            links,
-            nvml,
-            contexts: Vec::new(),
-        })
+        Ok(Topology { gpus, links, nvml })
     }
 
     /// Asks the CUDA driver (and NVML, where it loads) about every ordered
@@ -145,11 +139,23 @@ impl Topology {
     pub fn probe(devices: &[usize]) -> Result<Topology> {
         crate::comm::require_cuda_driver()?;
         let _span = tracing::debug_span!("nccl.topology_probe", devices = devices.len()).entered();
-        let mut contexts = Vec::with_capacity(devices.len());
+        // Device handles and attributes only: no context is created here, so
+        // a process per GPU can probe every GPU without holding memory on
+        // each (contexts are made when peer access is enabled).
+        cudarc::driver::result::init().map_err(cuda("cuInit"))?;
+        let mut handles = Vec::with_capacity(devices.len());
         let mut gpus = Vec::with_capacity(devices.len());
         for &d in devices {
-            let ctx = CudaContext::new(d).map_err(cuda("CudaContext::new"))?;
-            let attr = |a| ctx.attribute(a).map_err(cuda("cuDeviceGetAttribute"));
+            let ordinal = i32::try_from(d).map_err(|_| Error::InvalidArgument {
+                op: "Topology::probe",
+                reason: "device ordinal exceeds i32",
+            })?;
+            let dev = cudarc::driver::result::device::get(ordinal).map_err(cuda("cuDeviceGet"))?;
+            let attr = |a| {
+                // SAFETY: a valid device handle.
+                unsafe { cudarc::driver::result::device::get_attribute(dev, a) }
+                    .map_err(cuda("cuDeviceGetAttribute"))
+            };
             let domain = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID)?;
             let bus = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_PCI_BUS_ID)?;
             let device = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID)?;
@@ -157,7 +163,7 @@ impl Topology {
                 ordinal: d,
                 pci_bus_id: format!("{domain:08x}:{bus:02x}:{device:02x}.0"),
             });
-            contexts.push(ctx);
+            handles.push(dev);
         }
         let n = devices.len();
         let mut links = vec![vec![Link::default(); n]; n];
@@ -166,7 +172,7 @@ impl Topology {
                 if i == j {
                     continue;
                 }
-                let (a, b) = (contexts[i].cu_device(), contexts[j].cu_device());
+                let (a, b) = (handles[i], handles[j]);
                 let mut can = 0;
                 // SAFETY: two valid device handles and an out-int.
                 unsafe { sys::cuDeviceCanAccessPeer(&mut can, a, b) }
@@ -193,12 +199,7 @@ impl Topology {
             Ok(()) => NvmlStatus::Available,
             Err(reason) => NvmlStatus::Missing(reason),
         };
-        Ok(Topology {
-            gpus,
-            links,
-            nvml,
-            contexts,
-        })
+        Ok(Topology { gpus, links, nvml })
     }
 
     /// The GPUs, in the order given.
@@ -365,13 +366,16 @@ impl Topology {
         out
     }
 
-    fn context(&self, ordinal: usize) -> Result<&Arc<CudaContext>> {
-        self.index_of(ordinal)
-            .and_then(|i| self.contexts.get(i))
-            .ok_or(Error::InvalidArgument {
+    /// The primary context of a probed device (retained here, on first
+    /// use).
+    fn context(&self, ordinal: usize) -> Result<Arc<CudaContext>> {
+        if self.index_of(ordinal).is_none() {
+            return Err(Error::InvalidArgument {
                 op: "Topology",
                 reason: "device not in this probed topology",
-            })
+            });
+        }
+        CudaContext::new(ordinal).map_err(cuda("CudaContext::new"))
     }
 
     /// Lets `from` access `to`'s memory (`cuCtxEnablePeerAccess`). Enabling
