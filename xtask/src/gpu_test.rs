@@ -371,7 +371,9 @@ fn matrix(o: &Options, binaries: &[PathBuf]) -> Result<()> {
                     continue;
                 }
                 let log = o.out.join(format!("{test}.w{w}.{m}.log"));
-                let outcome = run_one(binary, test, *w, m, o.timeout, &log)?;
+                // A mode-free target runs once, in one process.
+                let mode = if *per_mode { m.as_str() } else { "single" };
+                let outcome = run_one(binary, test, *w, mode, o.timeout, &log)?;
                 eprintln!(
                     "xtask: [{done}/{total}] {test} world {w} {m}: {} ({:.0}s elapsed)",
                     outcome.cell(),

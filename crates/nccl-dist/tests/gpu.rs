@@ -62,10 +62,16 @@ fn run(body: impl Fn(&mut [World]) -> TestResult + Sync) {
             .map_err(Into::into)
             .and_then(|mut worlds| body(&mut worlds)),
         Mode::Threads => World::spawn_local(n, |w| {
+            let rank = w.rank();
             let mut one = [w];
-            body(&mut one).map_err(|e| Error::InvalidArgument {
-                op: "test",
-                reason: e.to_string(),
+            body(&mut one).map_err(|e| {
+                // Said at once: the other ranks may now wait for this one
+                // until the cell's deadline.
+                eprintln!("rank {rank} failed: {e}");
+                Error::InvalidArgument {
+                    op: "test",
+                    reason: e.to_string(),
+                }
             })
         })
         .map(drop)
@@ -327,6 +333,10 @@ fn two_dimensional_mesh_reduces_along_each_axis_bit_exact() {
             .collect();
         for (dp, tp) in shapes {
             for placement in [Placement::RankOrder, Placement::NvlinkIslands] {
+                eprintln!(
+                    "rank {}: mesh dp={dp} tp={tp} {placement:?}",
+                    worlds[0].rank()
+                );
                 let mut ms = meshes(worlds, &[("dp", dp), ("tp", tp)], placement)?;
                 for m in &ms {
                     let c = m.coordinate();
@@ -352,6 +362,7 @@ fn two_dimensional_mesh_reduces_along_each_axis_bit_exact() {
                 all_reduce_along(&ms, &mut bufs, "dp")?;
                 check_groups(&ms, &bufs, "dp", &["dp"], len)?;
                 // Flattened: one communicator over both axes.
+                eprintln!("rank {}: flatten", worlds[0].rank());
                 if ms.len() == 1 {
                     ms[0].flatten(&["dp", "tp"], "dp_tp")?;
                 } else {
@@ -369,6 +380,7 @@ fn two_dimensional_mesh_reduces_along_each_axis_bit_exact() {
                 check_groups(&ms, &bufs, "dp_tp", &["dp", "tp"], len)?;
                 let e = ms[0].flatten(&["dp", "tp"], "dp_tp").unwrap_err();
                 assert!(matches!(e, Error::Mesh(MeshError::DuplicateAxis(_))), "{e}");
+                eprintln!("rank {}: dropping the meshes", worlds[0].rank());
             }
         }
         Ok(())
