@@ -300,6 +300,14 @@ impl World {
     /// [`Error::RankPanicked`]). Use a nonblocking `config` if a rank may
     /// fail before the others finish `init_rank`: its peers then give up
     /// after the config's timeout instead of waiting for it.
+    ///
+    /// Dropping communicators (a [`crate::DeviceMesh`], a split) while
+    /// another rank's thread has already launched its next collective can
+    /// hang: NCCL may free one rank's resources from another rank's thread
+    /// with device-synchronising calls, which wait for that collective,
+    /// which waits for the rank being torn down. Let the threads meet on the
+    /// host (a `std::sync::Barrier`) after such drops. (Seen with NCCL
+    /// 2.28.9 on 2 and 4 GPUs; one thread per process is not affected.)
     pub fn spawn_local_with<R: Send>(
         devices: &[usize],
         config: &Config,

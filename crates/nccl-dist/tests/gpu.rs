@@ -324,6 +324,12 @@ fn one_dimensional_mesh_reduces_bit_exact() {
 #[test]
 #[ignore = "needs GPUs: cargo xtask gpu-test"]
 fn two_dimensional_mesh_reduces_along_each_axis_bit_exact() {
+    // With a thread per GPU, NCCL may free one rank's resources from
+    // another rank's thread (device-synchronising calls): a rank that has
+    // already launched its next collective would never let that finish.
+    // The threads meet on the host after dropping their meshes.
+    let threads = if mode() == Mode::Threads { world_size() } else { 1 };
+    let dropped = std::sync::Barrier::new(threads);
     run(|worlds| {
         let n = world_size();
         // 4 GPUs: 2x2; 2 GPUs: 1x2 and 2x1; 1 GPU: 1x1.
@@ -381,6 +387,8 @@ fn two_dimensional_mesh_reduces_along_each_axis_bit_exact() {
                 let e = ms[0].flatten(&["dp", "tp"], "dp_tp").unwrap_err();
                 assert!(matches!(e, Error::Mesh(MeshError::DuplicateAxis(_))), "{e}");
                 eprintln!("rank {}: dropping the meshes", worlds[0].rank());
+                drop(ms);
+                dropped.wait();
             }
         }
         Ok(())
