@@ -328,7 +328,11 @@ fn two_dimensional_mesh_reduces_along_each_axis_bit_exact() {
     // another rank's thread (device-synchronising calls): a rank that has
     // already launched its next collective would never let that finish.
     // The threads meet on the host after dropping their meshes.
-    let threads = if mode() == Mode::Threads { world_size() } else { 1 };
+    let threads = if mode() == Mode::Threads {
+        world_size()
+    } else {
+        1
+    };
     let dropped = std::sync::Barrier::new(threads);
     run(|worlds| {
         let n = world_size();
