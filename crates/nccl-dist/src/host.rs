@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use nccl_safe::cudarc::driver::{CudaEvent, CudaStream};
+use nccl_safe::cudarc::driver::{CudaEvent, CudaSlice, CudaStream};
 use nccl_safe::{Comm, NcclType, ReduceOp};
 
 use crate::error::{Result, cuda};
@@ -44,18 +44,9 @@ pub trait HostCollectives {
 
 impl HostCollectives for Comm {
     fn all_reduce_host<T: NcclType>(&self, data: &mut [T], op: ReduceOp) -> Result<()> {
-        if data.is_empty() {
-            return Ok(());
-        }
-        let stream = self.stream();
-        let mut buf = stream.clone_htod(data).map_err(cuda("all_reduce_host"))?;
-        self.all_reduce_in_place(&mut buf, op)?;
-        self.synchronize(stream)?;
-        stream
-            .memcpy_dtoh(&buf, data)
-            .map_err(cuda("all_reduce_host"))?;
-        stream.synchronize().map_err(cuda("all_reduce_host"))?;
-        Ok(())
+        round_trip(self, "all_reduce_host", data, |buf| {
+            self.all_reduce_in_place(buf, op)
+        })
     }
 
     fn broadcast_host<T: NcclType>(&self, data: &mut [T], root: usize) -> Result<()> {
@@ -68,18 +59,9 @@ impl HostCollectives for Comm {
             }
             .into());
         }
-        if data.is_empty() {
-            return Ok(());
-        }
-        let stream = self.stream();
-        let mut buf = stream.clone_htod(data).map_err(cuda("broadcast_host"))?;
-        self.broadcast_in_place(&mut buf, root)?;
-        self.synchronize(stream)?;
-        stream
-            .memcpy_dtoh(&buf, data)
-            .map_err(cuda("broadcast_host"))?;
-        stream.synchronize().map_err(cuda("broadcast_host"))?;
-        Ok(())
+        round_trip(self, "broadcast_host", data, |buf| {
+            self.broadcast_in_place(buf, root)
+        })
     }
 
     fn all_gather_host<T: NcclType>(&self, send: &[T]) -> Result<Vec<T>> {
@@ -107,6 +89,27 @@ impl HostCollectives for Comm {
         stream.synchronize().map_err(cuda("all_gather_host"))?;
         Ok(out)
     }
+}
+
+/// Copies `data` to `comm`'s device, runs `collective` on it in place,
+/// waits with the communicator's deadline and copies the result back. An
+/// empty slice makes no call.
+fn round_trip<T: NcclType>(
+    comm: &Comm,
+    op: &'static str,
+    data: &mut [T],
+    collective: impl FnOnce(&mut CudaSlice<T>) -> nccl_safe::Result<()>,
+) -> Result<()> {
+    if data.is_empty() {
+        return Ok(());
+    }
+    let stream = comm.stream();
+    let mut buf = stream.clone_htod(data).map_err(cuda(op))?;
+    collective(&mut buf)?;
+    comm.synchronize(stream)?;
+    stream.memcpy_dtoh(&buf, data).map_err(cuda(op))?;
+    stream.synchronize().map_err(cuda(op))?;
+    Ok(())
 }
 
 /// A one-element all-reduce, waited for with the communicator's deadline.

@@ -117,7 +117,8 @@ fn number(var: &'static str, value: &str) -> Result<usize, LaunchError> {
     })
 }
 
-fn port(var: &'static str, value: &str) -> Result<u16, LaunchError> {
+/// A TCP port in 1..=65535, or an error naming `var`.
+pub(crate) fn port(var: &'static str, value: &str) -> Result<u16, LaunchError> {
     match value.parse::<u16>() {
         Ok(p) if p > 0 => Ok(p),
         _ => Err(LaunchError::Invalid {

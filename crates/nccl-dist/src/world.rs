@@ -117,16 +117,7 @@ impl WorldOptions {
             return Ok(p);
         }
         if let Some(v) = std::env::var_os(PORT_ENV) {
-            let text = v.to_string_lossy();
-            return match text.trim().parse::<u16>() {
-                Ok(p) if p > 0 => Ok(p),
-                _ => Err(crate::LaunchError::Invalid {
-                    var: PORT_ENV,
-                    value: text.into_owned(),
-                    reason: "expected a port in 1..=65535",
-                }
-                .into()),
-            };
+            return Ok(crate::launch::port(PORT_ENV, v.to_string_lossy().trim())?);
         }
         if launch.launcher == Launcher::Torchrun {
             return launch

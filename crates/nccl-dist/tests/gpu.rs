@@ -212,6 +212,14 @@ fn check_groups(
     Ok(())
 }
 
+/// On every mesh, its world rank's values, on the stream of `axis`.
+fn upload_along(meshes: &[DeviceMesh], axis: &str, len: usize) -> TestResult<Vec<CudaSlice<f32>>> {
+    meshes
+        .iter()
+        .map(|m| upload(m.axis(axis)?, &values::<f32>(world_rank(m), len)))
+        .collect()
+}
+
 fn world_rank(m: &DeviceMesh) -> usize {
     m.world_rank_of(&m.coordinate()).expect("own coordinate")
 }
@@ -300,10 +308,7 @@ fn one_dimensional_mesh_reduces_bit_exact() {
                 assert_eq!((m.comm().rank(), m.comm().size()), (m.position(), n));
             }
             let len = 1 << 16;
-            let mut bufs = ms
-                .iter()
-                .map(|m| upload(m.axis("dp")?, &values::<f32>(world_rank(m), len)))
-                .collect::<TestResult<Vec<_>>>()?;
+            let mut bufs = upload_along(&ms, "dp", len)?;
             all_reduce_along(&ms, &mut bufs, "dp")?;
             check_groups(&ms, &bufs, "dp", &["dp"], len)?;
             // Typed errors for shapes and names, before any NCCL call.
@@ -359,16 +364,10 @@ fn two_dimensional_mesh_reduces_along_each_axis_bit_exact() {
                 }
                 let len = 3001;
                 // tensor parallel, then data parallel: the sum over the world.
-                let mut bufs = ms
-                    .iter()
-                    .map(|m| upload(m.axis("tp")?, &values::<f32>(world_rank(m), len)))
-                    .collect::<TestResult<Vec<_>>>()?;
+                let mut bufs = upload_along(&ms, "tp", len)?;
                 all_reduce_along(&ms, &mut bufs, "tp")?;
                 check_groups(&ms, &bufs, "tp", &["tp"], len)?;
-                let mut bufs = ms
-                    .iter()
-                    .map(|m| upload(m.axis("dp")?, &values::<f32>(world_rank(m), len)))
-                    .collect::<TestResult<Vec<_>>>()?;
+                let mut bufs = upload_along(&ms, "dp", len)?;
                 all_reduce_along(&ms, &mut bufs, "dp")?;
                 check_groups(&ms, &bufs, "dp", &["dp"], len)?;
                 // Flattened: one communicator over both axes.
@@ -382,10 +381,7 @@ fn two_dimensional_mesh_reduces_along_each_axis_bit_exact() {
                     assert_eq!(m.size("dp_tp")?, n);
                     assert_eq!(m.axes_of("dp_tp")?, vec!["dp", "tp"]);
                 }
-                let mut bufs = ms
-                    .iter()
-                    .map(|m| upload(m.axis("dp_tp")?, &values::<f32>(world_rank(m), len)))
-                    .collect::<TestResult<Vec<_>>>()?;
+                let mut bufs = upload_along(&ms, "dp_tp", len)?;
                 all_reduce_along(&ms, &mut bufs, "dp_tp")?;
                 check_groups(&ms, &bufs, "dp_tp", &["dp", "tp"], len)?;
                 let e = ms[0].flatten(&["dp", "tp"], "dp_tp").unwrap_err();
