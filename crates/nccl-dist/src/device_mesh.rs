@@ -24,6 +24,7 @@ use nccl_safe::{Comm, DeviceBuffer, DeviceBufferMut, NcclType, Reduction, Topolo
 use crate::error::{Error, Result};
 use crate::host::HostCollectives;
 use crate::mesh::{MeshError, MeshShape};
+use crate::watchdog::inherit;
 use crate::world::World;
 
 /// How world ranks are placed on the mesh.
@@ -231,10 +232,12 @@ impl DeviceMesh {
             .comm()
             .split(Some(0), position as i32, None)?
             .ok_or_else(split_missing)?;
+        inherit(world.comm(), &whole, "mesh");
         let mut groups = Vec::new();
         for name in shape.names() {
             let (c, k) = shape.split_for(position, &[name])?;
             let comm = whole.split(Some(c), k, None)?.ok_or_else(split_missing)?;
+            inherit(&whole, &comm, name);
             groups.push(Group {
                 name: name.to_string(),
                 axes: vec![name.to_string()],
@@ -288,16 +291,21 @@ impl DeviceMesh {
             .into_iter()
             .map(|c| c.ok_or_else(split_missing))
             .collect::<Result<_>>()?;
+        for (world, whole) in world_comms.iter().zip(&wholes) {
+            inherit(world, whole, "mesh");
+        }
         let comms: Vec<&Comm> = wholes.iter().collect();
         let mut per_rank: Vec<Vec<Group>> = (0..n).map(|_| Vec::new()).collect();
         for name in shape.names() {
             let (colors, keys) = splits(&shape, &positions, &[name])?;
             let made = Comm::split_all(&comms, &colors, &keys, None)?;
-            for (groups, comm) in per_rank.iter_mut().zip(made) {
+            for ((groups, comm), whole) in per_rank.iter_mut().zip(made).zip(&wholes) {
+                let comm = comm.ok_or_else(split_missing)?;
+                inherit(whole, &comm, name);
                 groups.push(Group {
                     name: name.to_string(),
                     axes: vec![name.to_string()],
-                    comm: comm.ok_or_else(split_missing)?,
+                    comm,
                 });
             }
         }
@@ -413,6 +421,7 @@ impl DeviceMesh {
     }
 
     fn push_group(&mut self, axes: &[&str], name: &str, comm: Comm) -> Result<&Comm> {
+        inherit(&self.whole, &comm, name);
         self.groups.push(Group {
             name: name.to_string(),
             axes: axes.iter().map(|a| a.to_string()).collect(),

@@ -22,6 +22,10 @@ pub enum Error {
     /// NCCL, CUDA or a check of `nccl-safe` failed.
     #[error(transparent)]
     Nccl(#[from] nccl_safe::Error),
+    /// The watchdog aborted the communicator: which operation, what
+    /// happened, and the flight recorder.
+    #[error("{0}")]
+    Watchdog(Box<crate::watchdog::Failure>),
     /// A thread driving one rank panicked.
     #[error("the thread of rank {rank} panicked: {message}")]
     RankPanicked {

@@ -82,7 +82,7 @@ impl HostCollectives for Comm {
         // read back.
         let mut dev_recv = unsafe { stream.alloc::<T>(total) }.map_err(cuda("all_gather_host"))?;
         self.all_gather(&dev_send, &mut dev_recv)?;
-        self.synchronize(stream)?;
+        crate::watchdog::synchronize(self, stream)?;
         let out = stream
             .clone_dtoh(&dev_recv)
             .map_err(cuda("all_gather_host"))?;
@@ -106,7 +106,7 @@ fn round_trip<T: NcclType>(
     let stream = comm.stream();
     let mut buf = stream.clone_htod(data).map_err(cuda(op))?;
     collective(&mut buf)?;
-    comm.synchronize(stream)?;
+    crate::watchdog::synchronize(comm, stream)?;
     stream.memcpy_dtoh(&buf, data).map_err(cuda(op))?;
     stream.synchronize().map_err(cuda(op))?;
     Ok(())
@@ -117,7 +117,7 @@ pub(crate) fn barrier(comm: &Comm) -> Result<()> {
     let stream = comm.stream();
     let mut token = stream.alloc_zeros::<i32>(1).map_err(cuda("barrier"))?;
     comm.all_reduce_in_place(&mut token, ReduceOp::Sum)?;
-    comm.synchronize(stream)?;
+    crate::watchdog::synchronize(comm, stream)?;
     Ok(())
 }
 

@@ -40,7 +40,6 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! Not yet here: the watchdog and flight recorder.
 
 mod communicator;
 mod device_mesh;
@@ -50,6 +49,7 @@ pub mod launch;
 pub mod mesh;
 pub mod rendezvous;
 pub mod secret;
+pub mod watchdog;
 mod world;
 
 pub use communicator::{Communicator, DType};
@@ -60,6 +60,9 @@ pub use launch::{Launch, LaunchError, Launcher};
 pub use mesh::{MeshError, MeshShape};
 pub use rendezvous::RendezvousError;
 pub use secret::{Secret, SecretError};
-pub use world::{PORT_ENV, RendezvousMethod, World, WorldOptions};
+pub use watchdog::{
+    Failure, FailureKind, OpRecord, OpState, Watchdog, WatchdogOptions, Watched, synchronize,
+};
+pub use world::{PORT_ENV, RendezvousMethod, World, WorldOptions, default_config};
 
 pub use nccl_safe;

@@ -23,6 +23,7 @@ use crate::error::{Error, Result};
 use crate::launch::{Launch, Launcher};
 use crate::rendezvous;
 use crate::secret::Secret;
+use crate::watchdog::{Watchdog, WatchdogOptions};
 
 /// Environment variable that sets the rendezvous port, overriding the
 /// launcher's (see [`WorldOptions::port`]).
@@ -50,6 +51,7 @@ pub struct WorldOptions {
     method: RendezvousMethod,
     device: Option<usize>,
     port: Option<u16>,
+    watchdog: Option<WatchdogOptions>,
 }
 
 impl Default for WorldOptions {
@@ -60,17 +62,27 @@ impl Default for WorldOptions {
 
 impl WorldOptions {
     /// TCP rendezvous with the secret from the environment
-    /// ([`Secret::from_env`]), a 300 s rendezvous deadline, the default
-    /// [`Config`], the GPU of `LOCAL_RANK`.
+    /// ([`Secret::from_env`]), a 300 s rendezvous deadline,
+    /// [`default_config`], the GPU of `LOCAL_RANK`, the watchdog as the
+    /// environment says ([`WatchdogOptions::from_env`]).
     pub fn new() -> WorldOptions {
         WorldOptions {
             secret: None,
             timeout: Duration::from_secs(300),
-            config: Config::new(),
+            config: default_config(),
             method: RendezvousMethod::Tcp,
             device: None,
             port: None,
+            watchdog: None,
         }
+    }
+
+    /// Watch the world's communicator, and every communicator split from
+    /// it (meshes, axes), with a [`Watchdog`] (instead of what the
+    /// environment says).
+    pub fn watchdog(mut self, options: WatchdogOptions) -> Self {
+        self.watchdog = Some(options);
+        self
     }
 
     /// The shared secret, instead of reading it from the environment.
@@ -86,7 +98,9 @@ impl WorldOptions {
         self
     }
 
-    /// The communicator configuration.
+    /// The communicator configuration ([`default_config`] unless set).
+    /// A blocking configuration cannot be interrupted by a deadline or
+    /// the watchdog while NCCL blocks the calling thread.
     pub fn config(mut self, config: Config) -> Self {
         self.config = config;
         self
@@ -140,6 +154,29 @@ impl WorldOptions {
 pub struct World {
     comm: Comm,
     launch: Launch,
+    watchdog: Option<Watchdog>,
+}
+
+/// The configuration `nccl-dist` uses unless told otherwise: NCCL's
+/// defaults, but nonblocking, so that every wait has a deadline and a stuck
+/// call can be aborted (`Config::new().blocking(false)`).
+pub fn default_config() -> Config {
+    Config::new().blocking(false)
+}
+
+/// The watchdog `options` ask for, else the environment's; started.
+fn start_watchdog(options: Option<&WatchdogOptions>) -> Result<Option<Watchdog>> {
+    let options = match options {
+        Some(o) => Some(o.clone()),
+        None => WatchdogOptions::from_env()?,
+    };
+    options.map(Watchdog::start).transpose()
+}
+
+fn watched(comm: &Comm, watchdog: &Option<Watchdog>) {
+    if let Some(w) = watchdog {
+        w.watch(comm, format!("world[{}]", comm.rank()));
+    }
 }
 
 fn local_launch(rank: usize, size: usize) -> Launch {
@@ -215,8 +252,14 @@ impl World {
                 }
             }
         };
+        let watchdog = start_watchdog(options.watchdog.as_ref())?;
         let comm = Comm::init_rank(&id, launch.rank, launch.world_size, device, &options.config)?;
-        Ok(World { comm, launch })
+        watched(&comm, &watchdog);
+        Ok(World {
+            comm,
+            launch,
+            watchdog,
+        })
     }
 
     fn exchange_tcp(launch: &Launch, options: &WorldOptions) -> Result<UniqueId> {
@@ -259,22 +302,27 @@ impl World {
     /// One process, one thread driving `n` GPUs (devices `0..n`): see
     /// [`World::local_with`].
     pub fn local(n: usize) -> Result<Vec<World>> {
-        World::local_with(&(0..n).collect::<Vec<_>>(), &Config::new())
+        World::local_with(&(0..n).collect::<Vec<_>>(), &default_config())
     }
 
     /// One process, one thread driving `devices` (rank i on `devices[i]`),
     /// made together with `Comm::init_all`. Collectives on these worlds
     /// (and on meshes built from them) must be issued inside one group
-    /// ([`nccl_safe::group`]).
+    /// ([`nccl_safe::group`]). The watchdog is as the environment says.
     pub fn local_with(devices: &[usize], config: &Config) -> Result<Vec<World>> {
         check_devices("World::local", devices)?;
         let n = devices.len();
+        let watchdog = start_watchdog(None)?;
         Ok(Comm::init_all(devices, config)?
             .into_iter()
             .enumerate()
-            .map(|(rank, comm)| World {
-                comm,
-                launch: local_launch(rank, n),
+            .map(|(rank, comm)| {
+                watched(&comm, &watchdog);
+                World {
+                    comm,
+                    launch: local_launch(rank, n),
+                    watchdog: watchdog.clone(),
+                }
             })
             .collect())
     }
@@ -282,15 +330,16 @@ impl World {
     /// One process, a thread per GPU (devices `0..n`): see
     /// [`World::spawn_local_with`].
     pub fn spawn_local<R: Send>(n: usize, f: impl Fn(World) -> Result<R> + Sync) -> Result<Vec<R>> {
-        World::spawn_local_with(&(0..n).collect::<Vec<_>>(), &Config::new(), f)
+        World::spawn_local_with(&(0..n).collect::<Vec<_>>(), &default_config(), f)
     }
 
     /// One process, a thread per device of `devices`: each thread joins
     /// rank i on `devices[i]` and runs `f` with its `World`. Returns every
     /// rank's result in rank order, or the first rank's error (a panic is
-    /// [`Error::RankPanicked`]). Use a nonblocking `config` if a rank may
-    /// fail before the others finish `init_rank`: its peers then give up
-    /// after the config's timeout instead of waiting for it.
+    /// [`Error::RankPanicked`]). With a nonblocking `config` (as
+    /// [`default_config`]), a rank that fails before the others finish
+    /// `init_rank` makes its peers give up after the config's timeout
+    /// instead of waiting for it. The watchdog is as the environment says.
     ///
     /// Dropping communicators (a [`crate::DeviceMesh`], a split) while
     /// another rank's thread has already launched its next collective can
@@ -307,7 +356,8 @@ impl World {
         check_devices("World::spawn_local", devices)?;
         let n = devices.len();
         let id = UniqueId::new()?;
-        let (id, f) = (&id, &f);
+        let watchdog = start_watchdog(None)?;
+        let (id, f, watchdog) = (&id, &f, &watchdog);
         std::thread::scope(|scope| {
             let handles: Vec<_> = devices
                 .iter()
@@ -315,9 +365,11 @@ impl World {
                 .map(|(rank, &device)| {
                     scope.spawn(move || {
                         let comm = Comm::init_rank(id, rank, n, device, config)?;
+                        watched(&comm, watchdog);
                         f(World {
                             comm,
                             launch: local_launch(rank, n),
+                            watchdog: watchdog.clone(),
                         })
                     })
                 })
@@ -367,6 +419,11 @@ impl World {
     /// This rank's communicator over the whole world.
     pub fn comm(&self) -> &Comm {
         &self.comm
+    }
+
+    /// The watchdog watching this world's communicator, if any.
+    pub fn watchdog(&self) -> Option<&Watchdog> {
+        self.watchdog.as_ref()
     }
 
     /// The communicator, giving up the rest.

@@ -20,6 +20,7 @@ use crate::comm::Comm;
 use crate::dtype::NcclType;
 use crate::error::Role;
 use crate::group::{self, GroupGuard};
+use crate::observe::OpInfo;
 use crate::reduce_op::Reduction;
 use crate::validate::{Check, Span};
 use crate::{Error, Feature, Result};
@@ -164,9 +165,10 @@ impl<'s, 'a> OnStream<'s, 'a> {
     /// polling and error capture.
     fn call(
         &self,
-        op: &'static str,
+        info: OpInfo,
         f: impl FnOnce(ncclComm_t, cudaStream_t) -> ncclResult_t,
     ) -> Result<()> {
+        let op = info.op;
         let shared = self.comm.shared();
         let lib = self.comm.library();
         let stream = self.raw_stream();
@@ -176,16 +178,16 @@ impl<'s, 'a> OnStream<'s, 'a> {
             group::touch(shared);
         }
         match code {
-            ncclResult_t::ncclSuccess => Ok(()),
+            ncclResult_t::ncclSuccess => {}
             ncclResult_t::ncclInProgress if !self.comm.is_blocking() => {
-                if grouped {
-                    Ok(())
-                } else {
-                    shared.wait_ready(op)
+                if !grouped {
+                    shared.wait_ready(op)?;
                 }
             }
-            code => shared.with_raw(op, |raw| lib.check(op, code, raw)),
+            code => return shared.with_raw(op, |raw| lib.check(op, code, raw)),
         }
+        self.comm.observe(info, stream, grouped);
+        Ok(())
     }
 
     fn span<T: NcclType>(buffer: &(impl DeviceBuffer<T> + ?Sized)) -> Span {
@@ -232,7 +234,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
         // SAFETY: validated: both buffers on this device, `count` elements
         // readable at `sp` and writable at `rp`, no partial overlap; the
         // op belongs to this communicator.
-        let enqueued = self.call(OP, |comm, stream| unsafe {
+        let enqueued = self.call(OpInfo::new(OP, count, T::DATATYPE), |comm, stream| unsafe {
             f(
                 sp as *const c_void,
                 rp as *mut c_void,
@@ -274,7 +276,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
         let f = self.comm.library().raw().ncclAllReduce()?;
         // SAFETY: `count` elements at `p` on this device, read and written
         // in place as NCCL defines for sendbuff == recvbuff.
-        let enqueued = self.call(OP, |comm, stream| unsafe {
+        let enqueued = self.call(OpInfo::new(OP, count, T::DATATYPE), |comm, stream| unsafe {
             f(
                 p as *const c_void,
                 p as *mut c_void,
@@ -349,20 +351,23 @@ impl<'s, 'a> OnStream<'s, 'a> {
                 .entered();
         let f = self.comm.library().raw().ncclReduce()?;
         let root_c = root as i32;
-        // SAFETY: validated as for all_reduce; `rp` is null off the root,
-        // where NCCL does not use the receive buffer.
-        let enqueued = self.call(OP, |comm, stream| unsafe {
-            f(
-                sp as *const c_void,
-                rp as *mut c_void,
-                count,
-                T::DATATYPE,
-                redop,
-                root_c,
-                comm,
-                stream,
-            )
-        });
+        let enqueued = self.call(
+            OpInfo::new(OP, count, T::DATATYPE).peer(root),
+            // SAFETY: validated as for all_reduce; `rp` is null off the root,
+            // where NCCL does not use the receive buffer.
+            |comm, stream| unsafe {
+                f(
+                    sp as *const c_void,
+                    rp as *mut c_void,
+                    count,
+                    T::DATATYPE,
+                    redop,
+                    root_c,
+                    comm,
+                    stream,
+                )
+            },
+        );
         // Settled even on error: work queued before the failure keeps its
         // buffers' bookkeeping until the group launches it.
         self.settle([sa].into_iter().chain(ra).chain(scalar));
@@ -396,19 +401,22 @@ impl<'s, 'a> OnStream<'s, 'a> {
         let _span = tracing::trace_span!("nccl.reduce", count, dtype = ?T::DATATYPE, op = op.name(), root, in_place = true).entered();
         let f = self.comm.library().raw().ncclReduce()?;
         let root_c = root as i32;
-        // SAFETY: `count` elements at `p` on this device, in place.
-        let enqueued = self.call(OP, |comm, stream| unsafe {
-            f(
-                p as *const c_void,
-                p as *mut c_void,
-                count,
-                T::DATATYPE,
-                redop,
-                root_c,
-                comm,
-                stream,
-            )
-        });
+        let enqueued = self.call(
+            OpInfo::new(OP, count, T::DATATYPE).peer(root),
+            // SAFETY: `count` elements at `p` on this device, in place.
+            |comm, stream| unsafe {
+                f(
+                    p as *const c_void,
+                    p as *mut c_void,
+                    count,
+                    T::DATATYPE,
+                    redop,
+                    root_c,
+                    comm,
+                    stream,
+                )
+            },
+        );
         // Settled even on error: work queued before the failure keeps its
         // buffers' bookkeeping until the group launches it.
         self.settle([a].into_iter().chain(scalar));
@@ -456,7 +464,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
         let f = self.comm.library().raw().ncclReduceScatter()?;
         // SAFETY: validated: `size * count` elements readable at `sp`,
         // `count` writable at `rp`, same device, NCCL's layout or disjoint.
-        let enqueued = self.call(OP, |comm, stream| unsafe {
+        let enqueued = self.call(OpInfo::new(OP, count, T::DATATYPE), |comm, stream| unsafe {
             f(
                 sp as *const c_void,
                 rp as *mut c_void,
@@ -505,7 +513,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
         let f = self.comm.library().raw().ncclReduceScatter()?;
         // SAFETY: `size * count` elements at `p`; the output is this rank's
         // block, NCCL's in-place layout.
-        let enqueued = self.call(OP, |comm, stream| unsafe {
+        let enqueued = self.call(OpInfo::new(OP, count, T::DATATYPE), |comm, stream| unsafe {
             f(
                 p as *const c_void,
                 rp as *mut c_void,
@@ -585,19 +593,22 @@ impl<'s, 'a> OnStream<'s, 'a> {
             tracing::trace_span!("nccl.broadcast", count, dtype = ?T::DATATYPE, root).entered();
         let f = self.comm.library().raw().ncclBroadcast()?;
         let root_c = root as i32;
-        // SAFETY: validated; `sp` is null off the root, where NCCL does not
-        // read the send buffer.
-        let enqueued = self.call(OP, |comm, stream| unsafe {
-            f(
-                sp as *const c_void,
-                rp as *mut c_void,
-                count,
-                T::DATATYPE,
-                root_c,
-                comm,
-                stream,
-            )
-        });
+        let enqueued = self.call(
+            OpInfo::new(OP, count, T::DATATYPE).peer(root),
+            // SAFETY: validated; `sp` is null off the root, where NCCL does not
+            // read the send buffer.
+            |comm, stream| unsafe {
+                f(
+                    sp as *const c_void,
+                    rp as *mut c_void,
+                    count,
+                    T::DATATYPE,
+                    root_c,
+                    comm,
+                    stream,
+                )
+            },
+        );
         // Settled even on error: work queued before the failure keeps its
         // buffers' bookkeeping until the group launches it.
         self.settle(sa.into_iter().chain([ra]));
@@ -626,18 +637,21 @@ impl<'s, 'a> OnStream<'s, 'a> {
         let _span = tracing::trace_span!("nccl.broadcast", count, dtype = ?T::DATATYPE, root, in_place = true).entered();
         let f = self.comm.library().raw().ncclBroadcast()?;
         let root_c = root as i32;
-        // SAFETY: `count` elements at `p` on this device, in place.
-        let enqueued = self.call(OP, |comm, stream| unsafe {
-            f(
-                p as *const c_void,
-                p as *mut c_void,
-                count,
-                T::DATATYPE,
-                root_c,
-                comm,
-                stream,
-            )
-        });
+        let enqueued = self.call(
+            OpInfo::new(OP, count, T::DATATYPE).peer(root),
+            // SAFETY: `count` elements at `p` on this device, in place.
+            |comm, stream| unsafe {
+                f(
+                    p as *const c_void,
+                    p as *mut c_void,
+                    count,
+                    T::DATATYPE,
+                    root_c,
+                    comm,
+                    stream,
+                )
+            },
+        );
         // Settled even on error: work queued before the failure keeps its
         // buffers' bookkeeping until the group launches it.
         self.settle([a]);
@@ -673,7 +687,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
         let f = self.comm.library().raw().ncclAllGather()?;
         // SAFETY: validated: `count` readable at `sp`, `size * count`
         // writable at `rp`, same device, NCCL's layout or disjoint.
-        let enqueued = self.call(OP, |comm, stream| unsafe {
+        let enqueued = self.call(OpInfo::new(OP, count, T::DATATYPE), |comm, stream| unsafe {
             f(
                 sp as *const c_void,
                 rp as *mut c_void,
@@ -719,7 +733,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
         let f = self.comm.library().raw().ncclAllGather()?;
         // SAFETY: `size * count` elements at `p`; the input is this rank's
         // block, NCCL's in-place layout.
-        let enqueued = self.call(OP, |comm, stream| unsafe {
+        let enqueued = self.call(OpInfo::new(OP, count, T::DATATYPE), |comm, stream| unsafe {
             f(
                 sp as *const c_void,
                 p as *mut c_void,
@@ -777,7 +791,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
             let f = self.comm.library().raw().ncclAlltoAll()?;
             // SAFETY: validated: `size * count` elements at each address,
             // same device, disjoint.
-            self.call(OP, |comm, stream| unsafe {
+            self.call(OpInfo::new(OP, count, T::DATATYPE), |comm, stream| unsafe {
                 f(
                     sp as *const c_void,
                     rp as *mut c_void,
@@ -860,20 +874,26 @@ impl<'s, 'a> OnStream<'s, 'a> {
             if send_counts[peer] > 0 {
                 let p = ptr(sp, send_displs[peer], elem_bytes);
                 let n = send_counts[peer];
-                // SAFETY: the segment was validated to lie inside the send
-                // buffer on this device.
-                self.call(op, |comm, stream| unsafe {
-                    send(p as *const c_void, n, T::DATATYPE, peer_c, comm, stream)
-                })?;
+                self.call(
+                    OpInfo::new(op, n, T::DATATYPE).peer(peer),
+                    // SAFETY: the segment was validated to lie inside the send
+                    // buffer on this device.
+                    |comm, stream| unsafe {
+                        send(p as *const c_void, n, T::DATATYPE, peer_c, comm, stream)
+                    },
+                )?;
             }
             if recv_counts[peer] > 0 {
                 let p = ptr(rp, recv_displs[peer], elem_bytes);
                 let n = recv_counts[peer];
-                // SAFETY: the segment was validated to lie inside the
-                // receive buffer on this device.
-                self.call(op, |comm, stream| unsafe {
-                    recv(p as *mut c_void, n, T::DATATYPE, peer_c, comm, stream)
-                })?;
+                self.call(
+                    OpInfo::new(op, n, T::DATATYPE).peer(peer),
+                    // SAFETY: the segment was validated to lie inside the
+                    // receive buffer on this device.
+                    |comm, stream| unsafe {
+                        recv(p as *mut c_void, n, T::DATATYPE, peer_c, comm, stream)
+                    },
+                )?;
             }
         }
         group.end()
@@ -1007,19 +1027,22 @@ impl<'s, 'a> OnStream<'s, 'a> {
                 Rooted::Scatter => lib.raw().ncclScatter()?,
             };
             let root_c = root as i32;
-            // SAFETY: validated; off the root NCCL does not use the root-side
-            // buffer, which is null there.
-            return self.call(op, |comm, stream| unsafe {
-                f(
-                    sp as *const c_void,
-                    rp as *mut c_void,
-                    count,
-                    T::DATATYPE,
-                    root_c,
-                    comm,
-                    stream,
-                )
-            });
+            return self.call(
+                OpInfo::new(op, count, T::DATATYPE).peer(root),
+                // SAFETY: validated; off the root NCCL does not use the root-side
+                // buffer, which is null there.
+                |comm, stream| unsafe {
+                    f(
+                        sp as *const c_void,
+                        rp as *mut c_void,
+                        count,
+                        T::DATATYPE,
+                        root_c,
+                        comm,
+                        stream,
+                    )
+                },
+            );
         }
         let (send, recv) = (lib.raw().ncclSend()?, lib.raw().ncclRecv()?);
         let e = std::mem::size_of::<T>();
@@ -1043,48 +1066,60 @@ impl<'s, 'a> OnStream<'s, 'a> {
                 }
                 let peer_c = peer as i32;
                 match rooted {
-                    // SAFETY: block `peer` of the validated receive buffer.
-                    Rooted::Gather => self.call(op, |comm, stream| unsafe {
-                        recv(
-                            block as *mut c_void,
-                            count,
-                            T::DATATYPE,
-                            peer_c,
-                            comm,
-                            stream,
-                        )
-                    })?,
-                    // SAFETY: block `peer` of the validated send buffer.
-                    Rooted::Scatter => self.call(op, |comm, stream| unsafe {
-                        send(
-                            block as *const c_void,
-                            count,
-                            T::DATATYPE,
-                            peer_c,
-                            comm,
-                            stream,
-                        )
-                    })?,
+                    Rooted::Gather => self.call(
+                        OpInfo::new(op, count, T::DATATYPE).peer(peer),
+                        // SAFETY: block `peer` of the validated receive buffer.
+                        |comm, stream| unsafe {
+                            recv(
+                                block as *mut c_void,
+                                count,
+                                T::DATATYPE,
+                                peer_c,
+                                comm,
+                                stream,
+                            )
+                        },
+                    )?,
+                    Rooted::Scatter => self.call(
+                        OpInfo::new(op, count, T::DATATYPE).peer(peer),
+                        // SAFETY: block `peer` of the validated send buffer.
+                        |comm, stream| unsafe {
+                            send(
+                                block as *const c_void,
+                                count,
+                                T::DATATYPE,
+                                peer_c,
+                                comm,
+                                stream,
+                            )
+                        },
+                    )?,
                 }
             }
         } else {
             let root_c = root as i32;
             match rooted {
-                // SAFETY: the validated send buffer.
-                Rooted::Gather => self.call(op, |comm, stream| unsafe {
-                    send(
-                        sp as *const c_void,
-                        count,
-                        T::DATATYPE,
-                        root_c,
-                        comm,
-                        stream,
-                    )
-                })?,
-                // SAFETY: the validated receive buffer.
-                Rooted::Scatter => self.call(op, |comm, stream| unsafe {
-                    recv(rp as *mut c_void, count, T::DATATYPE, root_c, comm, stream)
-                })?,
+                Rooted::Gather => self.call(
+                    OpInfo::new(op, count, T::DATATYPE).peer(root),
+                    // SAFETY: the validated send buffer.
+                    |comm, stream| unsafe {
+                        send(
+                            sp as *const c_void,
+                            count,
+                            T::DATATYPE,
+                            root_c,
+                            comm,
+                            stream,
+                        )
+                    },
+                )?,
+                Rooted::Scatter => self.call(
+                    OpInfo::new(op, count, T::DATATYPE).peer(root),
+                    // SAFETY: the validated receive buffer.
+                    |comm, stream| unsafe {
+                        recv(rp as *mut c_void, count, T::DATATYPE, root_c, comm, stream)
+                    },
+                )?,
             }
         }
         group.end()
@@ -1252,10 +1287,13 @@ impl<'s, 'a> OnStream<'s, 'a> {
         let _span = tracing::trace_span!("nccl.send", count, dtype = ?T::DATATYPE, peer).entered();
         let f = self.comm.library().raw().ncclSend()?;
         let peer_c = peer as i32;
-        // SAFETY: `count` readable elements at `p` on this device.
-        let enqueued = self.call(OP, |comm, stream| unsafe {
-            f(p as *const c_void, count, T::DATATYPE, peer_c, comm, stream)
-        });
+        let enqueued = self.call(
+            OpInfo::new(OP, count, T::DATATYPE).peer(peer),
+            // SAFETY: `count` readable elements at `p` on this device.
+            |comm, stream| unsafe {
+                f(p as *const c_void, count, T::DATATYPE, peer_c, comm, stream)
+            },
+        );
         // Settled even on error: work queued before the failure keeps its
         // buffers' bookkeeping until the group launches it.
         self.settle([a]);
@@ -1284,10 +1322,11 @@ impl<'s, 'a> OnStream<'s, 'a> {
         let _span = tracing::trace_span!("nccl.recv", count, dtype = ?T::DATATYPE, peer).entered();
         let f = self.comm.library().raw().ncclRecv()?;
         let peer_c = peer as i32;
-        // SAFETY: `count` writable elements at `p` on this device.
-        let enqueued = self.call(OP, |comm, stream| unsafe {
-            f(p as *mut c_void, count, T::DATATYPE, peer_c, comm, stream)
-        });
+        let enqueued = self.call(
+            OpInfo::new(OP, count, T::DATATYPE).peer(peer),
+            // SAFETY: `count` writable elements at `p` on this device.
+            |comm, stream| unsafe { f(p as *mut c_void, count, T::DATATYPE, peer_c, comm, stream) },
+        );
         // Settled even on error: work queued before the failure keeps its
         // buffers' bookkeeping until the group launches it.
         self.settle([a]);

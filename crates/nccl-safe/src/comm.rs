@@ -18,7 +18,7 @@
 //! `split_all`) are finalized together, in one group, when the last of them
 //! is dropped; they may be dropped in any order.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -30,6 +30,7 @@ use crate::capabilities::{Capabilities, FP8_REDUCTION_MIN_CC};
 use crate::config::{Config, RawConfig};
 use crate::group::GroupGuard;
 use crate::library::Library;
+use crate::observe::{OpInfo, OpObserver, Pending};
 use crate::unique_id::UniqueId;
 use crate::{Error, Feature, Result};
 
@@ -87,15 +88,29 @@ impl Shared {
     /// `ncclInProgress`, against the communicator's deadline. The lock is
     /// released between polls so an abort can get in.
     pub(crate) fn wait_ready(&self, op: &'static str) -> Result<()> {
+        self.poll_until(op, |status| Ok(status == ncclResult_t::ncclSuccess))
+    }
+
+    /// The one polling loop of our waits: returns when `done` (given the
+    /// asynchronous status) says so, with the NCCL error when the
+    /// communicator reports one, [`Error::Aborted`] when it was aborted
+    /// meanwhile, or [`Error::Timeout`] after the communicator's timeout.
+    /// The lock is released between polls, so an abort can get in; the
+    /// pause grows from 5 µs to 1 ms.
+    pub(crate) fn poll_until(
+        &self,
+        op: &'static str,
+        mut done: impl FnMut(ncclResult_t) -> Result<bool>,
+    ) -> Result<()> {
         let started = Instant::now();
-        let mut pause = Duration::from_micros(10);
+        let mut pause = Duration::from_micros(5);
         loop {
             let status = self.with_raw(op, |raw| async_status(self.lib, raw))?;
-            if status == ncclResult_t::ncclSuccess {
-                return Ok(());
-            }
-            if status != ncclResult_t::ncclInProgress {
+            if status != ncclResult_t::ncclSuccess && status != ncclResult_t::ncclInProgress {
                 return self.with_raw(op, |raw| self.lib.check(op, status, raw));
+            }
+            if done(status)? {
+                return Ok(());
             }
             if started.elapsed() >= self.timeout {
                 return Err(Error::Timeout {
@@ -106,6 +121,26 @@ impl Shared {
             std::thread::sleep(pause);
             pause = (pause * 2).min(Duration::from_millis(1));
         }
+    }
+
+    /// `ncclCommGetAsyncError` as a [`CommStatus`].
+    fn status(&self) -> Result<CommStatus> {
+        const OP: &str = "ncclCommGetAsyncError";
+        self.with_raw(OP, |raw| {
+            let status = async_status(self.lib, raw)?;
+            Ok(match status {
+                ncclResult_t::ncclSuccess => CommStatus::Ready,
+                ncclResult_t::ncclInProgress => CommStatus::InProgress,
+                code => {
+                    CommStatus::Failed(self.lib.check("async error", code, raw).err().unwrap_or(
+                        Error::InvalidArgument {
+                            op: OP,
+                            reason: "unknown status",
+                        },
+                    ))
+                }
+            })
+        })
     }
 
     fn abort(&self) -> Result<()> {
@@ -334,6 +369,7 @@ pub struct Comm {
     device: usize,
     compute_capability: (i32, i32),
     force_send_recv: Cell<bool>,
+    observer: RefCell<Option<Arc<dyn OpObserver>>>,
     _not_sync: PhantomData<Cell<()>>,
 }
 
@@ -360,7 +396,34 @@ impl std::fmt::Debug for AbortHandle {
     }
 }
 
+/// An [`AbortHandle`] that does not keep the communicator alive: for a
+/// watchdog, which must not delay the teardown of what it watches.
+#[derive(Clone)]
+pub struct WeakAbortHandle {
+    shared: std::sync::Weak<Shared>,
+}
+
+impl std::fmt::Debug for WeakAbortHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("WeakAbortHandle { .. }")
+    }
+}
+
+impl WeakAbortHandle {
+    /// The handle, while the communicator exists.
+    pub fn upgrade(&self) -> Option<AbortHandle> {
+        self.shared.upgrade().map(|shared| AbortHandle { shared })
+    }
+}
+
 impl AbortHandle {
+    /// A handle that does not keep the communicator alive.
+    pub fn downgrade(&self) -> WeakAbortHandle {
+        WeakAbortHandle {
+            shared: Arc::downgrade(&self.shared),
+        }
+    }
+
     /// `ncclCommAbort`: stops the communicator's work and frees it. Later
     /// calls on the `Comm` return `Error::Aborted`. Aborting twice is a
     /// no-op. On a blocking communicator this waits for a call in progress
@@ -370,6 +433,12 @@ impl AbortHandle {
         // the communicator: abort after it ends.
         refuse_in_group("ncclCommAbort")?;
         self.shared.abort()
+    }
+
+    /// `ncclCommGetAsyncError`, from any thread: how a watchdog learns
+    /// that a peer failed. [`Error::Aborted`] once aborted.
+    pub fn status(&self) -> Result<CommStatus> {
+        self.shared.status()
     }
 
     /// Whether the communicator was aborted.
@@ -514,6 +583,7 @@ impl Comm {
             device,
             compute_capability,
             force_send_recv: Cell::new(false),
+            observer: RefCell::new(None),
             _not_sync: PhantomData,
         })
     }
@@ -1097,21 +1167,7 @@ impl Comm {
 
     /// `ncclCommGetAsyncError`.
     pub fn status(&self) -> Result<CommStatus> {
-        const OP: &str = "ncclCommGetAsyncError";
-        let lib = self.shared.lib;
-        self.shared.with_raw(OP, |raw| {
-            let status = async_status(lib, raw)?;
-            Ok(match status {
-                ncclResult_t::ncclSuccess => CommStatus::Ready,
-                ncclResult_t::ncclInProgress => CommStatus::InProgress,
-                code => CommStatus::Failed(lib.check("async error", code, raw).err().unwrap_or(
-                    Error::InvalidArgument {
-                        op: OP,
-                        reason: "unknown status",
-                    },
-                )),
-            })
-        })
+        self.shared.status()
     }
 
     /// This rank's index.
@@ -1161,29 +1217,17 @@ impl Comm {
         }
         let cuda = |source| Error::Cuda { op: OP, source };
         let event = stream.record_event(None).map_err(cuda)?;
-        let started = Instant::now();
-        let mut pause = Duration::from_micros(5);
-        loop {
-            if event.try_is_complete().map_err(cuda)? {
-                return Ok(());
-            }
-            let lib = self.shared.lib;
-            let status = self.shared.with_raw(OP, |raw| async_status(lib, raw))?;
-            if status != ncclResult_t::ncclSuccess && status != ncclResult_t::ncclInProgress {
-                let err = self.shared.with_raw(OP, |raw| lib.check(OP, status, raw));
-                let _ = self.shared.abort();
-                return err;
-            }
-            if started.elapsed() >= self.shared.timeout {
-                let _ = self.shared.abort();
-                return Err(Error::Timeout {
-                    op: OP,
-                    waited: started.elapsed(),
-                });
-            }
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_millis(1));
+        // The state is checked before the event: work that an abort cut
+        // short also drains the stream, and must not read as finished.
+        let waited = self
+            .shared
+            .poll_until(OP, |_| event.try_is_complete().map_err(cuda));
+        if let Err(e) = &waited
+            && !matches!(e, Error::Aborted { .. } | Error::Cuda { .. })
+        {
+            let _ = self.shared.abort();
         }
+        waited
     }
 
     /// Whether NCCL calls block (the configuration's `blocking`).
@@ -1216,6 +1260,35 @@ impl Comm {
     /// the same bytes; tests use this to prove it.
     pub fn force_send_recv_collectives(&self, force: bool) {
         self.force_send_recv.set(force);
+    }
+
+    /// Sets (or with `None` removes) the [`OpObserver`] that sees every
+    /// operation issued on this communicator from now on.
+    pub fn set_observer(&self, observer: Option<Arc<dyn OpObserver>>) {
+        *self.observer.borrow_mut() = observer;
+    }
+
+    /// The observer set with [`Comm::set_observer`].
+    pub fn observer(&self) -> Option<Arc<dyn OpObserver>> {
+        self.observer.borrow().clone()
+    }
+
+    /// Reports an accepted call to the observer: now, or at the outermost
+    /// group end when `grouped`.
+    pub(crate) fn observe(&self, info: OpInfo, stream: nccl_sys::cudaStream_t, grouped: bool) {
+        let observer = self.observer.borrow();
+        let Some(observer) = observer.as_ref() else {
+            return;
+        };
+        if grouped {
+            crate::group::defer_observed(Pending {
+                observer: Arc::clone(observer),
+                info,
+                stream,
+            });
+        } else {
+            observer.issued(&info, stream);
+        }
     }
 
     pub(crate) fn uses_send_recv(&self, native: Feature) -> bool {

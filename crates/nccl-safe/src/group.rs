@@ -17,6 +17,7 @@ use nccl_sys::{ncclResult_t, ncclSimInfo_t};
 
 use crate::comm::Shared;
 use crate::library::Library;
+use crate::observe::Pending;
 use crate::{Error, Feature, Result};
 
 #[derive(Default)]
@@ -30,6 +31,9 @@ struct GroupState {
     /// Teardown that must wait until the outermost group has ended
     /// (communicators dropped while a group that may use them is open).
     deferred: Vec<Box<dyn FnOnce()>>,
+    /// Calls made in the open group, for their observers at the outermost
+    /// end (only then is the work on its stream).
+    observed: Vec<Pending>,
 }
 
 thread_local! {
@@ -62,6 +66,29 @@ fn run_deferred() {
     let actions = GROUP.with(|g| std::mem::take(&mut g.borrow_mut().deferred));
     for action in actions {
         action();
+    }
+}
+
+/// Keeps an observed call until the outermost group ends.
+pub(crate) fn defer_observed(pending: Pending) {
+    GROUP.with(|g| g.borrow_mut().observed.push(pending));
+}
+
+/// Reports the calls of the group that just ended to their observers; a
+/// failed group reports nothing.
+fn report_observed(launched: bool) {
+    let observed = GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        if g.depth == 0 {
+            std::mem::take(&mut g.observed)
+        } else {
+            Vec::new()
+        }
+    });
+    if launched {
+        for p in observed {
+            p.observer.issued(&p.info, p.stream);
+        }
     }
 }
 
@@ -284,13 +311,15 @@ fn finish(lib: &'static Library) -> Result<()> {
     if !in_group() {
         run_deferred();
     }
-    if code == ncclResult_t::ncclInProgress {
-        for shared in &touched {
-            shared.wait_ready("ncclGroupEnd")?;
-        }
-        return Ok(());
-    }
-    lib.check("ncclGroupEnd", code, std::ptr::null_mut())
+    let result = if code == ncclResult_t::ncclInProgress {
+        touched
+            .iter()
+            .try_for_each(|shared| shared.wait_ready("ncclGroupEnd"))
+    } else {
+        lib.check("ncclGroupEnd", code, std::ptr::null_mut())
+    };
+    report_observed(result.is_ok());
+    result
 }
 
 /// The error of the last group on this thread that a dropped guard ended,

@@ -52,6 +52,7 @@ mod error;
 mod group;
 mod library;
 mod memory;
+mod observe;
 mod reduce_op;
 mod topology;
 mod unique_id;
@@ -60,13 +61,14 @@ mod validate;
 pub use buffer::{Access, DeviceBuffer, DeviceBufferMut};
 pub use capabilities::{Capabilities, FP8_REDUCTION_MIN_CC, Feature};
 pub use collectives::OnStream;
-pub use comm::{AbortHandle, Comm, CommStatus};
+pub use comm::{AbortHandle, Comm, CommStatus, WeakAbortHandle};
 pub use config::{Config, DEFAULT_TIMEOUT};
 pub use dtype::NcclType;
 pub use error::{Error, Result, Role};
 pub use group::{GroupGuard, group, take_dropped_group_error};
 pub use library::Library;
 pub use memory::{NcclMemory, Registration, Window};
+pub use observe::{OpInfo, OpObserver};
 pub use reduce_op::{PreMulSum, ReduceOp, Reduction};
 pub use topology::{
     Gpu, Island, Link, NvmlStatus, PcieLevel, Topology, copy_peer, copy_peer_async,

@@ -1,0 +1,688 @@
+//! The watchdog and flight recorder.
+//!
+//! NCCL has no host-side timeout: a collective whose peer died or never
+//! joined spins on the GPU forever. A [`Watchdog`] is one background
+//! thread that watches communicators. For each it
+//!
+//! - records a CUDA event behind every operation the communicator issues
+//!   (through [`nccl_safe::OpObserver`]), numbered from 0 in issue order;
+//! - polls those events and `ncclCommGetAsyncError`;
+//! - when the oldest unfinished operation is older than the timeout, or
+//!   NCCL reports an asynchronous error, aborts the communicator, so every
+//!   waiter wakes: [`synchronize`] and the helpers of this crate then
+//!   answer [`Error::Watchdog`] naming the communicator, the operation and
+//!   its sequence number;
+//! - keeps the last N operations (op, sequence, count, dtype, peer or root,
+//!   state, when issued, how long it took) and prints them on failure.
+//!
+//! Off by default; on with [`WorldOptions::watchdog`](crate::WorldOptions::watchdog)
+//! or the environment ([`WatchdogOptions::from_env`]): `NCCL_RS_WATCHDOG=1`,
+//! `NCCL_RS_WATCHDOG_TIMEOUT` (seconds), `NCCL_RS_FLIGHT_RECORDER`
+//! (entries). A communicator without a watchdog pays one `RefCell` check per
+//! operation. With one, each operation records one CUDA event (events are
+//! reused) under a mutex no other thread holds for long.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use nccl_dist::{World, WorldOptions, Launch, WatchdogOptions};
+//! use nccl_dist::nccl_safe::ReduceOp;
+//!
+//! let options = WorldOptions::new()
+//!     .watchdog(WatchdogOptions::new().timeout(Duration::from_secs(30)));
+//! let world = World::init_with(Launch::detect()?, &options)?;
+//! let stream = world.comm().stream();
+//! let mut grads = stream.clone_htod(&vec![1.0f32; 1 << 20])?;
+//! world.comm().all_reduce_in_place(&mut grads, ReduceOp::Sum)?;
+//! // A dead peer ends this wait with Error::Watchdog after 30 s, not never.
+//! nccl_dist::synchronize(world.comm(), stream)?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use std::collections::VecDeque;
+use std::fmt::Write as _;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
+
+use nccl_safe::cudarc::driver::{CudaContext, CudaEvent, CudaStream};
+use nccl_safe::nccl_sys::{cudaStream_t, ncclDataType_t};
+use nccl_safe::{Comm, CommStatus, OpInfo, OpObserver, WeakAbortHandle};
+
+use crate::error::{Error, Result};
+
+/// Environment variable that turns the watchdog on (`1`) or off (`0`).
+pub const WATCHDOG_ENV: &str = "NCCL_RS_WATCHDOG";
+/// Environment variable with the watchdog's timeout in seconds.
+pub const WATCHDOG_TIMEOUT_ENV: &str = "NCCL_RS_WATCHDOG_TIMEOUT";
+/// Environment variable with the flight recorder's length.
+pub const FLIGHT_RECORDER_ENV: &str = "NCCL_RS_FLIGHT_RECORDER";
+
+/// How a [`Watchdog`] behaves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WatchdogOptions {
+    timeout: Duration,
+    history: usize,
+    poll: Duration,
+    print: bool,
+}
+
+impl Default for WatchdogOptions {
+    fn default() -> Self {
+        WatchdogOptions::new()
+    }
+}
+
+impl WatchdogOptions {
+    /// Timeout 300 s, the last 64 operations kept, polled every 2 ms,
+    /// printed to stderr on failure.
+    pub fn new() -> WatchdogOptions {
+        WatchdogOptions {
+            timeout: Duration::from_secs(300),
+            history: 64,
+            poll: Duration::from_millis(2),
+            print: true,
+        }
+    }
+
+    /// How long an operation may stay unfinished before its communicator
+    /// is aborted.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// How many operations the flight recorder keeps per communicator
+    /// (at least 1).
+    pub fn history(mut self, entries: usize) -> Self {
+        self.history = entries.max(1);
+        self
+    }
+
+    /// How often the watchdog thread looks (at least 100 µs).
+    pub fn poll_interval(mut self, poll: Duration) -> Self {
+        self.poll = poll.max(Duration::from_micros(100));
+        self
+    }
+
+    /// Whether a failure prints the flight recorder to stderr (it is
+    /// always logged with `tracing` at error level and kept in the error).
+    pub fn print_on_failure(mut self, print: bool) -> Self {
+        self.print = print;
+        self
+    }
+
+    /// The configured timeout.
+    pub fn get_timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Reads `NCCL_RS_WATCHDOG` (`1`/`on`/`true` or `0`/`off`/`false`),
+    /// `NCCL_RS_WATCHDOG_TIMEOUT` (seconds, may be fractional) and
+    /// `NCCL_RS_FLIGHT_RECORDER` (entries). `Ok(None)` when the watchdog is
+    /// not turned on; a value that does not parse is an error, never
+    /// ignored.
+    pub fn from_env() -> Result<Option<WatchdogOptions>> {
+        WatchdogOptions::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// As [`WatchdogOptions::from_env`], reading variables from `lookup`.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Option<WatchdogOptions>> {
+        let bad = |name: &'static str, reason: String| Error::InvalidArgument { op: name, reason };
+        let on = match lookup(WATCHDOG_ENV).as_deref().map(str::trim) {
+            None | Some("") => {
+                // A timeout or recorder length alone also turns it on.
+                lookup(WATCHDOG_TIMEOUT_ENV).is_some() || lookup(FLIGHT_RECORDER_ENV).is_some()
+            }
+            Some("1" | "on" | "true" | "yes") => true,
+            Some("0" | "off" | "false" | "no") => false,
+            Some(other) => {
+                return Err(bad(
+                    WATCHDOG_ENV,
+                    format!("{other:?} is not 1/on/true or 0/off/false"),
+                ));
+            }
+        };
+        if !on {
+            return Ok(None);
+        }
+        let mut options = WatchdogOptions::new();
+        if let Some(v) = lookup(WATCHDOG_TIMEOUT_ENV) {
+            let secs: f64 = v
+                .trim()
+                .parse()
+                .ok()
+                .filter(|s: &f64| s.is_finite() && *s > 0.0 && *s < 1e9)
+                .ok_or_else(|| {
+                    bad(
+                        WATCHDOG_TIMEOUT_ENV,
+                        format!("{v:?} is not a positive number of seconds"),
+                    )
+                })?;
+            options = options.timeout(Duration::from_secs_f64(secs));
+        }
+        if let Some(v) = lookup(FLIGHT_RECORDER_ENV) {
+            let n: usize = v.trim().parse().ok().filter(|n| *n > 0).ok_or_else(|| {
+                bad(
+                    FLIGHT_RECORDER_ENV,
+                    format!("{v:?} is not a positive number of entries"),
+                )
+            })?;
+            options = options.history(n);
+        }
+        Ok(Some(options))
+    }
+}
+
+/// Where an operation of the flight recorder stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OpState {
+    /// Issued; its event has not completed yet.
+    InFlight,
+    /// Finished on the GPU.
+    Done,
+    /// The oldest unfinished operation when the timeout struck.
+    TimedOut,
+    /// Unfinished when the communicator was aborted.
+    Aborted,
+    /// Not tracked (no CUDA event could be recorded for it).
+    Untracked,
+}
+
+/// One operation in the flight recorder.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OpRecord {
+    /// Issue order on its communicator, from 0.
+    pub seq: u64,
+    /// The NCCL function.
+    pub op: &'static str,
+    /// Elements per rank.
+    pub count: usize,
+    /// The element type.
+    pub dtype: ncclDataType_t,
+    /// The peer or root, if the operation has one.
+    pub peer: Option<usize>,
+    /// Where it stands.
+    pub state: OpState,
+    /// When it was issued, counted from when the watch began.
+    pub issued_at: Duration,
+    /// How long it took, as the watchdog saw it (issue to event complete).
+    pub took: Option<Duration>,
+}
+
+/// What went wrong on a watched communicator.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FailureKind {
+    /// The operation did not finish within the watchdog's timeout.
+    Timeout {
+        /// The timeout.
+        deadline: Duration,
+    },
+    /// NCCL reported an asynchronous error (a peer failed, a network
+    /// error): its text.
+    AsyncError(String),
+    /// Someone else aborted the communicator while work was unfinished.
+    Aborted,
+}
+
+/// A watched communicator's failure: which communicator, which operation,
+/// what happened, and the flight recorder at that moment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Failure {
+    /// The label the communicator was watched under.
+    pub comm: String,
+    /// The operation that was unfinished (the oldest one), or the last one
+    /// issued when none was unfinished.
+    pub op: &'static str,
+    /// Its sequence number.
+    pub seq: u64,
+    /// What happened.
+    pub kind: FailureKind,
+    /// How long after the operation was issued the watchdog acted.
+    pub after: Duration,
+    /// The flight recorder, oldest first.
+    pub history: Vec<OpRecord>,
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let what = match &self.kind {
+            FailureKind::Timeout { deadline } => format!("timed out (deadline {deadline:?})"),
+            FailureKind::AsyncError(e) => format!("failed: {e}"),
+            FailureKind::Aborted => "was aborted".to_string(),
+        };
+        write!(
+            f,
+            "communicator {:?}: {} #{} {} after {:?}; the communicator was aborted",
+            self.comm, self.op, self.seq, what, self.after
+        )
+    }
+}
+
+impl Failure {
+    /// The flight recorder as a table, one operation per line.
+    pub fn render_history(&self) -> String {
+        render(&self.comm, &self.history)
+    }
+}
+
+fn render(label: &str, history: &[OpRecord]) -> String {
+    let mut out = format!(
+        "flight recorder of {label:?} (last {} ops):\n  {:>6} {:<22} {:>12} {:>10} {:>5} {:<9} {:>12} {:>12}\n",
+        history.len(),
+        "seq",
+        "op",
+        "count",
+        "dtype",
+        "peer",
+        "state",
+        "issued_at",
+        "took"
+    );
+    for r in history {
+        let peer = r.peer.map_or("-".to_string(), |p| p.to_string());
+        let took = r.took.map_or("-".to_string(), |t| format!("{t:.1?}"));
+        let _ = writeln!(
+            out,
+            "  {:>6} {:<22} {:>12} {:>10} {:>5} {:<9} {:>12} {:>12}",
+            r.seq,
+            r.op,
+            r.count,
+            format!("{:?}", r.dtype)
+                .trim_start_matches("ncclDataType_t(")
+                .trim_end_matches(')'),
+            peer,
+            format!("{:?}", r.state),
+            format!("{:.1?}", r.issued_at),
+            took
+        );
+    }
+    out
+}
+
+struct InFlight {
+    seq: u64,
+    event: CudaEvent,
+    issued: Instant,
+}
+
+#[derive(Default)]
+struct WatchState {
+    next_seq: u64,
+    in_flight: VecDeque<InFlight>,
+    history: VecDeque<OpRecord>,
+    spare: Vec<CudaEvent>,
+    failure: Option<Failure>,
+}
+
+impl WatchState {
+    fn record_mut(&mut self, seq: u64) -> Option<&mut OpRecord> {
+        let first = self.history.front()?.seq;
+        let index = usize::try_from(seq.checked_sub(first)?).ok()?;
+        self.history.get_mut(index)
+    }
+}
+
+/// One watched communicator: the observer set on it.
+struct Watch {
+    label: String,
+    registry: Arc<Registry>,
+    abort: WeakAbortHandle,
+    ctx: Arc<CudaContext>,
+    options: WatchdogOptions,
+    began: Instant,
+    state: Mutex<WatchState>,
+    changed: Condvar,
+}
+
+impl Watch {
+    fn lock(&self) -> MutexGuard<'_, WatchState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn event_on(&self, spare: Option<CudaEvent>, stream: cudaStream_t) -> Option<CudaEvent> {
+        let event = match spare {
+            Some(e) => e,
+            None => self.ctx.new_event(None).ok()?,
+        };
+        // SAFETY: the event and the stream belong to this communicator's
+        // context (NCCL just enqueued on the stream with it current); the
+        // event outlives the record.
+        unsafe {
+            nccl_safe::cudarc::driver::result::event::record(event.cu_event(), stream as _).ok()?;
+        }
+        Some(event)
+    }
+
+    /// One look: finished operations, the timeout, NCCL's async error.
+    fn poll(&self) {
+        let timed_out = {
+            let mut st = self.lock();
+            if st.failure.is_some() {
+                return;
+            }
+            while let Some(front) = st.in_flight.front() {
+                if !matches!(front.event.try_is_complete(), Ok(true)) {
+                    break;
+                }
+                let Some(done) = st.in_flight.pop_front() else {
+                    break;
+                };
+                let took = done.issued.elapsed();
+                if let Some(r) = st.record_mut(done.seq) {
+                    r.state = OpState::Done;
+                    r.took = Some(took);
+                }
+                st.spare.push(done.event);
+                self.changed.notify_all();
+            }
+            st.in_flight
+                .front()
+                .is_some_and(|f| f.issued.elapsed() >= self.options.timeout)
+        };
+        if timed_out {
+            self.fail(FailureKind::Timeout {
+                deadline: self.options.timeout,
+            });
+            return;
+        }
+        let Some(handle) = self.abort.upgrade() else {
+            return;
+        };
+        match handle.status() {
+            Ok(CommStatus::Failed(e)) => self.fail(FailureKind::AsyncError(e.to_string())),
+            Err(nccl_safe::Error::Aborted { .. }) if !self.lock().in_flight.is_empty() => {
+                self.fail(FailureKind::Aborted)
+            }
+            _ => {}
+        }
+    }
+
+    fn fail(&self, kind: FailureKind) {
+        let failure = {
+            let mut st = self.lock();
+            if st.failure.is_some() {
+                return;
+            }
+            let (seq, issued) = match st.in_flight.front() {
+                Some(f) => (f.seq, f.issued),
+                None => (st.next_seq.saturating_sub(1), Instant::now()),
+            };
+            let first = matches!(kind, FailureKind::Timeout { .. });
+            let unfinished: Vec<u64> = st.in_flight.iter().map(|f| f.seq).collect();
+            for (i, s) in unfinished.into_iter().enumerate() {
+                if let Some(r) = st.record_mut(s) {
+                    r.state = if i == 0 && first {
+                        OpState::TimedOut
+                    } else {
+                        OpState::Aborted
+                    };
+                }
+            }
+            let op = st.record_mut(seq).map_or("(none)", |r| r.op);
+            let failure = Failure {
+                comm: self.label.clone(),
+                op,
+                seq,
+                kind,
+                after: issued.elapsed(),
+                history: st.history.iter().cloned().collect(),
+            };
+            st.failure = Some(failure.clone());
+            failure
+        };
+        // Abort outside our lock: the issuing thread may be waiting for it.
+        if let Some(handle) = self.abort.upgrade() {
+            let _ = handle.abort();
+        }
+        tracing::error!(comm = %failure.comm, op = failure.op, seq = failure.seq, "{failure}");
+        if self.options.print {
+            eprintln!(
+                "nccl-dist watchdog: {failure}\n{}",
+                failure.render_history()
+            );
+        }
+        self.changed.notify_all();
+    }
+}
+
+impl OpObserver for Watch {
+    fn issued(&self, info: &OpInfo, stream: cudaStream_t) {
+        let mut st = self.lock();
+        let seq = st.next_seq;
+        st.next_seq += 1;
+        let spare = st.spare.pop();
+        let event = self.event_on(spare, stream);
+        let tracked = event.is_some() && st.failure.is_none();
+        st.history.push_back(OpRecord {
+            seq,
+            op: info.op,
+            count: info.count,
+            dtype: info.dtype,
+            peer: info.peer,
+            state: if tracked {
+                OpState::InFlight
+            } else {
+                OpState::Untracked
+            },
+            issued_at: self.began.elapsed(),
+            took: None,
+        });
+        while st.history.len() > self.options.history {
+            st.history.pop_front();
+        }
+        if let (Some(event), true) = (event, tracked) {
+            st.in_flight.push_back(InFlight {
+                seq,
+                event,
+                issued: Instant::now(),
+            });
+        }
+    }
+
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
+}
+
+struct Registry {
+    watches: Mutex<Vec<Weak<Watch>>>,
+    options: WatchdogOptions,
+}
+
+/// A background thread that watches communicators (see the module docs).
+/// Cheap to clone; the thread ends when the last clone and the last
+/// watched communicator are gone.
+#[derive(Clone)]
+pub struct Watchdog {
+    registry: Arc<Registry>,
+}
+
+impl std::fmt::Debug for Watchdog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Watchdog")
+            .field("options", &self.registry.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Watchdog {
+    /// Starts the watchdog thread.
+    pub fn start(options: WatchdogOptions) -> Result<Watchdog> {
+        let registry = Arc::new(Registry {
+            watches: Mutex::new(Vec::new()),
+            options,
+        });
+        let weak = Arc::downgrade(&registry);
+        std::thread::Builder::new()
+            .name("nccl-watchdog".into())
+            .spawn(move || watch_loop(weak))
+            .map_err(|e| Error::InvalidArgument {
+                op: "Watchdog::start",
+                reason: format!("cannot start the watchdog thread: {e}"),
+            })?;
+        Ok(Watchdog { registry })
+    }
+
+    /// The options it runs with.
+    pub fn options(&self) -> &WatchdogOptions {
+        &self.registry.options
+    }
+
+    /// Watches `comm` under `label` from its next operation on, replacing
+    /// any observer it had. The watch ends when `comm` is dropped.
+    pub fn watch(&self, comm: &Comm, label: impl Into<String>) -> Watched {
+        let watch = Arc::new(Watch {
+            label: label.into(),
+            registry: Arc::clone(&self.registry),
+            abort: comm.abort_handle().downgrade(),
+            ctx: Arc::clone(comm.stream().context()),
+            options: self.registry.options.clone(),
+            began: Instant::now(),
+            state: Mutex::new(WatchState::default()),
+            changed: Condvar::new(),
+        });
+        comm.set_observer(Some(watch.clone()));
+        let mut watches = self
+            .registry
+            .watches
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        watches.retain(|w| w.strong_count() > 0);
+        watches.push(Arc::downgrade(&watch));
+        Watched { watch }
+    }
+}
+
+fn watch_loop(registry: Weak<Registry>) {
+    loop {
+        let (watches, poll) = {
+            let Some(registry) = registry.upgrade() else {
+                return;
+            };
+            let watches: Vec<Arc<Watch>> = registry
+                .watches
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .filter_map(Weak::upgrade)
+                .collect();
+            (watches, registry.options.poll)
+        };
+        for watch in &watches {
+            watch.poll();
+        }
+        drop(watches);
+        std::thread::sleep(poll);
+    }
+}
+
+/// The handle of one watched communicator: its flight recorder and its
+/// failure, and waits that wake on it.
+#[derive(Clone)]
+pub struct Watched {
+    watch: Arc<Watch>,
+}
+
+impl std::fmt::Debug for Watched {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Watched")
+            .field("label", &self.watch.label)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Watched {
+    /// The watch of `comm`, if a [`Watchdog`] watches it.
+    pub fn of(comm: &Comm) -> Option<Watched> {
+        let observer = comm.observer()?;
+        let any = observer.as_any()?;
+        any.downcast_ref::<Watch>()?;
+        // The observer is the `Arc<Watch>` that `watch` set: rebuild it.
+        let raw = Arc::into_raw(observer) as *const Watch;
+        // SAFETY: the downcast above proved the allocation holds a `Watch`;
+        // `raw` came from `Arc::into_raw` of that allocation, whose strong
+        // count it carries.
+        let watch = unsafe { Arc::from_raw(raw) };
+        Some(Watched { watch })
+    }
+
+    /// The label given to [`Watchdog::watch`].
+    pub fn label(&self) -> &str {
+        &self.watch.label
+    }
+
+    /// The failure, once there was one.
+    pub fn failure(&self) -> Option<Failure> {
+        self.watch.lock().failure.clone()
+    }
+
+    /// The flight recorder now, oldest first.
+    pub fn history(&self) -> Vec<OpRecord> {
+        self.watch.lock().history.iter().cloned().collect()
+    }
+
+    /// The flight recorder as a table.
+    pub fn render_history(&self) -> String {
+        render(&self.watch.label, &self.history())
+    }
+
+    /// The sequence number the next operation will get.
+    pub fn next_seq(&self) -> u64 {
+        self.watch.lock().next_seq
+    }
+
+    /// Waits until every operation issued so far has finished: `Ok`, or
+    /// [`Error::Watchdog`] as soon as the watchdog acts (it wakes this
+    /// wait). The watchdog's timeout bounds it.
+    pub fn wait_idle(&self) -> Result<()> {
+        let mut st = self.watch.lock();
+        loop {
+            if let Some(f) = &st.failure {
+                return Err(Error::Watchdog(Box::new(f.clone())));
+            }
+            if st.in_flight.is_empty() {
+                return Ok(());
+            }
+            // The watchdog thread notifies on progress and failure; the
+            // timed wait covers an untracked end (the comm dropped).
+            st = self
+                .watch
+                .changed
+                .wait_timeout(st, self.watch.options.poll * 4)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|p| p.into_inner().0);
+            if self.watch.abort.upgrade().is_none() {
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// Waits for the work queued so far on `stream` ([`Comm::synchronize`]:
+/// bounded by the communicator's timeout, checking NCCL's async error). On
+/// a watched communicator, a failure the watchdog handled comes back as
+/// [`Error::Watchdog`], naming the operation and its sequence number.
+pub fn synchronize(comm: &Comm, stream: &CudaStream) -> Result<()> {
+    comm.synchronize(stream).map_err(|e| explain(comm, e))
+}
+
+/// `err` from `comm`, as the watchdog's failure when it has one.
+pub(crate) fn explain(comm: &Comm, err: nccl_safe::Error) -> Error {
+    match Watched::of(comm).and_then(|w| w.failure()) {
+        Some(failure) => Error::Watchdog(Box::new(failure)),
+        None => Error::Nccl(err),
+    }
+}
+
+/// Watches `child` (split from `parent`) with `parent`'s watchdog, if it
+/// has one, under `parent`'s label and `suffix`.
+pub(crate) fn inherit(parent: &Comm, child: &Comm, suffix: &str) {
+    if let Some(w) = Watched::of(parent) {
+        let label = format!("{}/{suffix}", w.watch.label);
+        Watchdog {
+            registry: Arc::clone(&w.watch.registry),
+        }
+        .watch(child, label);
+    }
+}
