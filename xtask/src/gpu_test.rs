@@ -11,7 +11,11 @@
 //!                      [--timeout SECS] [--out DIR]
 //! cargo xtask gpu-test --bundle DIR          # pack binaries + xtask for a host without cargo
 //! DIR/xtask gpu-test --from-bundle DIR ...   # run there
+//! cargo xtask gpu-test --faults [--filter TEXT]  # the fault-injection suite
 //! ```
+//!
+//! `--faults` runs `nccl-dist`'s fault-injection cases instead of the
+//! matrix, a process per GPU (up to 4): see `faults.rs`.
 //!
 //! Without `--worlds`, the sizes 1, 2 and 4 that the host has are run; an
 //! explicit world larger than the host's GPU count is an error, as is a
@@ -38,6 +42,10 @@ const TARGETS: &[(&str, &str, &str, bool)] = &[
     ("nccl-dist", "gpu", "nccl-dist-gpu", true),
 ];
 
+/// The fault-injection suite (`--faults`): package, test target, name in
+/// the bundle.
+const FAULTS: (&str, &str, &str) = ("nccl-dist", "faults", "nccl-dist-faults");
+
 /// Examples packed into a bundle (`DIR/examples/NAME`), for
 /// `DIR/xtask launch` and torchrun on the GPU host.
 pub const EXAMPLES: &[&str] = &["dp_allreduce", "mesh_2d"];
@@ -54,6 +62,7 @@ struct Options {
     out: PathBuf,
     bundle: Option<PathBuf>,
     from_bundle: Option<PathBuf>,
+    faults: bool,
 }
 
 fn parse(args: &[&str]) -> Result<Options> {
@@ -66,6 +75,7 @@ fn parse(args: &[&str]) -> Result<Options> {
         out: workspace_root().join("target/gpu-test"),
         bundle: None,
         from_bundle: None,
+        faults: false,
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -115,6 +125,7 @@ fn parse(args: &[&str]) -> Result<Options> {
             "--out" => o.out = PathBuf::from(value()?),
             "--bundle" => o.bundle = Some(PathBuf::from(value()?)),
             "--from-bundle" => o.from_bundle = Some(PathBuf::from(value()?)),
+            "--faults" => o.faults = true,
             other => return Err(format!("unknown gpu-test argument {other:?}").into()),
         }
     }
@@ -126,12 +137,23 @@ pub fn run(args: &[&str]) -> Result<()> {
     if let Some(dir) = &o.bundle {
         return bundle(dir);
     }
+    if o.faults {
+        let binary = match &o.from_bundle {
+            Some(dir) => dir.join("tests").join(FAULTS.2),
+            None => build_tests(&[(FAULTS.0, FAULTS.1)])?.remove(0),
+        };
+        if !binary.exists() {
+            return Err(format!("test binary {} is missing", binary.display()).into());
+        }
+        let timeout = o.timeout.min(Duration::from_secs(180));
+        return crate::faults::run(&binary, gpu_count(), o.filter.as_deref(), timeout, &o.out);
+    }
     let binaries = match &o.from_bundle {
         Some(dir) => TARGETS
             .iter()
             .map(|(_, _, name, _)| dir.join("tests").join(name))
             .collect(),
-        None => build_tests()?,
+        None => build_tests(&matrix_targets())?,
     };
     for b in &binaries {
         if !b.exists() {
@@ -141,10 +163,14 @@ pub fn run(args: &[&str]) -> Result<()> {
     matrix(&o, &binaries)
 }
 
-/// Builds the GPU test binaries in release mode, stripped; returns their paths.
-fn build_tests() -> Result<Vec<PathBuf>> {
+fn matrix_targets() -> Vec<(&'static str, &'static str)> {
+    TARGETS.iter().map(|(p, t, _, _)| (*p, *t)).collect()
+}
+
+/// Builds test binaries in release mode, stripped; returns their paths.
+fn build_tests(targets: &[(&str, &str)]) -> Result<Vec<PathBuf>> {
     let mut paths = Vec::new();
-    for (package, target, _, _) in TARGETS {
+    for (package, target) in targets {
         eprintln!("xtask: building {package} --test {target} (release)");
         let out = cargo()
             .args([
@@ -188,9 +214,12 @@ fn json_string(line: &str, key: &str) -> Option<String> {
 
 /// Packs the test binaries and a release build of xtask into `dir`.
 fn bundle(dir: &Path) -> Result<()> {
-    let binaries = build_tests()?;
+    let mut targets = matrix_targets();
+    targets.push((FAULTS.0, FAULTS.1));
+    let binaries = build_tests(&targets)?;
     std::fs::create_dir_all(dir.join("tests"))?;
-    for (path, (_, _, name, _)) in binaries.iter().zip(TARGETS) {
+    let names = TARGETS.iter().map(|t| t.2).chain([FAULTS.2]);
+    for (path, name) in binaries.iter().zip(names) {
         std::fs::copy(path, dir.join("tests").join(name))?;
     }
     eprintln!("xtask: building the examples (release) for the bundle");
@@ -230,7 +259,7 @@ fn bundle(dir: &Path) -> Result<()> {
 }
 
 /// The ignored tests a libtest binary lists.
-fn list_tests(binary: &Path) -> Result<Vec<String>> {
+pub(crate) fn list_tests(binary: &Path) -> Result<Vec<String>> {
     let out = Command::new(binary)
         .args(["--list", "--ignored"])
         .output()?;

@@ -11,6 +11,7 @@
 //! ```
 
 mod bindgen;
+mod faults;
 mod fetch;
 mod gpu_test;
 mod launch;
@@ -34,6 +35,7 @@ commands:
                     run the GPU test matrix (fails without the GPUs asked for)
   gpu-test --bundle DIR        pack the GPU tests, examples and xtask for a host without cargo
   gpu-test --from-bundle DIR   run a bundle's tests (on the GPU host)
+  gpu-test --faults [--filter TEXT]   the fault-injection suite (a process per GPU, up to 4)
   launch -n N [--timeout SECS] (--example NAME | PROGRAM) [--] [ARGS]
                     run N processes on this machine with the torchrun variables
                     and a fresh NCCL_RS_SECRET (World::init() picks them up)";
