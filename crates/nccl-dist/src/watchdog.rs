@@ -667,8 +667,12 @@ pub fn synchronize(comm: &Comm, stream: &CudaStream) -> Result<()> {
     comm.synchronize(stream).map_err(|e| explain(comm, e))
 }
 
-/// `err` from `comm`, as the watchdog's failure when it has one.
-pub(crate) fn explain(comm: &Comm, err: nccl_safe::Error) -> Error {
+/// An error from an operation on `comm` (its enqueue or a wait), as the
+/// watchdog's [`Failure`] when the watchdog has acted on `comm`; otherwise
+/// unchanged. An enqueue that NCCL keeps in progress (a peer that never
+/// joins the connection setup) ends in `Aborted` when the watchdog aborts;
+/// this names the operation that timed out instead.
+pub fn explain(comm: &Comm, err: nccl_safe::Error) -> Error {
     match Watched::of(comm).and_then(|w| w.failure()) {
         Some(failure) => Error::Watchdog(Box::new(failure)),
         None => Error::Nccl(err),

@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use nccl_safe::cudarc::driver::CudaContext;
-use nccl_safe::{Comm, Config, Topology, UniqueId};
+use nccl_safe::{Comm, Config, Encryption, PresharedKey, Topology, UniqueId};
 
 use crate::error::{Error, Result};
 use crate::launch::{Launch, Launcher};
@@ -52,6 +52,7 @@ pub struct WorldOptions {
     device: Option<usize>,
     port: Option<u16>,
     watchdog: Option<WatchdogOptions>,
+    encryption: Option<Encryption>,
 }
 
 impl Default for WorldOptions {
@@ -74,7 +75,16 @@ impl WorldOptions {
             device: None,
             port: None,
             watchdog: None,
+            encryption: None,
         }
+    }
+
+    /// Encrypt NCCL's socket traffic ([`nccl_safe::set_encryption`],
+    /// NCCL 2.32+) before the communicator is made, instead of what
+    /// `NCCL_RS_ENCRYPTION` says. An older library makes `init` fail.
+    pub fn encryption(mut self, encryption: Encryption) -> Self {
+        self.encryption = Some(encryption);
+        self
     }
 
     /// Watch the world's communicator, and every communicator split from
@@ -164,6 +174,46 @@ pub fn default_config() -> Config {
     Config::new().blocking(false)
 }
 
+/// Environment variable: `psk` encrypts NCCL's sockets with the key in
+/// [`PSK_ENV`]; `none` or unset leaves them as NCCL has them.
+pub const ENCRYPTION_ENV: &str = "NCCL_RS_ENCRYPTION";
+/// Environment variable with the pre-shared key for [`ENCRYPTION_ENV`].
+pub const PSK_ENV: &str = "NCCL_RS_PSK";
+
+/// The encryption the environment asks for: `None` when it asks for none.
+/// `psk` without a usable key is an error, never plaintext.
+pub fn encryption_from_lookup(
+    lookup: impl Fn(&str) -> Option<String>,
+) -> Result<Option<Encryption>> {
+    let bad = |reason: String| Error::InvalidArgument {
+        op: ENCRYPTION_ENV,
+        reason,
+    };
+    match lookup(ENCRYPTION_ENV).as_deref().map(str::trim) {
+        None | Some("" | "none") => Ok(None),
+        Some("psk") => {
+            let key = lookup(PSK_ENV)
+                .filter(|k| !k.is_empty())
+                .ok_or_else(|| bad(format!("psk encryption needs the key in {PSK_ENV}")))?;
+            let key = PresharedKey::new(key).map_err(|e| bad(format!("{PSK_ENV}: {e}")))?;
+            Ok(Some(Encryption::Psk(key)))
+        }
+        Some(other) => Err(bad(format!("{other:?} is not `psk` or `none`"))),
+    }
+}
+
+/// Applies the encryption `options` ask for, else the environment's.
+fn apply_encryption(options: Option<&Encryption>) -> Result<()> {
+    let encryption = match options {
+        Some(e) => Some(e.clone()),
+        None => encryption_from_lookup(|k| std::env::var(k).ok())?,
+    };
+    if let Some(e) = encryption {
+        nccl_safe::set_encryption(&e)?;
+    }
+    Ok(())
+}
+
 /// The watchdog `options` ask for, else the environment's; started.
 fn start_watchdog(options: Option<&WatchdogOptions>) -> Result<Option<Watchdog>> {
     let options = match options {
@@ -236,6 +286,7 @@ impl World {
             device
         )
         .entered();
+        apply_encryption(options.encryption.as_ref())?;
         let id = if launch.world_size == 1 {
             UniqueId::new()?
         } else {
@@ -313,6 +364,7 @@ impl World {
         check_devices("World::local", devices)?;
         let n = devices.len();
         let watchdog = start_watchdog(None)?;
+        apply_encryption(None)?;
         Ok(Comm::init_all(devices, config)?
             .into_iter()
             .enumerate()
@@ -355,6 +407,7 @@ impl World {
     ) -> Result<Vec<R>> {
         check_devices("World::spawn_local", devices)?;
         let n = devices.len();
+        apply_encryption(None)?;
         let id = UniqueId::new()?;
         let watchdog = start_watchdog(None)?;
         let (id, f, watchdog) = (&id, &f, &watchdog);
@@ -454,5 +507,52 @@ impl World {
     /// Where this rank's place in the job came from.
     pub fn launch(&self) -> &Launch {
         &self.launch
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+        move |k| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    #[test]
+    fn psk_without_a_key_is_an_error_never_plaintext() {
+        assert_eq!(encryption_from_lookup(env(&[])).unwrap(), None);
+        assert_eq!(
+            encryption_from_lookup(env(&[("NCCL_RS_ENCRYPTION", "none")])).unwrap(),
+            None
+        );
+        for bad in [
+            &[("NCCL_RS_ENCRYPTION", "psk")][..],
+            &[("NCCL_RS_ENCRYPTION", "psk"), ("NCCL_RS_PSK", "")],
+            &[("NCCL_RS_ENCRYPTION", "psk"), ("NCCL_RS_PSK", "short")],
+            &[("NCCL_RS_ENCRYPTION", "tls")],
+        ] {
+            let pairs: &'static [(&'static str, &'static str)] = bad;
+            assert!(
+                matches!(
+                    encryption_from_lookup(env(pairs)),
+                    Err(Error::InvalidArgument {
+                        op: "NCCL_RS_ENCRYPTION",
+                        ..
+                    })
+                ),
+                "{bad:?}"
+            );
+        }
+        let ok = encryption_from_lookup(env(&[
+            ("NCCL_RS_ENCRYPTION", "psk"),
+            ("NCCL_RS_PSK", "0123456789abcdef0123"),
+        ]))
+        .unwrap();
+        assert!(matches!(ok, Some(Encryption::Psk(_))));
     }
 }

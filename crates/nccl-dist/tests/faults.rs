@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use nccl_dist::nccl_safe::cudarc::driver::{CudaContext, CudaSlice, result, sys};
 use nccl_dist::nccl_safe::{self, ReduceOp};
-use nccl_dist::{Error, Launch, WatchdogOptions, World, WorldOptions, default_config};
+use nccl_dist::{Error, FailureKind, Launch, WatchdogOptions, World, WorldOptions, default_config};
 
 type TestResult<T = ()> = Result<T, Box<dyn StdError + Send + Sync>>;
 
@@ -132,9 +132,15 @@ fn cuda(source: nccl_dist::nccl_safe::cudarc::driver::DriverError) -> nccl_safe:
 /// What kind of error `e` is, for the table.
 fn kind(e: &Error) -> String {
     match e {
-        Error::Watchdog(f) => format!("Watchdog({:?} {} #{})", f.kind, f.op, f.seq)
-            .replace("Timeout { deadline: ", "Timeout(deadline ")
-            .replace(" })", ")"),
+        Error::Watchdog(f) => {
+            let what = match &f.kind {
+                FailureKind::Timeout { .. } => "timeout".to_string(),
+                FailureKind::AsyncError(e) => format!("async error {e}"),
+                FailureKind::Aborted => "aborted".to_string(),
+                _ => "other".to_string(),
+            };
+            format!("Watchdog: {what} of {} #{}", f.op, f.seq)
+        }
         Error::Nccl(nccl_safe::Error::Timeout { op, .. }) => format!("Timeout({op})"),
         Error::Nccl(nccl_safe::Error::Aborted { op }) => format!("Aborted({op})"),
         Error::Nccl(nccl_safe::Error::Nccl { code, op, .. }) => format!("Nccl({op}: {code:?})"),
@@ -268,9 +274,11 @@ fn run(case: &'static str, body: impl FnOnce(&mut Rank) -> TestResult) {
     let _ = r.note("pass", "yes");
 }
 
-/// (a) The victim kills itself with SIGKILL right after enqueueing two
-/// large all-reduces; every survivor's wait ends in an error within the
-/// deadline, a kernel still runs, and the survivors rebuild a world.
+/// (a) The victim enqueues 20 large all-reduces and kills itself with
+/// SIGKILL while they run; the others enqueue 40 (a killed process's
+/// queued kernels may still finish, so only the extra ones are sure to
+/// starve). Every survivor's wait ends in an error within the deadline, a
+/// kernel still runs, and the survivors rebuild a world.
 #[test]
 #[ignore]
 fn a_sigkill_mid_all_reduce() {
@@ -280,13 +288,21 @@ fn a_sigkill_mid_all_reduce() {
         let comm = world.comm();
         let mut buf = comm.stream().alloc_zeros::<f32>(BIG)?;
         let since = Instant::now();
-        comm.all_reduce_in_place(&mut buf, ReduceOp::Sum)?;
-        comm.all_reduce_in_place(&mut buf, ReduceOp::Sum)?;
+        let ops = if r.is_victim() { 20 } else { 40 };
+        let mut issued = Ok(());
+        for _ in 0..ops {
+            issued = comm.all_reduce_in_place(&mut buf, ReduceOp::Sum);
+            if issued.is_err() {
+                break;
+            }
+        }
         if r.is_victim() {
             // SAFETY: signals this process.
             unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
         }
-        let waited = nccl_dist::synchronize(comm, comm.stream());
+        let waited = issued
+            .map_err(|e| nccl_dist::watchdog::explain(comm, e))
+            .and_then(|()| nccl_dist::synchronize(comm, comm.stream()));
         expect_error(r, waited, since, DEADLINE + Duration::from_secs(2))?;
         drop(buf);
         drop(world);
@@ -330,12 +346,15 @@ fn mismatch(r: &mut Rank, op: impl FnOnce(&World) -> nccl_safe::Result<()>) -> T
     checked_all_reduce(&world, 1024)?;
     let since = Instant::now();
     let comm = world.comm();
-    op(&world)?;
-    let waited = nccl_dist::synchronize(comm, comm.stream()).and_then(|()| {
-        let mut token = comm.stream().alloc_zeros::<i32>(1).map_err(cuda)?;
-        comm.all_reduce_in_place(&mut token, ReduceOp::Sum)?;
-        nccl_dist::synchronize(comm, comm.stream())
-    });
+    let waited = op(&world)
+        .map_err(|e| nccl_dist::watchdog::explain(comm, e))
+        .and_then(|()| nccl_dist::synchronize(comm, comm.stream()))
+        .and_then(|()| {
+            let mut token = comm.stream().alloc_zeros::<i32>(1).map_err(cuda)?;
+            comm.all_reduce_in_place(&mut token, ReduceOp::Sum)
+                .map_err(|e| nccl_dist::watchdog::explain(comm, e))?;
+            nccl_dist::synchronize(comm, comm.stream())
+        });
     expect_error(r, waited, since, 2 * DEADLINE + Duration::from_secs(2))?;
     drop(world);
     kernel_runs(r.rank)?;

@@ -507,6 +507,7 @@ pub(crate) fn require_cuda_driver() -> Result<()> {
 
 impl Comm {
     fn parts(device: usize, config: &Config) -> Result<(Parts, RawConfig)> {
+        crate::secrecy::check_comm_id_env("communicator init")?;
         let lib = Library::get()?;
         require_cuda_driver()?;
         if !config.is_blocking() {
@@ -855,7 +856,8 @@ impl Comm {
             })?;
         let _span = tracing::debug_span!("nccl.split", comms = comms.len()).entered();
         let split = lib.raw().ncclCommSplit()?;
-        Comm::grouped_children(OP, comms, config, |i, raw, slot, config_ptr| {
+        let expected: Vec<bool> = colors.iter().map(|&c| c != NCCL_SPLIT_NOCOLOR).collect();
+        Comm::grouped_children(OP, comms, &expected, config, |i, raw, slot, config_ptr| {
             // SAFETY: `raw` is live; `slot` and the config (null or valid)
             // stay valid until after the group ends.
             unsafe { split(raw, colors[i], keys[i], slot, config_ptr) }
@@ -869,6 +871,7 @@ impl Comm {
     fn grouped_children(
         op: &'static str,
         comms: &[&Comm],
+        expected: &[bool],
         config: Option<&Config>,
         mut call: impl FnMut(
             usize,
@@ -911,9 +914,25 @@ impl Comm {
                 failure = Some(e);
                 break;
             }
+            if !comm.shared.blocking {
+                crate::group::touch(&comm.shared);
+            }
             parts.push(Parts::child_of(&comm.shared, config));
         }
         let ended = group.end();
+        // A nonblocking parent's child handle is written by NCCL's
+        // background job when it finishes, after the group end returned.
+        let timeout = first.shared.timeout;
+        if failure.is_none() && ended.is_ok() && !Comm::await_slots(&slots, expected, timeout) {
+            // NCCL may still write into the slots and configs: leak them
+            // rather than let it write into freed memory.
+            std::mem::forget(slots);
+            std::mem::forget(raw_configs);
+            return Err(Error::Timeout {
+                op,
+                waited: timeout,
+            });
+        }
         drop(raw_configs);
         let children: Vec<(ncclComm_t, Parts)> = slots.into_iter().zip(parts).collect();
         if let Some(e) = failure.or(ended.err()) {
@@ -935,6 +954,28 @@ impl Comm {
             }
         }
         Ok(out)
+    }
+
+    /// Waits (up to `timeout`) until every expected slot holds a handle.
+    fn await_slots(slots: &[ncclComm_t], expected: &[bool], timeout: Duration) -> bool {
+        let started = Instant::now();
+        let mut pause = Duration::from_micros(5);
+        loop {
+            let missing = slots.iter().zip(expected).any(|(slot, &want)| {
+                // SAFETY: a valid element of `slots`; NCCL's job may write it
+                // concurrently, hence the volatile read of a pointer-sized
+                // value.
+                want && unsafe { std::ptr::read_volatile(slot) }.is_null()
+            });
+            if !missing {
+                return true;
+            }
+            if started.elapsed() >= timeout {
+                return false;
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(1));
+        }
     }
 
     /// `ncclCommShrink`: a new communicator without the ranks in `exclude`
@@ -1006,11 +1047,17 @@ impl Comm {
                 .entered();
         let shrink = lib.raw().ncclCommShrink()?;
         // `excluded` outlives the group inside `grouped_children`.
-        Comm::grouped_children(OP, comms, config, |_, raw, slot, config_ptr| {
-            // SAFETY: `raw` is live; the exclude list (`count` ints), the
-            // slot and the config stay valid until after the group ends.
-            unsafe { shrink(raw, list, count, slot, config_ptr, flags) }
-        })
+        Comm::grouped_children(
+            OP,
+            comms,
+            &vec![true; comms.len()],
+            config,
+            |_, raw, slot, config_ptr| {
+                // SAFETY: `raw` is live; the exclude list (`count` ints), the
+                // slot and the config stay valid until after the group ends.
+                unsafe { shrink(raw, list, count, slot, config_ptr, flags) }
+            },
+        )
     }
 
     /// `ncclCommGetUniqueId`: an id for growing this communicator (root

@@ -54,6 +54,7 @@ mod library;
 mod memory;
 mod observe;
 mod reduce_op;
+mod secrecy;
 mod topology;
 mod unique_id;
 mod validate;
@@ -70,6 +71,9 @@ pub use library::Library;
 pub use memory::{NcclMemory, Registration, Window};
 pub use observe::{OpInfo, OpObserver};
 pub use reduce_op::{PreMulSum, ReduceOp, Reduction};
+pub use secrecy::{
+    ALLOW_COMM_ID_ENV, COMM_ID_ENV, Encryption, MIN_PSK_BYTES, PresharedKey, set_encryption,
+};
 pub use topology::{
     Gpu, Island, Link, NvmlStatus, PcieLevel, Topology, copy_peer, copy_peer_async,
 };

@@ -20,8 +20,11 @@ impl UniqueId {
     /// Size of the id in bytes.
     pub const BYTES: usize = NCCL_UNIQUE_ID_BYTES;
 
-    /// A fresh id from `ncclGetUniqueId`. Needs no GPU.
+    /// A fresh id from `ncclGetUniqueId`. Needs no GPU. Refused while
+    /// `NCCL_COMM_ID` is set, unless `NCCL_RS_ALLOW_COMM_ID=1` (see
+    /// [`crate::COMM_ID_ENV`]).
     pub fn new() -> Result<UniqueId> {
+        crate::secrecy::check_comm_id_env("ncclGetUniqueId")?;
         let lib = Library::get()?;
         let get = lib.raw().ncclGetUniqueId()?;
         let mut id = ncclUniqueId::zeroed();

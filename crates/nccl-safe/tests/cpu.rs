@@ -146,3 +146,63 @@ fn groups_nest_and_a_dropped_guard_still_ends_its_group() {
     // And a fresh group still works afterwards: no group was left open.
     group(|_| Ok(())).expect("a new group");
 }
+
+#[test]
+fn encryption_is_set_or_refused_never_silently_plaintext() {
+    let Some(lib) = library() else { return };
+    let key = nccl_safe::PresharedKey::new("a-job-wide-key-of-32-bytes-00000").expect("key");
+    let result = nccl_safe::set_encryption(&nccl_safe::Encryption::Psk(key));
+    if lib.capabilities().has(Feature::Encryption) {
+        // A TLS-enabled build accepts it; one without TLS answers with its
+        // NCCL error, which must reach the caller.
+        match &result {
+            Ok(()) => {}
+            Err(Error::Nccl { op, .. }) => assert_eq!(*op, "ncclSetEncryption"),
+            Err(other) => panic!("unexpected {other:?}"),
+        }
+        eprintln!(
+            "ncclSetEncryption with a PSK on NCCL {}: {result:?}",
+            lib.version()
+        );
+        nccl_safe::set_encryption(&nccl_safe::Encryption::Plaintext).expect("back to plaintext");
+    } else {
+        assert!(
+            matches!(result, Err(Error::Unsupported { .. })),
+            "{result:?}"
+        );
+    }
+}
+
+#[test]
+fn nccl_comm_id_is_refused_unless_allowed() {
+    if library().is_none() {
+        return;
+    }
+    // Run in a child process instead, so no other test sees the variable.
+    let exe = std::env::current_exe().expect("test binary");
+    if std::env::var_os("NCCL_SAFE_COMM_ID_CHILD").is_some() {
+        let refused = UniqueId::new();
+        assert!(
+            matches!(refused, Err(Error::InvalidArgument { .. })),
+            "{refused:?}"
+        );
+        let refused = Comm::init_rank(&UniqueId::from_bytes([0; 128]), 0, 1, 0, &Config::new());
+        assert!(
+            matches!(refused, Err(Error::InvalidArgument { .. })),
+            "{refused:?}"
+        );
+        return;
+    }
+    let status = std::process::Command::new(exe)
+        .args([
+            "--exact",
+            "nccl_comm_id_is_refused_unless_allowed",
+            "--test-threads",
+            "1",
+        ])
+        .env("NCCL_SAFE_COMM_ID_CHILD", "1")
+        .env("NCCL_COMM_ID", "127.0.0.1:29999")
+        .status()
+        .expect("child");
+    assert!(status.success(), "the child saw NCCL_COMM_ID accepted");
+}
