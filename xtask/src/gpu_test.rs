@@ -40,6 +40,7 @@ const TARGETS: &[(&str, &str, &str, bool)] = &[
     ("nccl-safe", "gpu", "nccl-safe-gpu", true),
     ("nccl-safe", "topology", "nccl-safe-topology", false),
     ("nccl-dist", "gpu", "nccl-dist-gpu", true),
+    ("nccl-dist", "bad_input", "nccl-dist-bad-input", false),
 ];
 
 /// The fault-injection suite (`--faults`): package, test target, name in

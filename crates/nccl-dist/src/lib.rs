@@ -63,6 +63,9 @@ pub use secret::{Secret, SecretError};
 pub use watchdog::{
     Failure, FailureKind, OpRecord, OpState, Watchdog, WatchdogOptions, Watched, synchronize,
 };
-pub use world::{PORT_ENV, RendezvousMethod, World, WorldOptions, default_config};
+pub use world::{
+    ENCRYPTION_ENV, PORT_ENV, PSK_ENV, RendezvousMethod, World, WorldOptions, default_config,
+    encryption_from_lookup,
+};
 
 pub use nccl_safe;
