@@ -8,11 +8,13 @@
 //! cargo xtask ci               fmt --check, clippy -D warnings, docs, test, bindgen --check
 //! cargo xtask gpu-test         the GPU test matrix (see gpu_test.rs)
 //! cargo xtask launch -n N ...  a process per rank, like torchrun (see launch.rs)
+//! cargo xtask fuzz             every cargo-fuzz target for 60 s (see fuzz.rs)
 //! ```
 
 mod bindgen;
 mod faults;
 mod fetch;
+mod fuzz;
 mod gpu_test;
 mod launch;
 mod pins;
@@ -38,7 +40,10 @@ commands:
   gpu-test --faults [--filter TEXT]   the fault-injection suite (a process per GPU, up to 4)
   launch -n N [--timeout SECS] (--example NAME | PROGRAM) [--] [ARGS]
                     run N processes on this machine with the torchrun variables
-                    and a fresh NCCL_RS_SECRET (World::init() picks them up)";
+                    and a fresh NCCL_RS_SECRET (World::init() picks them up)
+  fuzz [--time SECS] [--targets a,b]
+                    run each cargo-fuzz target in fuzz/ for SECS (default 60) s and
+                    print a table of executions (needs nightly and cargo-fuzz)";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -51,6 +56,7 @@ fn main() -> ExitCode {
         ["ci"] => ci(),
         ["gpu-test", rest @ ..] => gpu_test::run(rest),
         ["launch", rest @ ..] => launch::run(rest),
+        ["fuzz", rest @ ..] => fuzz::run(rest),
         ["help" | "--help" | "-h"] | [] => {
             println!("{USAGE}");
             Ok(())
