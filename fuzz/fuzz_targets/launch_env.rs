@@ -1,18 +1,19 @@
 //! Launch, watchdog and secret configuration from arbitrary environments.
 //!
 //! Input: entries separated by a NUL byte (real environment values hold
-//! none). An entry's first byte picks the variable (low 7 bits, modulo the
-//! list below); with its high bit set, the value is the decimal of the
-//! entry's second byte (so valid small numbers are easy to reach),
-//! otherwise the rest of the entry as raw bytes (not necessarily UTF-8).
-//! A later entry for the same variable wins.
+//! none). An entry's first byte picks the variable (low 6 bits, modulo the
+//! list below) and how the rest of the entry becomes its value (high 2
+//! bits): `00` the raw bytes (not necessarily UTF-8); `10` the decimal of
+//! the next byte (so valid small numbers are easy to reach); `01` and `11`
+//! an `f64` from the next 8 bytes, printed with `{}` or `{:e}` (fractional
+//! seconds). A later entry for the same variable wins.
 //!
 //! Properties checked:
 //! - `Launch::from_lookup` never panics, is deterministic, and an `Ok`
 //!   launch is consistent: `world_size >= 1`, `rank < world_size`,
-//!   `local_rank < local_world_size <= world_size`, a non-empty trimmed
-//!   address, a non-zero port, the launcher whose variables are set, and
-//!   the numbers the launcher's variables hold;
+//!   `local_rank < local_world_size <= world_size`, a non-empty address
+//!   (`MASTER_ADDR`, else Slurm's first host), a non-zero port, the
+//!   launcher whose variables are set, and the numbers its variables hold;
 //! - `launch::first_host` never panics and returns one host name;
 //! - `WatchdogOptions::from_lookup` never panics; `Ok(Some(_))` only when
 //!   turned on, with a timeout above zero; `Ok(None)` when turned off;
@@ -75,11 +76,18 @@ fn parse_env(data: &[u8]) -> Env {
         let Some((&sel, rest)) = entry.split_first() else {
             continue;
         };
-        let var = VARS[usize::from(sel & 0x7f) % VARS.len()];
-        let value = if sel & 0x80 != 0 {
-            OsString::from(rest.first().copied().unwrap_or(0).to_string())
-        } else {
-            OsString::from_vec(rest.to_vec())
+        let var = VARS[usize::from(sel & 0x3f) % VARS.len()];
+        let float = || {
+            let mut bits = [0u8; 8];
+            let n = rest.len().min(8);
+            bits[..n].copy_from_slice(&rest[..n]);
+            f64::from_le_bytes(bits)
+        };
+        let value = match sel >> 6 {
+            0b00 => OsString::from_vec(rest.to_vec()),
+            0b10 => OsString::from(rest.first().copied().unwrap_or(0).to_string()),
+            0b01 => OsString::from(float().to_string()),
+            _ => OsString::from(format!("{:e}", float())),
         };
         env.insert(var, value);
     }
@@ -123,7 +131,6 @@ fn check_launch(env: &Env) {
     assert!(l.local_rank < l.local_world_size, "{l:?}");
     assert!(l.local_world_size <= l.world_size, "{l:?}");
     assert!(!l.master_addr.is_empty(), "{l:?}");
-    assert_eq!(l.master_addr.trim(), l.master_addr, "{l:?}");
     assert!(l.master_port > 0, "{l:?}");
     let (rank, world, local, local_world) = match l.launcher {
         Launcher::Torchrun => {
@@ -165,8 +172,17 @@ fn check_launch(env: &Env) {
     if !local_world.is_empty() {
         assert_eq!(number(env, local_world), l.local_world_size);
     }
-    if let Some(addr) = seen(env, "MASTER_ADDR") {
-        assert_eq!(l.master_addr, addr);
+    match seen(env, "MASTER_ADDR") {
+        Some(addr) => assert_eq!(l.master_addr, addr),
+        None => {
+            // Only Slurm has an address without MASTER_ADDR: the first host
+            // of the step's node list, else the job's.
+            assert_eq!(l.launcher, Launcher::Slurm);
+            let nodes = seen(env, "SLURM_STEP_NODELIST")
+                .or_else(|| seen(env, "SLURM_JOB_NODELIST"))
+                .expect("a node list");
+            assert_eq!(first_host(&nodes).as_deref(), Some(l.master_addr.as_str()));
+        }
     }
     if let Some(port) = seen(env, "MASTER_PORT") {
         assert_eq!(port.parse::<u16>().ok(), Some(l.master_port));
@@ -257,8 +273,8 @@ fn check_secret(env: &Env) {
     let from_env = env.get(SECRET_ENV).filter(|v| !v.is_empty());
     let file = env.get(SECRET_FILE_ENV).filter(|v| !v.is_empty());
     let path = secret_path();
-    if from_env.is_none() && file.is_some() {
-        std::fs::write(path, file.unwrap().as_bytes()).expect("writing the secret file");
+    if let (None, Some(contents)) = (from_env, file) {
+        std::fs::write(path, contents.as_bytes()).expect("writing the secret file");
     }
     let lookup = |k: &str| match k {
         SECRET_ENV => env.get(SECRET_ENV).cloned(),

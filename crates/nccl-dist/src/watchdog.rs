@@ -116,7 +116,7 @@ impl WatchdogOptions {
     }
 
     /// Reads `NCCL_RS_WATCHDOG` (`1`/`on`/`true` or `0`/`off`/`false`),
-    /// `NCCL_RS_WATCHDOG_TIMEOUT` (seconds, may be fractional) and
+    /// `NCCL_RS_WATCHDOG_TIMEOUT` (seconds, fractional, at least 0.001) and
     /// `NCCL_RS_FLIGHT_RECORDER` (entries). `Ok(None)` when the watchdog is
     /// not turned on; a value that does not parse is an error, never
     /// ignored.
@@ -150,11 +150,11 @@ impl WatchdogOptions {
                 .trim()
                 .parse()
                 .ok()
-                .filter(|s: &f64| s.is_finite() && *s > 0.0 && *s < 1e9)
+                .filter(|s: &f64| s.is_finite() && *s >= 0.001 && *s < 1e9)
                 .ok_or_else(|| {
                     bad(
                         WATCHDOG_TIMEOUT_ENV,
-                        format!("{v:?} is not a positive number of seconds"),
+                        format!("{v:?} is not a number of seconds from 0.001 on"),
                     )
                 })?;
             options = options.timeout(Duration::from_secs_f64(secs));
@@ -688,5 +688,59 @@ pub(crate) fn inherit(parent: &Comm, child: &Comm, suffix: &str) {
             registry: Arc::clone(&w.watch.registry),
         }
         .watch(child, label);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+        move |k| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    #[test]
+    fn the_environment_turns_it_on_with_checked_values() {
+        assert_eq!(WatchdogOptions::from_lookup(env(&[])).unwrap(), None);
+        assert_eq!(
+            WatchdogOptions::from_lookup(env(&[("NCCL_RS_WATCHDOG", "0")])).unwrap(),
+            None
+        );
+        let on = WatchdogOptions::from_lookup(env(&[("NCCL_RS_WATCHDOG_TIMEOUT", "2.5")]))
+            .unwrap()
+            .unwrap();
+        assert_eq!(on.get_timeout(), Duration::from_millis(2500));
+        // Found by the launch_env fuzzer: a tiny positive value used to
+        // become a zero timeout.
+        for bad in ["1e-10", "0", "-1", "nan", "inf", "soon"] {
+            let pairs: &'static [(&'static str, &'static str)] =
+                Box::leak(vec![("NCCL_RS_WATCHDOG_TIMEOUT", bad)].into_boxed_slice());
+            assert!(WatchdogOptions::from_lookup(env(pairs)).is_err(), "{bad}");
+        }
+        assert!(WatchdogOptions::from_lookup(env(&[("NCCL_RS_FLIGHT_RECORDER", "0")])).is_err());
+        assert!(WatchdogOptions::from_lookup(env(&[("NCCL_RS_WATCHDOG", "perhaps")])).is_err());
+    }
+
+    #[test]
+    fn the_flight_recorder_renders_each_operation() {
+        let record = OpRecord {
+            seq: 7,
+            op: "ncclAllReduce",
+            count: 1024,
+            dtype: ncclDataType_t::ncclFloat32,
+            peer: None,
+            state: OpState::TimedOut,
+            issued_at: Duration::from_millis(12),
+            took: None,
+        };
+        let text = render("world[0]", &[record]);
+        assert!(text.contains("ncclAllReduce"), "{text}");
+        assert!(text.contains("TimedOut"), "{text}");
+        assert!(text.contains("1024"), "{text}");
     }
 }
