@@ -695,14 +695,7 @@ pub(crate) fn inherit(parent: &Comm, child: &Comm, suffix: &str) {
 mod tests {
     use super::*;
 
-    fn env(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
-        move |k| {
-            pairs
-                .iter()
-                .find(|(n, _)| *n == k)
-                .map(|(_, v)| v.to_string())
-        }
-    }
+    use crate::test_env as env;
 
     #[test]
     fn the_environment_turns_it_on_with_checked_values() {

@@ -514,14 +514,7 @@ impl World {
 mod tests {
     use super::*;
 
-    fn env(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
-        move |k| {
-            pairs
-                .iter()
-                .find(|(n, _)| *n == k)
-                .map(|(_, v)| v.to_string())
-        }
-    }
+    use crate::test_env as env;
 
     #[test]
     fn psk_without_a_key_is_an_error_never_plaintext() {

@@ -33,6 +33,14 @@ const COMM_TIMEOUT: Duration = Duration::from_secs(15);
 /// Elements of the large all-reduce (256 MiB of f32).
 const BIG: usize = 64 << 20;
 
+/// The suite's world options: the communicator timeout above, 60 s for the
+/// rendezvous.
+fn options() -> WorldOptions {
+    WorldOptions::new()
+        .config(default_config().timeout(COMM_TIMEOUT))
+        .timeout(Duration::from_secs(60))
+}
+
 struct Rank {
     case: &'static str,
     rank: usize,
@@ -80,9 +88,7 @@ impl Rank {
 
     /// The world of this job, with or without the watchdog.
     fn world(&self, watchdog: bool) -> TestResult<World> {
-        let mut options = WorldOptions::new()
-            .config(default_config().timeout(COMM_TIMEOUT))
-            .timeout(Duration::from_secs(60));
+        let mut options = options();
         if watchdog {
             options = options.watchdog(WatchdogOptions::new().timeout(DEADLINE));
         }
@@ -98,10 +104,7 @@ impl Rank {
             self.rank
         };
         let launch = Launch::explicit(rank, self.size - 1, rank, self.size - 1, "127.0.0.1", port)?;
-        let options = WorldOptions::new()
-            .config(default_config().timeout(COMM_TIMEOUT))
-            .timeout(Duration::from_secs(60))
-            .device(self.rank);
+        let options = options().device(self.rank);
         Ok(World::init_with(launch, &options)?)
     }
 }
@@ -542,10 +545,7 @@ fn r_fifty_abort_rebuild_cycles() {
         let started = Instant::now();
         for cycle in 1..=50 {
             let launch = Launch::explicit(r.rank, r.size, r.rank, r.size, "127.0.0.1", port)?;
-            let options = WorldOptions::new()
-                .config(default_config().timeout(COMM_TIMEOUT))
-                .timeout(Duration::from_secs(60));
-            let world = World::init_with(launch, &options)?;
+            let world = World::init_with(launch, &options())?;
             checked_all_reduce(&world, 1 << 20)?;
             world.into_comm().abort()?;
             if [1, 10, 25, 50].contains(&cycle) {

@@ -102,24 +102,21 @@ impl Shared {
         op: &'static str,
         mut done: impl FnMut(ncclResult_t) -> Result<bool>,
     ) -> Result<()> {
-        let started = Instant::now();
-        let mut pause = Duration::from_micros(5);
-        loop {
+        let mut failed = None;
+        let timed_out = poll_with_backoff(self.timeout, || {
             let status = self.with_raw(op, |raw| async_status(self.lib, raw))?;
             if status != ncclResult_t::ncclSuccess && status != ncclResult_t::ncclInProgress {
-                return self.with_raw(op, |raw| self.lib.check(op, status, raw));
+                failed = Some(status);
+                return Ok(true);
             }
-            if done(status)? {
-                return Ok(());
-            }
-            if started.elapsed() >= self.timeout {
-                return Err(Error::Timeout {
-                    op,
-                    waited: started.elapsed(),
-                });
-            }
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_millis(1));
+            done(status)
+        })?;
+        if let Some(status) = failed {
+            return self.with_raw(op, |raw| self.lib.check(op, status, raw));
+        }
+        match timed_out {
+            None => Ok(()),
+            Some(waited) => Err(Error::Timeout { op, waited }),
         }
     }
 
@@ -192,6 +189,28 @@ impl Drop for Shared {
             Some(clique) => clique.hand_in(member),
             None => member.teardown_alone(),
         }));
+    }
+}
+
+/// Calls `done` until it answers `true` (then `Ok(None)`) or `timeout` has
+/// passed (then `Ok(Some(elapsed))`), pausing between calls for 5 µs at
+/// first, doubling up to 1 ms. An error from `done` ends it.
+fn poll_with_backoff(
+    timeout: Duration,
+    mut done: impl FnMut() -> Result<bool>,
+) -> Result<Option<Duration>> {
+    let started = Instant::now();
+    let mut pause = Duration::from_micros(5);
+    loop {
+        if done()? {
+            return Ok(None);
+        }
+        let elapsed = started.elapsed();
+        if elapsed >= timeout {
+            return Ok(Some(elapsed));
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(1));
     }
 }
 
@@ -958,24 +977,15 @@ impl Comm {
 
     /// Waits (up to `timeout`) until every expected slot holds a handle.
     fn await_slots(slots: &[ncclComm_t], expected: &[bool], timeout: Duration) -> bool {
-        let started = Instant::now();
-        let mut pause = Duration::from_micros(5);
-        loop {
-            let missing = slots.iter().zip(expected).any(|(slot, &want)| {
+        let filled = poll_with_backoff(timeout, || {
+            Ok(!slots.iter().zip(expected).any(|(slot, &want)| {
                 // SAFETY: a valid element of `slots`; NCCL's job may write it
                 // concurrently, hence the volatile read of a pointer-sized
                 // value.
                 want && unsafe { std::ptr::read_volatile(slot) }.is_null()
-            });
-            if !missing {
-                return true;
-            }
-            if started.elapsed() >= timeout {
-                return false;
-            }
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_millis(1));
-        }
+            }))
+        });
+        matches!(filled, Ok(None))
     }
 
     /// `ncclCommShrink`: a new communicator without the ranks in `exclude`
