@@ -100,10 +100,20 @@ impl Nccl {
         if is_path && !candidate.target.exists() {
             return Err(AttemptFailure::Missing);
         }
+        // The flags of `libloading::Library::new`, plus one: NCCL starts
+        // threads that outlive any call (the bootstrap root of
+        // `ncclGetUniqueId`, proxy threads), so its code must stay mapped
+        // after the last handle closes: RTLD_NODELETE. Unloading it under a
+        // running thread crashed the process (seen in the library tests).
+        let flags = libloading::os::unix::RTLD_LAZY
+            | libloading::os::unix::RTLD_LOCAL
+            | libc::RTLD_NODELETE;
         // SAFETY: the caller vouches that this file is NCCL, so running its
         // initialisers is sound.
         let library =
-            unsafe { libloading::Library::new(&candidate.target) }.map_err(AttemptFailure::Open)?;
+            unsafe { libloading::os::unix::Library::open(Some(&candidate.target), flags) }
+                .map(libloading::Library::from)
+                .map_err(AttemptFailure::Open)?;
         let mut nccl = Nccl {
             library,
             path: candidate.target.clone(),
