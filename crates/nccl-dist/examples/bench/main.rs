@@ -1,0 +1,459 @@
+//! Collective benchmark in nccl-tests' format, through three layers in one
+//! run: `raw` (nccl-sys function pointers, no checks), `safe` (nccl-safe's
+//! typed API) and `dist` (nccl-dist's `dyn Communicator`), so the cost of
+//! each layer is a ratio measured on one machine at one time.
+//!
+//! ```text
+//! cargo run --release --example bench -- --mode threads -b 8 -e 2G
+//! cargo run --release --example bench -- --mode single --graph --ops all_reduce -e 8
+//! cargo xtask launch -n 4 --example bench -- --mode processes
+//! cargo run --release --example bench -- --setup
+//! cargo xtask bench        # every mode, the report, the JSON and the plot
+//! ```
+//!
+//! Columns are nccl-tests': size and count (the whole buffer for
+//! all_gather, reduce_scatter and all_to_all), type, redop, root, time per
+//! call in µs (the slowest rank's), algbw = size / time and busbw = algbw
+//! × nccl-tests' factor (2(n-1)/n for all_reduce; (n-1)/n for all_gather,
+//! reduce_scatter and all_to_all; 1 otherwise), and #wrong, the elements
+//! that differ from the expected result in a check run after the timing.
+//! Two more: the layer, and heap allocations per call on the calling
+//! thread, counted by this binary's global allocator.
+
+mod alloc;
+mod cli;
+mod coll;
+mod run;
+mod setup;
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use nccl_dist::nccl_safe::cudarc::driver::CudaContext;
+use nccl_dist::nccl_safe::{Comm, Library, ReduceOp};
+use nccl_dist::{Launch, World, WorldOptions, default_config};
+use serde_json::{Value, json};
+
+use cli::{Mode, Opts};
+use coll::{Coll, Elem, Layer};
+use run::{Driver, Result, Spec};
+
+#[global_allocator]
+static ALLOCATOR: alloc::Counting = alloc::Counting;
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let opts = match cli::parse(&args) {
+        Ok(Some(o)) => o,
+        Ok(None) => {
+            println!("{}", cli::USAGE);
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("bench: {e}\n\n{}", cli::USAGE);
+            return ExitCode::from(2);
+        }
+    };
+    if let Err(why) = gpus_present() {
+        eprintln!("bench: {why}: nothing to measure. Run it on a host with NVIDIA GPUs.");
+        return ExitCode::from(3);
+    }
+    let outcome = match opts.dtype.as_str() {
+        "f32" => main_typed::<f32>(&opts),
+        "f64" => main_typed::<f64>(&opts),
+        "f16" => main_typed::<half::f16>(&opts),
+        "bf16" => main_typed::<half::bf16>(&opts),
+        "f8e4m3" => main_typed::<float8::F8E4M3>(&opts),
+        "f8e5m2" => main_typed::<float8::F8E5M2>(&opts),
+        "i8" => main_typed::<i8>(&opts),
+        "u8" => main_typed::<u8>(&opts),
+        "i32" => main_typed::<i32>(&opts),
+        "u32" => main_typed::<u32>(&opts),
+        "i64" => main_typed::<i64>(&opts),
+        "u64" => main_typed::<u64>(&opts),
+        other => Err(format!("--dtype: unknown `{other}`").into()),
+    };
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Ok when the CUDA driver loads and sees a GPU.
+fn gpus_present() -> std::result::Result<(), String> {
+    // SAFETY: only tries to load libcuda and reports whether it could.
+    if !unsafe { nccl_dist::nccl_safe::cudarc::driver::sys::is_culib_present() } {
+        return Err("no CUDA driver (libcuda.so) on this machine".into());
+    }
+    match CudaContext::device_count() {
+        Ok(n) if n > 0 => Ok(()),
+        Ok(_) => Err("the CUDA driver sees no GPU".into()),
+        Err(e) => Err(format!("the CUDA driver reports {e}")),
+    }
+}
+
+/// Devices `0..--gpus` (all by default), refusing more than there are.
+fn devices(opts: &Opts) -> Result<Vec<usize>> {
+    let visible = CudaContext::device_count()? as usize;
+    let n = opts.gpus.unwrap_or(visible);
+    if n > visible {
+        return Err(format!("--gpus {n}: only {visible} GPU(s) visible").into());
+    }
+    Ok((0..n).collect())
+}
+
+fn main_typed<T: Elem>(opts: &Opts) -> Result<()> {
+    let op = coll::parse_op(&opts.op).ok_or_else(|| format!("--op: unknown `{}`", opts.op))?;
+    if opts.setup {
+        return setup::run(opts);
+    }
+    let mut opts = opts.clone();
+    if opts.mode == Mode::Single && opts.layers.contains(&Layer::Dist) {
+        opts.layers.retain(|l| *l != Layer::Dist);
+        if !opts.quiet {
+            eprintln!(
+                "bench: the dist layer (dyn Communicator) issues one call per rank outside a group; skipped in single mode"
+            );
+        }
+    }
+    if opts.layers.is_empty() {
+        return Err("no layer to measure".into());
+    }
+    let started = Instant::now();
+    match opts.mode {
+        Mode::Single => {
+            let worlds = World::local_with(&devices(&opts)?, &default_config())?;
+            let comms: Vec<&Comm> = worlds.iter().map(World::comm).collect();
+            sweep::<T>(&comms, &opts, op, started)
+        }
+        Mode::Threads => {
+            let devices = devices(&opts)?;
+            let o = &opts;
+            World::spawn_local_with(&devices, &default_config(), |world| {
+                sweep::<T>(&[world.comm()], o, op, started).map_err(|e| {
+                    nccl_dist::Error::InvalidArgument {
+                        op: "bench",
+                        reason: e.to_string(),
+                    }
+                })
+            })?;
+            Ok(())
+        }
+        Mode::Processes => {
+            let launch = Launch::detect().map_err(|e| {
+                format!(
+                    "--mode processes needs a launcher ({e}); try `cargo xtask launch -n 4 --example bench -- --mode processes`"
+                )
+            })?;
+            let world = World::init_with(launch, &WorldOptions::new())?;
+            sweep::<T>(&[world.comm()], &opts, op, started)
+        }
+    }
+}
+
+/// The whole sweep on this thread's ranks; global rank 0 prints and writes.
+fn sweep<T: Elem>(comms: &[&Comm], opts: &Opts, op: ReduceOp, started: Instant) -> Result<()> {
+    let mut d = Driver::<T>::new(comms, opts)?;
+    let n = d.size();
+    let leader = comms[0].rank() == 0;
+    let sizes = cli::sizes(opts);
+    let placements: Vec<bool> = [(opts.out_of_place, false), (opts.in_place, true)]
+        .into_iter()
+        .filter_map(|(on, ip)| on.then_some(ip))
+        .collect();
+    let total = opts.ops.len() * sizes.len();
+    let mut records = Vec::new();
+    let mut step = 0;
+    if leader {
+        print_preamble::<T>(opts, comms, n)?;
+    }
+    for &c in &opts.ops {
+        if leader {
+            print_header(c);
+        }
+        for &bytes in &sizes {
+            step += 1;
+            let Some(shape) = c.shape(bytes, std::mem::size_of::<T>(), n) else {
+                continue;
+            };
+            if leader && !opts.quiet {
+                eprintln!(
+                    "bench: [{step}/{total}] {} {} ({:.1} s)",
+                    c.name(),
+                    human(shape.bytes),
+                    started.elapsed().as_secs_f64()
+                );
+            }
+            d.prepare(&shape)?;
+            let mut rows: Vec<Row> = opts.layers.iter().map(|&l| Row::new(l)).collect();
+            for &in_place in &placements {
+                if in_place && !c.has_in_place() {
+                    continue;
+                }
+                let spec = Spec {
+                    coll: c,
+                    shape,
+                    in_place,
+                    op,
+                    root: opts.root.min(n - 1),
+                };
+                let mut times: Vec<Vec<f64>> = vec![Vec::new(); rows.len()];
+                let mut allocs = vec![0f64; rows.len()];
+                for _ in 0..opts.rounds {
+                    for (i, row) in rows.iter().enumerate() {
+                        let s = d.measure(row.layer, &spec, opts.graph)?;
+                        times[i].push(s.seconds);
+                        allocs[i] = allocs[i].max(s.allocs_per_call);
+                    }
+                }
+                for (i, row) in rows.iter_mut().enumerate() {
+                    let wrong = d.check(row.layer, &spec)?;
+                    let result = Measured {
+                        seconds: median(&mut times[i]),
+                        wrong,
+                        allocs_per_call: allocs[i],
+                    };
+                    records.push(record::<T>(opts, n, &spec, row.layer, &result));
+                    row.set(in_place, result);
+                }
+            }
+            if leader {
+                for row in &rows {
+                    print_row::<T>(&spec_line(c, &shape, op, opts.root.min(n - 1)), row, n, c);
+                }
+            }
+        }
+    }
+    if leader {
+        let wrong: u64 = records
+            .iter()
+            .filter_map(|r| r["wrong"].as_u64())
+            .sum::<u64>();
+        println!("# wrong elements in total: {wrong}");
+        if let Some(path) = &opts.json {
+            let doc = json!({
+                "meta": meta::<T>(opts, comms, n)?,
+                "results": records,
+            });
+            std::fs::write(path, serde_json::to_string_pretty(&doc)?)
+                .map_err(|e| format!("writing {}: {e}", path.display()))?;
+            eprintln!("bench: wrote {}", path.display());
+        }
+        if wrong > 0 {
+            return Err(format!("{wrong} wrong elements").into());
+        }
+    }
+    Ok(())
+}
+
+/// One layer's results at one size.
+struct Row {
+    layer: Layer,
+    out_of_place: Option<Measured>,
+    in_place: Option<Measured>,
+}
+
+#[derive(Clone, Copy)]
+struct Measured {
+    seconds: f64,
+    wrong: Option<u64>,
+    allocs_per_call: f64,
+}
+
+impl Row {
+    fn new(layer: Layer) -> Row {
+        Row {
+            layer,
+            out_of_place: None,
+            in_place: None,
+        }
+    }
+
+    fn set(&mut self, in_place: bool, m: Measured) {
+        if in_place {
+            self.in_place = Some(m);
+        } else {
+            self.out_of_place = Some(m);
+        }
+    }
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn spec_line(
+    c: Coll,
+    shape: &coll::Shape,
+    op: ReduceOp,
+    root: usize,
+) -> (usize, usize, String, String) {
+    let redop = if c.reduces() {
+        coll::op_name(op)
+    } else {
+        "none"
+    };
+    let root = if c.rooted() {
+        root.to_string()
+    } else {
+        "-1".into()
+    };
+    (shape.bytes, shape.elements, redop.to_string(), root)
+}
+
+fn human(bytes: usize) -> String {
+    match bytes {
+        b if b >= 1 << 30 && b % (1 << 30) == 0 => format!("{} GiB", b >> 30),
+        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{} MiB", b >> 20),
+        b if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{} KiB", b >> 10),
+        b => format!("{b} B"),
+    }
+}
+
+fn print_preamble<T: Elem>(opts: &Opts, comms: &[&Comm], n: usize) -> Result<()> {
+    let lib = Library::get()?;
+    println!(
+        "# nccl-rs bench: {} ranks, mode {}, {}dtype {}, op {}, iters {}, warmup {}, rounds {}{}",
+        n,
+        opts.mode.name(),
+        if opts.graph {
+            format!("CUDA graphs ({} replays), ", opts.graph_launches)
+        } else {
+            String::new()
+        },
+        T::NAME,
+        opts.op,
+        opts.iters,
+        opts.warmup,
+        opts.rounds,
+        if opts.cudarc_events {
+            ", cudarc event tracking on"
+        } else {
+            ""
+        }
+    );
+    println!("# NCCL {}", lib.version());
+    for c in comms {
+        let ctx = c.stream().context();
+        println!(
+            "#  rank {} on GPU {} ({})",
+            c.rank(),
+            c.device(),
+            ctx.name().unwrap_or_else(|_| "?".into())
+        );
+    }
+    Ok(())
+}
+
+fn print_header(c: Coll) {
+    println!("#");
+    println!("# {}", c.name());
+    println!(
+        "# {:>12} {:>12} {:>7} {:>6} {:>4} {:>5}   {:>10} {:>8} {:>8} {:>6}   {:>10} {:>8} {:>8} {:>6}   {:>7}",
+        "size(B)",
+        "count",
+        "type",
+        "redop",
+        "root",
+        "layer",
+        "time(us)",
+        "algbw",
+        "busbw",
+        "#wrong",
+        "time(us)",
+        "algbw",
+        "busbw",
+        "#wrong",
+        "allocs"
+    );
+    println!(
+        "# {:>51}   {:^36}   {:^36}   {:>7}",
+        "", "out-of-place", "in-place", "/call"
+    );
+}
+
+fn print_row<T: Elem>(line: &(usize, usize, String, String), row: &Row, n: usize, c: Coll) {
+    let (bytes, count, redop, root) = line;
+    let cell = |m: &Option<Measured>| match m {
+        None => format!("{:>10} {:>8} {:>8} {:>6}", "n/a", "", "", ""),
+        Some(m) => {
+            let algbw = *bytes as f64 / m.seconds / 1e9;
+            format!(
+                "{:>10.2} {:>8.2} {:>8.2} {:>6}",
+                m.seconds * 1e6,
+                algbw,
+                algbw * c.bus_factor(n),
+                m.wrong.map_or("-".to_string(), |w| w.to_string())
+            )
+        }
+    };
+    let allocs = [row.out_of_place, row.in_place]
+        .iter()
+        .flatten()
+        .map(|m| m.allocs_per_call)
+        .fold(0.0, f64::max);
+    println!(
+        "  {:>12} {:>12} {:>7} {:>6} {:>4} {:>5}   {}   {}   {:>7.2}",
+        bytes,
+        count,
+        T::NAME,
+        redop,
+        root,
+        row.layer.name(),
+        cell(&row.out_of_place),
+        cell(&row.in_place),
+        allocs
+    );
+    let _ = std::io::stdout().flush();
+}
+
+fn record<T: Elem>(opts: &Opts, n: usize, spec: &Spec, layer: Layer, m: &Measured) -> Value {
+    let algbw = spec.shape.bytes as f64 / m.seconds / 1e9;
+    json!({
+        "mode": opts.mode.name(),
+        "graph": opts.graph,
+        "cudarc_events": opts.cudarc_events,
+        "ranks": n,
+        "coll": spec.coll.name(),
+        "bytes": spec.shape.bytes,
+        "count": spec.shape.elements,
+        "dtype": T::NAME,
+        "redop": if spec.coll.reduces() { coll::op_name(spec.op) } else { "none" },
+        "root": if spec.coll.rooted() { spec.root as i64 } else { -1 },
+        "layer": layer.name(),
+        "in_place": spec.in_place,
+        "time_us": m.seconds * 1e6,
+        "algbw_gbs": algbw,
+        "busbw_gbs": algbw * spec.coll.bus_factor(n),
+        "wrong": m.wrong,
+        "allocs_per_call": m.allocs_per_call,
+    })
+}
+
+fn meta<T: Elem>(opts: &Opts, comms: &[&Comm], n: usize) -> Result<Value> {
+    let lib = Library::get()?;
+    let gpus: Vec<String> = comms
+        .iter()
+        .map(|c| c.stream().context().name().unwrap_or_default())
+        .collect();
+    Ok(json!({
+        "nccl": lib.version().to_string(),
+        "ranks": n,
+        "gpus_of_leader_thread": gpus,
+        "mode": opts.mode.name(),
+        "dtype": T::NAME,
+        "op": opts.op,
+        "iters": opts.iters,
+        "warmup": opts.warmup,
+        "rounds": opts.rounds,
+        "graph": opts.graph,
+        "graph_launches": opts.graph_launches,
+        "cudarc_events": opts.cudarc_events,
+        "check": format!("{:?}", opts.check).to_lowercase(),
+    }))
+}

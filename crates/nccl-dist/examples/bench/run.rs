@@ -1,0 +1,666 @@
+//! One thread's share of a run: the ranks it drives (every GPU in single
+//! mode, one otherwise), their buffers, and how an operation is issued,
+//! timed and checked through each layer.
+
+use std::ffi::c_void;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nccl_dist::Communicator;
+use nccl_dist::DType;
+use nccl_dist::nccl_safe::cudarc::driver::{
+    CudaGraph, CudaSlice, CudaStream, DevicePtr, result as cuda, sys,
+};
+use nccl_dist::nccl_safe::nccl_sys::{cudaStream_t, ncclComm_t, ncclResult_t, pfn};
+use nccl_dist::nccl_safe::{Comm, GroupGuard, Library, OnStream, ReduceOp};
+
+use crate::alloc;
+use crate::cli::{Check, Opts};
+use crate::coll::{self, Coll, Elem, Layer, Shape};
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub type Result<T, E = BoxError> = std::result::Result<T, E>;
+
+/// One operation to measure.
+#[derive(Debug, Clone, Copy)]
+pub struct Spec {
+    pub coll: Coll,
+    pub shape: Shape,
+    pub in_place: bool,
+    pub op: ReduceOp,
+    pub root: usize,
+}
+
+/// The nccl-sys entry points the raw layer calls, looked up once.
+struct Fns {
+    all_reduce: pfn::ncclAllReduce,
+    all_gather: pfn::ncclAllGather,
+    reduce_scatter: pfn::ncclReduceScatter,
+    broadcast: pfn::ncclBroadcast,
+    reduce: pfn::ncclReduce,
+    all_to_all: Option<pfn::ncclAlltoAll>,
+    send: pfn::ncclSend,
+    recv: pfn::ncclRecv,
+    group_start: pfn::ncclGroupStart,
+    group_end: pfn::ncclGroupEnd,
+    async_error: pfn::ncclCommGetAsyncError,
+}
+
+impl Fns {
+    fn load() -> Result<Fns> {
+        let raw = Library::get()?.raw();
+        Ok(Fns {
+            all_reduce: raw.ncclAllReduce()?,
+            all_gather: raw.ncclAllGather()?,
+            reduce_scatter: raw.ncclReduceScatter()?,
+            broadcast: raw.ncclBroadcast()?,
+            reduce: raw.ncclReduce()?,
+            all_to_all: raw.ncclAlltoAll().ok(),
+            send: raw.ncclSend()?,
+            recv: raw.ncclRecv()?,
+            group_start: raw.ncclGroupStart()?,
+            group_end: raw.ncclGroupEnd()?,
+            async_error: raw.ncclCommGetAsyncError()?,
+        })
+    }
+}
+
+/// A rank this thread drives, with the buffers of the current shape.
+struct Rank<'c, T> {
+    comm: &'c Comm,
+    stream: Arc<CudaStream>,
+    raw_comm: ncclComm_t,
+    raw_stream: cudaStream_t,
+    send: Option<CudaSlice<T>>,
+    recv: Option<CudaSlice<T>>,
+    /// Device addresses of `send` and `recv`.
+    sp: u64,
+    rp: u64,
+}
+
+/// What one measurement gave on this thread.
+#[derive(Debug, Clone, Copy)]
+pub struct Sample {
+    pub seconds: f64,
+    pub allocs_per_call: f64,
+}
+
+pub struct Driver<'c, T> {
+    ranks: Vec<Rank<'c, T>>,
+    /// Ranks in the communicator (all threads, all processes).
+    size: usize,
+    fns: Fns,
+    timeout: Duration,
+    check: Check,
+    iters: usize,
+    warmup: usize,
+    graph_launches: usize,
+}
+
+fn cuda_err(what: &'static str) -> impl Fn(cuda::DriverError) -> BoxError {
+    move |e| format!("{what}: {e}").into()
+}
+
+impl<'c, T: Elem> Driver<'c, T> {
+    pub fn new(comms: &[&'c Comm], opts: &Opts) -> Result<Driver<'c, T>> {
+        let ranks = comms
+            .iter()
+            .map(|&comm| {
+                let stream = Arc::clone(comm.stream());
+                if !opts.cudarc_events {
+                    // SAFETY: the bench's buffers are used on this one
+                    // stream only (collectives, fills and read-backs), so
+                    // cudarc's cross-stream events have nothing to order.
+                    unsafe { stream.context().disable_event_tracking() };
+                }
+                // SAFETY: the handle is used only while `comm` lives, by
+                // this thread, for calls `comm` would make itself.
+                let raw_comm = unsafe { comm.as_raw() }?;
+                let raw_stream = stream.cu_stream() as cudaStream_t;
+                Ok(Rank {
+                    comm,
+                    stream,
+                    raw_comm,
+                    raw_stream,
+                    send: None,
+                    recv: None,
+                    sp: 0,
+                    rp: 0,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Driver {
+            size: comms[0].size(),
+            ranks,
+            fns: Fns::load()?,
+            timeout: opts.timeout,
+            check: opts.check,
+            iters: opts.iters,
+            warmup: opts.warmup,
+            graph_launches: opts.graph_launches,
+        })
+    }
+
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// Whether this thread drives every rank (single mode).
+    pub fn drives_all(&self) -> bool {
+        self.ranks.len() == self.size
+    }
+
+    /// Buffers for `shape` on every rank (the previous ones are freed).
+    pub fn prepare(&mut self, shape: &Shape) -> Result<()> {
+        for r in &mut self.ranks {
+            r.send = None;
+            r.recv = None;
+            let send = r
+                .stream
+                .alloc_zeros::<T>(shape.send)
+                .map_err(cuda_err("allocating the send buffer"))?;
+            let recv = r
+                .stream
+                .alloc_zeros::<T>(shape.recv)
+                .map_err(cuda_err("allocating the receive buffer"))?;
+            r.sp = send.device_ptr(&r.stream).0;
+            r.rp = recv.device_ptr(&r.stream).0;
+            (r.send, r.recv) = (Some(send), Some(recv));
+        }
+        self.wait()
+    }
+
+    /// Waits for every rank's stream by polling it (no sleeping, so the
+    /// time of the last operation is not rounded up), within the deadline.
+    pub fn wait(&self) -> Result<()> {
+        let started = Instant::now();
+        for r in &self.ranks {
+            loop {
+                // SAFETY: a live stream of this process.
+                match unsafe { sys::cuStreamQuery(r.stream.cu_stream()) } {
+                    sys::CUresult::CUDA_SUCCESS => break,
+                    sys::CUresult::CUDA_ERROR_NOT_READY => {}
+                    other => return Err(format!("waiting for the GPU: {other:?}").into()),
+                }
+                if started.elapsed() > self.timeout {
+                    for r in &self.ranks {
+                        let _ = r.comm.abort_handle().abort();
+                    }
+                    return Err(format!(
+                        "the GPUs did not finish within {:?}; communicators aborted",
+                        self.timeout
+                    )
+                    .into());
+                }
+                std::hint::spin_loop();
+            }
+        }
+        Ok(())
+    }
+
+    /// Every rank of the communicator has got here (one-element
+    /// all-reduce); this thread's streams are idle.
+    pub fn barrier(&self) -> Result<()> {
+        self.wait()?;
+        if !self.drives_all() {
+            Communicator::barrier(self.ranks[0].comm)?;
+        }
+        Ok(())
+    }
+
+    /// Element-wise `op` of `values` over every rank of the communicator
+    /// (the identity in single mode, where one thread saw everything).
+    pub fn over_ranks(&self, values: &[f64], op: ReduceOp) -> Result<Vec<f64>> {
+        if self.drives_all() {
+            return Ok(values.to_vec());
+        }
+        let r = &self.ranks[0];
+        let mut buf = r
+            .stream
+            .clone_htod(values)
+            .map_err(cuda_err("uploading results"))?;
+        r.comm.all_reduce_in_place(&mut buf, op)?;
+        r.comm.synchronize(&r.stream)?;
+        r.stream
+            .clone_dtoh(&buf)
+            .map_err(cuda_err("downloading results"))
+    }
+
+    fn grouped(&self, spec: &Spec) -> bool {
+        self.ranks.len() > 1
+            || spec.coll == Coll::SendRecv
+            || (spec.coll == Coll::AllToAll && self.fns.all_to_all.is_none())
+    }
+
+    /// Issues `spec` once on every rank of this thread through `layer`.
+    pub fn issue(&mut self, layer: Layer, spec: &Spec) -> Result<()> {
+        match layer {
+            Layer::Raw => self.issue_raw(spec),
+            Layer::Safe => self.issue_safe(spec),
+            Layer::Dist => self.issue_dist(spec),
+        }
+    }
+
+    fn issue_raw(&self, spec: &Spec) -> Result<()> {
+        let grouped = self.grouped(spec);
+        let f = &self.fns;
+        // SAFETY: what a C program would do: the buffers of `prepare` hold
+        // the shape's elements, on each rank's device, and stay allocated
+        // until `wait`; the handles are live.
+        unsafe {
+            if grouped {
+                raw_ok("ncclGroupStart", (f.group_start)())?;
+            }
+            let mut code = ncclResult_t::ncclSuccess;
+            for (i, r) in self.ranks.iter().enumerate() {
+                let c = r.raw_issue(f, spec, self.size, self.rank_of(i));
+                if code == ncclResult_t::ncclSuccess {
+                    code = c;
+                }
+            }
+            if grouped {
+                let end = (f.group_end)();
+                if code == ncclResult_t::ncclSuccess {
+                    code = end;
+                }
+            }
+            if code == ncclResult_t::ncclInProgress {
+                for r in &self.ranks {
+                    let mut state = ncclResult_t::ncclInProgress;
+                    while state == ncclResult_t::ncclInProgress {
+                        raw_ok(
+                            "ncclCommGetAsyncError",
+                            (f.async_error)(r.raw_comm, &mut state),
+                        )?;
+                    }
+                    raw_ok("the enqueue", state)?;
+                }
+                return Ok(());
+            }
+            raw_ok(spec.coll.name(), code)
+        }
+    }
+
+    fn rank_of(&self, i: usize) -> usize {
+        self.ranks[i].comm.rank()
+    }
+
+    fn issue_safe(&mut self, spec: &Spec) -> Result<()> {
+        let n = self.size;
+        if self.grouped(spec) {
+            let group = GroupGuard::start()?;
+            for r in &mut self.ranks {
+                let comm = r.comm;
+                issue_safe(group.on(comm), r, spec, n)?;
+            }
+            group.end()?;
+        } else {
+            let r = &mut self.ranks[0];
+            let stream = Arc::clone(&r.stream);
+            issue_safe(r.comm.on(&stream), r, spec, n)?;
+        }
+        Ok(())
+    }
+
+    fn issue_dist(&self, spec: &Spec) -> Result<()> {
+        if self.ranks.len() != 1 {
+            return Err("the dist layer needs a thread or process per rank".into());
+        }
+        let r = &self.ranks[0];
+        let c: &dyn Communicator = r.comm;
+        let (sp, rp, count) = (r.sp, r.rp, spec.shape.count);
+        let (dt, op, root) = (DType::of::<T>(), spec.op, spec.root);
+        let slot = (r.comm.rank() * count * std::mem::size_of::<T>()) as u64;
+        let n = self.size;
+        let ip = spec.in_place;
+        // SAFETY: the buffers of `prepare` hold the shape's elements on
+        // this rank's device and stay allocated until `wait`; the
+        // communicator's own stream is used.
+        unsafe {
+            match spec.coll {
+                Coll::AllReduce if ip => c.all_reduce(rp, rp, count, dt, op, None),
+                Coll::AllReduce => c.all_reduce(sp, rp, count, dt, op, None),
+                Coll::AllGather if ip => c.all_gather(rp + slot, rp, count, dt, None),
+                Coll::AllGather => c.all_gather(sp, rp, count, dt, None),
+                Coll::ReduceScatter if ip => c.reduce_scatter(sp, sp + slot, count, dt, op, None),
+                Coll::ReduceScatter => c.reduce_scatter(sp, rp, count, dt, op, None),
+                Coll::Broadcast if ip => c.broadcast(rp, rp, count, dt, root, None),
+                Coll::Broadcast => c.broadcast(sp, rp, count, dt, root, None),
+                Coll::Reduce if ip => c.reduce(rp, rp, count, dt, op, root, None),
+                Coll::Reduce => c.reduce(sp, rp, count, dt, op, root, None),
+                Coll::AllToAll => c.all_to_all(sp, rp, count, dt, None),
+                Coll::SendRecv => {
+                    let me = r.comm.rank();
+                    let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
+                    c.send_recv(sp, count, next, rp, count, prev, dt, None)
+                }
+            }?;
+        }
+        Ok(())
+    }
+
+    /// Warm-up, then `iters` timed calls (or, with `graph`, `iters` calls
+    /// captured once and the graph replayed), slowest rank's time per call.
+    pub fn measure(&mut self, layer: Layer, spec: &Spec, graph: bool) -> Result<Sample> {
+        for _ in 0..self.warmup {
+            self.issue(layer, spec)?;
+        }
+        let calls = (self.iters * self.ranks.len()) as f64;
+        let (seconds, allocs) = if graph {
+            self.measure_graph(layer, spec)?
+        } else {
+            self.barrier()?;
+            let a0 = alloc::allocations();
+            let t0 = Instant::now();
+            for _ in 0..self.iters {
+                self.issue(layer, spec)?;
+            }
+            let allocs = alloc::allocations() - a0;
+            self.wait()?;
+            (t0.elapsed().as_secs_f64() / self.iters as f64, allocs)
+        };
+        let worst = self.over_ranks(&[seconds, allocs as f64 / calls], ReduceOp::Max)?;
+        Ok(Sample {
+            seconds: worst[0],
+            allocs_per_call: worst[1],
+        })
+    }
+
+    fn measure_graph(&mut self, layer: Layer, spec: &Spec) -> Result<(f64, u64)> {
+        self.wait()?;
+        let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+        for r in &self.ranks {
+            r.stream
+                .begin_capture(mode)
+                .map_err(cuda_err("beginning a capture"))?;
+        }
+        let a0 = alloc::allocations();
+        let mut issued = Ok(());
+        for _ in 0..self.iters {
+            issued = self.issue(layer, spec);
+            if issued.is_err() {
+                break;
+            }
+        }
+        let allocs = alloc::allocations() - a0;
+        // Every capture is ended, even after a failure, so no stream is
+        // left capturing.
+        let graphs: Vec<Result<Option<CudaGraph>, cuda::DriverError>> = self
+            .ranks
+            .iter()
+            .map(|r| r.stream.end_capture(sys::CUgraphInstantiate_flags(0)))
+            .collect();
+        issued?;
+        let graphs = graphs
+            .into_iter()
+            .map(|g| {
+                g.map_err(cuda_err("ending the capture"))?
+                    .ok_or_else(|| BoxError::from("the capture recorded nothing"))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        for g in &graphs {
+            g.upload().map_err(cuda_err("uploading the graph"))?;
+            g.launch().map_err(cuda_err("launching the graph"))?;
+        }
+        self.barrier()?;
+        let t0 = Instant::now();
+        for _ in 0..self.graph_launches {
+            for g in &graphs {
+                g.launch().map_err(cuda_err("launching the graph"))?;
+            }
+        }
+        self.wait()?;
+        let calls = (self.iters * self.graph_launches) as f64;
+        Ok((t0.elapsed().as_secs_f64() / calls, allocs))
+    }
+
+    /// Fills the inputs with known values, runs `spec` once through
+    /// `layer`, and counts the elements that differ from what the
+    /// operation must give (summed over every rank).
+    pub fn check(&mut self, layer: Layer, spec: &Spec) -> Result<Option<u64>> {
+        if self.check == Check::Off {
+            return Ok(None);
+        }
+        self.wait()?;
+        let n = self.size;
+        for i in 0..self.ranks.len() {
+            let me = self.rank_of(i);
+            let r = &self.ranks[i];
+            for (ptr, len, value) in inputs::<T>(spec, me, n, r.sp, r.rp) {
+                fill(&r.stream, ptr, len, T::from_f64(value))?;
+            }
+        }
+        self.wait()?;
+        self.issue(layer, spec)?;
+        self.wait()?;
+        let mut wrong = 0u64;
+        for i in 0..self.ranks.len() {
+            let me = self.rank_of(i);
+            let r = &self.ranks[i];
+            r.stream
+                .context()
+                .bind_to_thread()
+                .map_err(cuda_err("binding the context"))?;
+            for (ptr, len, want) in expected::<T>(spec, me, n, r.sp, r.rp) {
+                wrong += count_wrong::<T>(ptr, len, want, self.check)?;
+            }
+        }
+        let total = self.over_ranks(&[wrong as f64], ReduceOp::Sum)?;
+        Ok(Some(total[0] as u64))
+    }
+}
+
+impl<T: Elem> Rank<'_, T> {
+    /// # Safety
+    ///
+    /// Inside a group where the operation needs one; buffers as prepared.
+    unsafe fn raw_issue(&self, f: &Fns, spec: &Spec, n: usize, me: usize) -> ncclResult_t {
+        let e = std::mem::size_of::<T>() as u64;
+        let count = spec.shape.count;
+        let (s, r) = (self.sp, self.rp);
+        let slot = me as u64 * count as u64 * e;
+        let (dt, op) = (T::DATATYPE, spec.op.raw());
+        let (comm, st) = (self.raw_comm, self.raw_stream);
+        let root = spec.root as i32;
+        let ip = spec.in_place;
+        let p = |a: u64| a as *const c_void;
+        let m = |a: u64| a as *mut c_void;
+        // SAFETY: the caller's promise; pointers come from `prepare`.
+        unsafe {
+            match spec.coll {
+                Coll::AllReduce if ip => (f.all_reduce)(p(r), m(r), count, dt, op, comm, st),
+                Coll::AllReduce => (f.all_reduce)(p(s), m(r), count, dt, op, comm, st),
+                Coll::AllGather if ip => (f.all_gather)(p(r + slot), m(r), count, dt, comm, st),
+                Coll::AllGather => (f.all_gather)(p(s), m(r), count, dt, comm, st),
+                Coll::ReduceScatter if ip => {
+                    (f.reduce_scatter)(p(s), m(s + slot), count, dt, op, comm, st)
+                }
+                Coll::ReduceScatter => (f.reduce_scatter)(p(s), m(r), count, dt, op, comm, st),
+                Coll::Broadcast if ip => (f.broadcast)(p(r), m(r), count, dt, root, comm, st),
+                Coll::Broadcast => (f.broadcast)(p(s), m(r), count, dt, root, comm, st),
+                Coll::Reduce if ip => (f.reduce)(p(r), m(r), count, dt, op, root, comm, st),
+                Coll::Reduce => (f.reduce)(p(s), m(r), count, dt, op, root, comm, st),
+                Coll::AllToAll => match f.all_to_all {
+                    Some(a2a) => a2a(p(s), m(r), count, dt, comm, st),
+                    None => {
+                        let mut code = ncclResult_t::ncclSuccess;
+                        for peer in 0..n {
+                            let off = peer as u64 * count as u64 * e;
+                            let a = (f.send)(p(s + off), count, dt, peer as i32, comm, st);
+                            let b = (f.recv)(m(r + off), count, dt, peer as i32, comm, st);
+                            for c in [a, b] {
+                                if code == ncclResult_t::ncclSuccess {
+                                    code = c;
+                                }
+                            }
+                        }
+                        code
+                    }
+                },
+                Coll::SendRecv => {
+                    let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
+                    let a = (f.send)(p(s), count, dt, next as i32, comm, st);
+                    let b = (f.recv)(m(r), count, dt, prev as i32, comm, st);
+                    if a == ncclResult_t::ncclSuccess { b } else { a }
+                }
+            }
+        }
+    }
+}
+
+/// `spec` on one rank through the typed API.
+fn issue_safe<'g, T: Elem>(
+    on: OnStream<'_, 'g>,
+    r: &'g mut Rank<'_, T>,
+    spec: &Spec,
+    n: usize,
+) -> nccl_dist::nccl_safe::Result<()> {
+    let me = r.comm.rank();
+    let (op, root) = (spec.op, spec.root);
+    let (Some(send), Some(recv)) = (r.send.as_mut(), r.recv.as_mut()) else {
+        return Err(nccl_dist::nccl_safe::Error::InvalidArgument {
+            op: "bench",
+            reason: "no buffers prepared",
+        });
+    };
+    let ip = spec.in_place;
+    match spec.coll {
+        Coll::AllReduce if ip => on.all_reduce_in_place(recv, op),
+        Coll::AllReduce => on.all_reduce(send, recv, op),
+        Coll::AllGather if ip => on.all_gather_in_place(recv),
+        Coll::AllGather => on.all_gather(send, recv),
+        Coll::ReduceScatter if ip => on.reduce_scatter_in_place(send, op),
+        Coll::ReduceScatter => on.reduce_scatter(send, recv, op),
+        Coll::Broadcast if ip => on.broadcast_in_place(recv, root),
+        Coll::Broadcast => on.broadcast(Some(send), recv, root),
+        Coll::Reduce if ip => on.reduce_in_place(recv, op, root),
+        Coll::Reduce => on.reduce(send, Some(recv), op, root),
+        Coll::AllToAll => on.all_to_all(send, recv),
+        Coll::SendRecv => {
+            on.send(send, (me + 1) % n)?;
+            on.recv(recv, (me + n - 1) % n)
+        }
+    }
+}
+
+/// Raises a raw NCCL code as an error.
+fn raw_ok(what: &str, code: ncclResult_t) -> Result<()> {
+    if code == ncclResult_t::ncclSuccess {
+        Ok(())
+    } else {
+        Err(format!("{what} returned {code:?}").into())
+    }
+}
+
+/// `(address, elements, value)` regions that make up rank `me`'s inputs.
+fn inputs<T: Elem>(spec: &Spec, me: usize, n: usize, sp: u64, rp: u64) -> Vec<(u64, usize, f64)> {
+    let c = spec.shape.count;
+    let e = std::mem::size_of::<T>() as u64;
+    let block = |base: u64, j: usize| base + (j * c) as u64 * e;
+    let v = |j: usize| coll::input(spec.op, me, j);
+    let ip = spec.in_place;
+    match spec.coll {
+        Coll::AllReduce | Coll::Broadcast | Coll::Reduce if ip => {
+            vec![(rp, c, v(0))]
+        }
+        Coll::AllReduce | Coll::Broadcast | Coll::Reduce | Coll::SendRecv => {
+            vec![(sp, c, v(0)), (rp, c, 0.0)]
+        }
+        Coll::AllGather if ip => (0..n)
+            .map(|j| (block(rp, j), c, if j == me { v(0) } else { 0.0 }))
+            .collect(),
+        Coll::AllGather => vec![(sp, c, v(0)), (rp, n * c, 0.0)],
+        Coll::ReduceScatter | Coll::AllToAll => {
+            let mut out: Vec<_> = (0..n).map(|j| (block(sp, j), c, v(j))).collect();
+            if !ip {
+                out.push((rp, spec.shape.recv, 0.0));
+            }
+            out
+        }
+    }
+}
+
+/// `(address, elements, value)` regions rank `me` must hold afterwards.
+fn expected<T: Elem>(spec: &Spec, me: usize, n: usize, sp: u64, rp: u64) -> Vec<(u64, usize, f64)> {
+    let c = spec.shape.count;
+    let e = std::mem::size_of::<T>() as u64;
+    let block = |base: u64, j: usize| base + (j * c) as u64 * e;
+    let all = |j: usize| coll::reduce::<T>(spec.op, (0..n).map(|q| coll::input(spec.op, q, j)));
+    let ip = spec.in_place;
+    match spec.coll {
+        Coll::AllReduce => vec![(rp, c, all(0))],
+        Coll::AllGather => (0..n)
+            .map(|i| (block(rp, i), c, coll::input(spec.op, i, 0)))
+            .collect(),
+        Coll::ReduceScatter if ip => vec![(block(sp, me), c, all(me))],
+        Coll::ReduceScatter => vec![(rp, c, all(me))],
+        Coll::Broadcast => vec![(rp, c, coll::input(spec.op, spec.root, 0))],
+        Coll::Reduce if me == spec.root => vec![(rp, c, all(0))],
+        Coll::Reduce => Vec::new(),
+        Coll::AllToAll => (0..n)
+            .map(|i| (block(rp, i), c, coll::input(spec.op, i, me)))
+            .collect(),
+        Coll::SendRecv => vec![(rp, c, coll::input(spec.op, (me + n - 1) % n, 0))],
+    }
+}
+
+/// Sets `len` elements at `ptr` to `value` on `stream`: one upload of up
+/// to 64 Ki elements, then copies that double the filled part.
+fn fill<T: Elem>(stream: &CudaStream, ptr: u64, len: usize, value: T) -> Result<()> {
+    if len == 0 {
+        return Ok(());
+    }
+    stream
+        .context()
+        .bind_to_thread()
+        .map_err(cuda_err("binding the context"))?;
+    let e = std::mem::size_of::<T>();
+    let first = len.min(1 << 16);
+    let host = vec![value; first];
+    let st = stream.cu_stream();
+    // SAFETY: `ptr` addresses `len` elements of a live buffer of this
+    // context; `host` outlives the copy (synchronous for pageable memory,
+    // and the stream is waited for before `host` is dropped below).
+    unsafe {
+        sys::cuMemcpyHtoDAsync_v2(ptr, host.as_ptr().cast(), first * e, st).result()?;
+        let mut done = first;
+        while done < len {
+            let k = done.min(len - done);
+            sys::cuMemcpyDtoDAsync_v2(ptr + (done * e) as u64, ptr, k * e, st).result()?;
+            done += k;
+        }
+        sys::cuStreamSynchronize(st).result()?;
+    }
+    drop(host);
+    Ok(())
+}
+
+/// Elements of `len` at `ptr` that differ from `want`: all of them, or
+/// with `Check::Sampled` above 64 MiB, the first and last 64 Ki and 16
+/// evenly spaced runs of 4 Ki.
+fn count_wrong<T: Elem>(ptr: u64, len: usize, want: f64, check: Check) -> Result<u64> {
+    let e = std::mem::size_of::<T>();
+    let runs: Vec<(usize, usize)> = if check == Check::Full || len * e <= 64 << 20 {
+        (0..len)
+            .step_by(1 << 22)
+            .map(|o| (o, (1 << 22).min(len - o)))
+            .collect()
+    } else {
+        let (edge, run) = (1usize << 16, 1usize << 12);
+        let mut v = vec![(0, edge), (len - edge, edge)];
+        v.extend((1..=16).map(|k| (k * (len - run) / 17, run)));
+        v
+    };
+    let mut wrong = 0u64;
+    let mut host: Vec<T> = Vec::new();
+    for (offset, n) in runs {
+        host.clear();
+        host.resize(n, T::from_f64(0.0));
+        // SAFETY: `offset + n <= len` elements of a live buffer; the
+        // context is current (the caller bound it) and its streams idle.
+        unsafe { cuda::memcpy_dtoh_sync(&mut host, ptr + (offset * e) as u64) }
+            .map_err(cuda_err("reading back"))?;
+        wrong += host.iter().filter(|v| !coll::matches(**v, want)).count() as u64;
+    }
+    Ok(wrong)
+}

@@ -1,0 +1,223 @@
+//! `--setup`: how long it takes from nothing to a usable mesh. Each
+//! repetition makes the world (communicator init), a 2-D `DeviceMesh`
+//! (`dp` × `tp`, 2 × 2 on 4 GPUs) and a first one-element all-reduce on
+//! each axis; the first repetition also pays for CUDA context creation
+//! (cold), the later ones do not (warm). Times are the slowest rank's.
+
+use std::time::Instant;
+
+use nccl_dist::nccl_safe::{Comm, Library, ReduceOp, group};
+use nccl_dist::{DeviceMesh, Launch, World, WorldOptions, default_config};
+use serde_json::json;
+
+use crate::cli::{Mode, Opts};
+use crate::run::{BoxError, Result};
+
+/// Milliseconds of each phase, on one rank.
+#[derive(Debug, Clone, Copy, Default)]
+struct Phases {
+    world: f64,
+    mesh: f64,
+    first_dp: f64,
+    first_tp: f64,
+}
+
+impl Phases {
+    fn to_vec(self) -> Vec<f64> {
+        vec![self.world, self.mesh, self.first_dp, self.first_tp]
+    }
+}
+
+fn ms(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e3
+}
+
+/// `dp` × `tp` for `n` ranks: 2 × 2 on 4, `n/2` × 2 when even, else n × 1.
+fn axes(n: usize) -> [(&'static str, usize); 2] {
+    let tp = if n.is_multiple_of(2) { 2 } else { 1 };
+    [("dp", n / tp), ("tp", tp)]
+}
+
+/// One first all-reduce per axis on one rank (thread or process per rank).
+fn first_on_axes(mesh: &DeviceMesh, phases: &mut Phases) -> Result<()> {
+    for (name, slot) in [("dp", &mut phases.first_dp), ("tp", &mut phases.first_tp)] {
+        let t = Instant::now();
+        let comm = mesh.axis(name)?;
+        let mut x = comm.stream().clone_htod(&[1f32])?;
+        comm.all_reduce_in_place(&mut x, ReduceOp::Sum)?;
+        comm.synchronize(comm.stream())?;
+        *slot = ms(t);
+    }
+    Ok(())
+}
+
+/// The slowest rank's phases (max over the world), on every rank.
+fn slowest(world: &Comm, p: Phases) -> Result<Phases> {
+    let stream = world.stream();
+    let mut buf = stream.clone_htod(&p.to_vec())?;
+    world.all_reduce_in_place(&mut buf, ReduceOp::Max)?;
+    world.synchronize(stream)?;
+    let v = stream.clone_dtoh(&buf)?;
+    Ok(Phases {
+        world: v[0],
+        mesh: v[1],
+        first_dp: v[2],
+        first_tp: v[3],
+    })
+}
+
+/// One repetition in a thread (or process) per rank, after the world.
+fn per_rank(world: &World, mut p: Phases) -> Result<Phases> {
+    let n = world.size();
+    let t = Instant::now();
+    let mesh = DeviceMesh::new(world, &axes(n))?;
+    p.mesh = ms(t);
+    first_on_axes(&mesh, &mut p)?;
+    let worst = slowest(world.comm(), p)?;
+    drop(mesh);
+    // Meet on the GPUs after the mesh's communicators are gone (see
+    // `World::spawn_local_with` on teardown with a thread per GPU).
+    nccl_dist::Communicator::barrier(world.comm())?;
+    Ok(worst)
+}
+
+/// One repetition with one thread driving every GPU.
+fn single(devices: &[usize]) -> Result<Phases> {
+    let mut p = Phases::default();
+    let t = Instant::now();
+    let worlds = World::local_with(devices, &default_config())?;
+    p.world = ms(t);
+    let n = worlds.len();
+    let t = Instant::now();
+    let meshes = DeviceMesh::new_all(&worlds, &axes(n), Default::default())?;
+    p.mesh = ms(t);
+    for (name, slot) in [("dp", &mut p.first_dp), ("tp", &mut p.first_tp)] {
+        let t = Instant::now();
+        let mut xs = meshes
+            .iter()
+            .map(|m| Ok(m.axis(name)?.stream().clone_htod(&[1f32])?))
+            .collect::<Result<Vec<_>>>()?;
+        group(|g| {
+            for (m, x) in meshes.iter().zip(xs.iter_mut()) {
+                g.on(m.axis(name).map_err(to_safe)?)
+                    .all_reduce_in_place(x, ReduceOp::Sum)?;
+            }
+            Ok(())
+        })?;
+        for m in &meshes {
+            let c = m.axis(name)?;
+            c.synchronize(c.stream())?;
+        }
+        *slot = ms(t);
+    }
+    Ok(p)
+}
+
+fn to_safe(e: nccl_dist::Error) -> nccl_dist::nccl_safe::Error {
+    nccl_dist::nccl_safe::Error::InvalidArgument {
+        op: "bench",
+        reason: if matches!(e, nccl_dist::Error::InvalidArgument { .. }) {
+            "no such mesh axis"
+        } else {
+            "mesh axis lookup failed"
+        },
+    }
+}
+
+pub fn run(opts: &Opts) -> Result<()> {
+    let started = Instant::now();
+    let mut reps = Vec::new();
+    let mut leader = true;
+    let mut n = 0;
+    for rep in 0..opts.setup_reps {
+        let p = match opts.mode {
+            Mode::Single => {
+                let devices = crate::devices(opts)?;
+                n = devices.len();
+                single(&devices)?
+            }
+            Mode::Threads => {
+                let devices = crate::devices(opts)?;
+                n = devices.len();
+                let t = Instant::now();
+                let out = World::spawn_local_with(&devices, &default_config(), |world| {
+                    let p = Phases {
+                        world: ms(t),
+                        ..Phases::default()
+                    };
+                    per_rank(&world, p).map_err(|e| nccl_dist::Error::InvalidArgument {
+                        op: "bench --setup",
+                        reason: e.to_string(),
+                    })
+                })?;
+                // `world` above is each thread's own start-to-ready time;
+                // every rank then agreed on the slowest.
+                out[0]
+            }
+            Mode::Processes => {
+                let launch = Launch::detect()
+                    .map_err(|e| format!("--mode processes needs a launcher ({e})"))?;
+                leader = launch.rank == 0;
+                // The first world counts from process start: what a job
+                // pays before its first collective.
+                let t = if rep == 0 { started } else { Instant::now() };
+                let world = World::init_with(launch, &WorldOptions::new())?;
+                n = world.size();
+                let p = Phases {
+                    world: ms(t),
+                    ..Phases::default()
+                };
+                per_rank(&world, p)?
+            }
+        };
+        reps.push(p);
+    }
+    if !leader {
+        return Ok(());
+    }
+    let lib = Library::get()?;
+    let [(_, dp), (_, tp)] = axes(n);
+    println!(
+        "# nccl-rs bench --setup: mode {}, {n} ranks, mesh dp={dp} x tp={tp}, NCCL {}",
+        opts.mode.name(),
+        lib.version()
+    );
+    println!(
+        "# {:>4} {:>5} {:>12} {:>10} {:>14} {:>14} {:>18}",
+        "rep", "state", "world(ms)", "mesh(ms)", "first dp(ms)", "first tp(ms)", "mesh+firsts(ms)"
+    );
+    let mut rows = Vec::new();
+    for (i, p) in reps.iter().enumerate() {
+        let state = if i == 0 { "cold" } else { "warm" };
+        let mesh_total = p.mesh + p.first_dp + p.first_tp;
+        println!(
+            "  {:>4} {:>5} {:>12.1} {:>10.1} {:>14.1} {:>14.1} {:>18.1}",
+            i, state, p.world, p.mesh, p.first_dp, p.first_tp, mesh_total
+        );
+        rows.push(json!({
+            "rep": i,
+            "state": state,
+            "world_ms": p.world,
+            "mesh_ms": p.mesh,
+            "first_all_reduce_dp_ms": p.first_dp,
+            "first_all_reduce_tp_ms": p.first_tp,
+            "mesh_and_first_all_reduces_ms": mesh_total,
+        }));
+    }
+    if let Some(path) = &opts.json {
+        let doc = json!({
+            "meta": {
+                "setup": true,
+                "mode": opts.mode.name(),
+                "ranks": n,
+                "mesh": [dp, tp],
+                "nccl": lib.version().to_string(),
+            },
+            "setup": rows,
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&doc)?)
+            .map_err(|e| BoxError::from(format!("writing {}: {e}", path.display())))?;
+        eprintln!("bench: wrote {}", path.display());
+    }
+    Ok(())
+}
