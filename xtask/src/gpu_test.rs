@@ -17,7 +17,7 @@
 //! `--faults` runs `nccl-dist`'s fault-injection cases instead of the
 //! matrix, a process per GPU (up to 4): see `faults.rs`.
 //!
-//! Without `--worlds`, the sizes 1, 2 and 4 that the host has are run; an
+//! Without `--worlds`, the sizes 1, 2, 4 and 8 that the host has are run; an
 //! explicit world larger than the host's GPU count is an error, as is a
 //! host with no GPU.
 //!
@@ -49,7 +49,7 @@ const FAULTS: (&str, &str, &str) = ("nccl-dist", "faults", "nccl-dist-faults");
 
 /// Examples packed into a bundle (`DIR/examples/NAME`), for
 /// `DIR/xtask launch` and torchrun on the GPU host.
-pub const EXAMPLES: &[&str] = &["dp_allreduce", "mesh_2d"];
+pub const EXAMPLES: &[&str] = &["dp_allreduce", "mesh_2d", "bench"];
 
 /// Launch modes the harnesses understand (`NCCL_SAFE_TEST_MODE`).
 const MODES: &[&str] = &["single", "threads", "processes"];
@@ -357,7 +357,7 @@ fn matrix(o: &Options, binaries: &[PathBuf]) -> Result<()> {
             }
             worlds.clone()
         }
-        None => [1, 2, 4].into_iter().filter(|w| *w <= gpus).collect(),
+        None => [1, 2, 4, 8].into_iter().filter(|w| *w <= gpus).collect(),
     };
     std::fs::create_dir_all(&o.out)?;
     let mut rows: Vec<(String, Vec<Outcome>)> = Vec::new();

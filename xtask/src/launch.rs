@@ -170,7 +170,7 @@ pub fn run(args: &[&str]) -> Result<()> {
     }
     let n = n.ok_or("launch needs -n RANKS")?;
     let program = program.ok_or("launch needs a program or --example NAME")?;
-    match launch(&program, &rest, n, timeout)? {
+    match launch_ranks(&program, &rest, n, timeout)? {
         Ended::Exited(statuses) if statuses.iter().all(ExitStatus::success) => Ok(()),
         Ended::Exited(statuses) => {
             let failed: Vec<String> = statuses
@@ -186,7 +186,7 @@ pub fn run(args: &[&str]) -> Result<()> {
 }
 
 /// Starts `n` ranks of `program` and waits for them.
-fn launch(program: &Path, args: &[String], n: usize, timeout: Duration) -> Result<Ended> {
+pub fn launch_ranks(program: &Path, args: &[String], n: usize, timeout: Duration) -> Result<Ended> {
     let (ports, secret) = job()?;
     eprintln!(
         "xtask: launching {n} ranks of {} (rendezvous on 127.0.0.1:{})",

@@ -9,8 +9,10 @@
 //! cargo xtask gpu-test         the GPU test matrix (see gpu_test.rs)
 //! cargo xtask launch -n N ...  a process per rank, like torchrun (see launch.rs)
 //! cargo xtask fuzz             every cargo-fuzz target for 60 s (see fuzz.rs)
+//! cargo xtask bench            the benchmark in every launch mode, report and plot (see bench.rs)
 //! ```
 
+mod bench;
 mod bindgen;
 mod faults;
 mod fetch;
@@ -43,7 +45,12 @@ commands:
                     and a fresh NCCL_RS_SECRET (World::init() picks them up)
   fuzz [--time SECS] [--targets a,b]
                     run each cargo-fuzz target in fuzz/ for SECS (default 60) s and
-                    print a table of executions (needs nightly and cargo-fuzz)";
+                    print a table of executions (needs nightly and cargo-fuzz)
+  bench [--gpus N] [--quick] [--phases sweep,latency,graph,events,setup] [--out DIR]
+                    the bench example in every launch mode: report.md, bench.json and
+                    busbw.svg in DIR (default target/bench); fails without a GPU
+  bench --from-bundle DIR ...  the same with a bundle's bench (on the GPU host)
+  bench --report DIR           redo the report from DIR's JSON";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -57,6 +64,7 @@ fn main() -> ExitCode {
         ["gpu-test", rest @ ..] => gpu_test::run(rest),
         ["launch", rest @ ..] => launch::run(rest),
         ["fuzz", rest @ ..] => fuzz::run(rest),
+        ["bench", rest @ ..] => bench::run(rest),
         ["help" | "--help" | "-h"] | [] => {
             println!("{USAGE}");
             Ok(())

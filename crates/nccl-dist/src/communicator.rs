@@ -228,7 +228,9 @@ impl<'c> Call<'c> {
     /// `stream`, when given, is a live stream of the communicator's device.
     unsafe fn new(comm: &'c Comm, stream: Option<CUstream>) -> Call<'c> {
         let stream = match stream {
+            // The communicator's own stream, named or not: no new wrapper.
             None => Arc::clone(comm.stream()),
+            Some(raw) if raw == comm.stream().cu_stream() => Arc::clone(comm.stream()),
             // SAFETY: the caller's promise; the wrapper does not own it.
             Some(raw) => unsafe { comm.stream().context().wrap_borrowed_stream(raw) },
         };

@@ -395,6 +395,68 @@ fn two_dimensional_mesh_reduces_along_each_axis_bit_exact() {
     });
 }
 
+#[test]
+#[ignore = "needs GPUs: cargo xtask gpu-test"]
+fn three_dimensional_mesh_reduces_along_each_axis_bit_exact() {
+    // As in the 2-D test: with a thread per GPU the threads meet on the
+    // host after dropping their meshes.
+    let threads = if mode() == Mode::Threads {
+        world_size()
+    } else {
+        1
+    };
+    let dropped = std::sync::Barrier::new(threads);
+    run(|worlds| {
+        let n = world_size();
+        // 8 GPUs: 2x2x2; 4: 2x2x1; 2: 2x1x1; 1: 1x1x1 (pp x dp x tp).
+        let mut dims = [1usize; 3];
+        let mut left = n;
+        for d in &mut dims {
+            if left.is_multiple_of(2) && left > 1 {
+                *d = 2;
+                left /= 2;
+            }
+        }
+        dims[0] *= left;
+        let axes = [("pp", dims[0]), ("dp", dims[1]), ("tp", dims[2])];
+        for placement in [Placement::RankOrder, Placement::NvlinkIslands] {
+            eprintln!("rank {}: mesh {axes:?} {placement:?}", worlds[0].rank());
+            let mut ms = meshes(worlds, &axes, placement)?;
+            for m in &ms {
+                let c = m.coordinate();
+                for (i, (name, size)) in axes.iter().enumerate() {
+                    assert_eq!(m.size(name)?, *size);
+                    assert_eq!(m.local_rank(name)?, c[i]);
+                }
+                let sub = m.slice(&["dp", "tp"])?;
+                assert_eq!(sub.coordinate(), vec![c[1], c[2]]);
+                assert!(sub.axis("pp").is_err());
+            }
+            let len = 1025;
+            for (name, _) in axes {
+                let mut bufs = upload_along(&ms, name, len)?;
+                all_reduce_along(&ms, &mut bufs, name)?;
+                check_groups(&ms, &bufs, name, &[name], len)?;
+            }
+            // The two inner axes as one communicator.
+            if ms.len() == 1 {
+                ms[0].flatten(&["dp", "tp"], "dp_tp")?;
+            } else {
+                DeviceMesh::flatten_all(&mut ms, &["dp", "tp"], "dp_tp")?;
+            }
+            for m in &ms {
+                assert_eq!(m.size("dp_tp")?, dims[1] * dims[2]);
+            }
+            let mut bufs = upload_along(&ms, "dp_tp", len)?;
+            all_reduce_along(&ms, &mut bufs, "dp_tp")?;
+            check_groups(&ms, &bufs, "dp_tp", &["dp", "tp"], len)?;
+            drop(ms);
+            dropped.wait();
+        }
+        Ok(())
+    });
+}
+
 /// Every collective of the trait on one type, against values computed on
 /// the host.
 fn trait_collectives<T: Exact>(w: &World) -> TestResult {

@@ -34,11 +34,24 @@ impl<'a> Access<'a> {
         Access(Inner::None)
     }
 
-    /// Wraps cudarc's guard.
+    /// Wraps cudarc's guard. A guard with nothing to record or wait for
+    /// (memory without event tracking) becomes [`Access::none`].
     pub fn cudarc(guard: SyncOnDrop<'a>) -> Access<'a> {
-        Access(Inner::Cudarc(guard))
+        match guard {
+            SyncOnDrop::Record(None) | SyncOnDrop::Sync(None) => Access(Inner::None),
+            guard => Access(Inner::Cudarc(guard)),
+        }
+    }
+
+    /// Whether dropping it does nothing, so it need not be kept.
+    pub(crate) fn is_none(&self) -> bool {
+        matches!(self.0, Inner::None)
     }
 }
+
+/// The accesses a group keeps until its launch: inline up to 16 (two
+/// buffers on each of 8 GPUs), so a group allocates nothing on the heap.
+pub(crate) type Held<'a> = smallvec::SmallVec<[Access<'a>; 16]>;
 
 impl Drop for Access<'_> {
     fn drop(&mut self) {

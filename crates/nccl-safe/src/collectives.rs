@@ -14,7 +14,7 @@ use std::ffi::c_void;
 use cudarc::driver::CudaStream;
 use nccl_sys::{cudaStream_t, ncclComm_t, ncclResult_t};
 
-use crate::buffer::{Access, DeviceBuffer, DeviceBufferMut};
+use crate::buffer::{Access, DeviceBuffer, DeviceBufferMut, Held};
 use crate::capabilities::FP8_REDUCTION_MIN_CC;
 use crate::comm::Comm;
 use crate::dtype::NcclType;
@@ -83,7 +83,7 @@ enum Rooted {
 pub struct OnStream<'s, 'a> {
     comm: &'a Comm,
     stream: &'a CudaStream,
-    hold: Option<&'s RefCell<Vec<Access<'a>>>>,
+    hold: Option<&'s RefCell<Held<'a>>>,
 }
 
 impl std::fmt::Debug for OnStream<'_, '_> {
@@ -115,7 +115,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
     pub(crate) fn grouped(
         comm: &'a Comm,
         stream: &'a CudaStream,
-        hold: &'s RefCell<Vec<Access<'a>>>,
+        hold: &'s RefCell<Held<'a>>,
     ) -> Self {
         OnStream {
             comm,
@@ -154,10 +154,12 @@ impl<'s, 'a> OnStream<'s, 'a> {
     }
 
     /// Keeps the accesses until the group ends (inside a group) or drops
-    /// them now, after the enqueue (outside one).
+    /// them now, after the enqueue (outside one). Accesses whose drop does
+    /// nothing are not kept.
     fn settle(&self, accesses: impl IntoIterator<Item = Access<'a>>) {
         if let Some(hold) = self.hold {
-            hold.borrow_mut().extend(accesses);
+            hold.borrow_mut()
+                .extend(accesses.into_iter().filter(|a| !a.is_none()));
         }
     }
 

@@ -9,7 +9,7 @@ use std::cell::RefCell;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use crate::buffer::Access;
+use crate::buffer::Held;
 use crate::collectives::OnStream;
 use crate::comm::Comm;
 
@@ -130,7 +130,7 @@ pub(crate) fn touch(shared: &Arc<Shared>) {
 pub struct GroupGuard<'g> {
     lib: &'static Library,
     ended: bool,
-    held: RefCell<Vec<Access<'g>>>,
+    held: RefCell<Held<'g>>,
     _not_send: PhantomData<*const ()>,
 }
 
@@ -168,7 +168,7 @@ impl<'g> GroupGuard<'g> {
         Ok(GroupGuard {
             lib,
             ended: false,
-            held: RefCell::new(Vec::new()),
+            held: RefCell::new(Held::new()),
             _not_send: PhantomData,
         })
     }
@@ -227,7 +227,7 @@ impl<'g> GroupGuard<'g> {
         let mut info = ncclSimInfo_t::initializer();
         // SAFETY: `info` is an initialized ncclSimInfo_t NCCL may write.
         let code = unsafe { simulate(&mut info) };
-        drop(leave_group());
+        recycle_touched(leave_group());
         if !in_group() {
             run_deferred();
         }
@@ -289,7 +289,8 @@ impl Drop for NestedGroup<'_, '_> {
     }
 }
 
-/// Decrements the depth; at depth 0 returns the communicators to poll.
+/// Decrements the depth; at depth 0 returns the communicators to poll
+/// (give the vector back with [`recycle_touched`]).
 fn leave_group() -> Vec<Arc<Shared>> {
     GROUP.with(|g| {
         let mut g = g.borrow_mut();
@@ -318,8 +319,21 @@ fn finish(lib: &'static Library) -> Result<()> {
     } else {
         lib.check("ncclGroupEnd", code, std::ptr::null_mut())
     };
+    recycle_touched(touched);
     report_observed(result.is_ok());
     result
+}
+
+/// Puts the emptied list of polled communicators back, so the next group
+/// reuses its memory instead of allocating.
+fn recycle_touched(mut touched: Vec<Arc<Shared>>) {
+    touched.clear();
+    let _ = GROUP.try_with(|g| {
+        let mut g = g.borrow_mut();
+        if g.touched.capacity() == 0 {
+            g.touched = touched;
+        }
+    });
 }
 
 /// The error of the last group on this thread that a dropped guard ended,

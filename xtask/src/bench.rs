@@ -1,0 +1,757 @@
+//! `cargo xtask bench`: the bench example in every launch mode, one
+//! report.
+//!
+//! ```text
+//! cargo xtask bench [--gpus N] [--quick] [--phases sweep,latency,graph,events,setup]
+//!                   [--out DIR] [--timeout SECS]
+//! DIR/xtask bench --from-bundle DIR ...     # on a GPU host without cargo
+//! cargo xtask bench --report DIR            # redo the report from DIR's JSON
+//! ```
+//!
+//! Phases, each one run of the example (`--json` into `--out`):
+//!
+//! - `sweep`: every collective, 8 B to 2 GiB (×4), out of place and in
+//!   place, through raw, safe and dist, a thread per GPU, 3 rounds.
+//! - `latency`: every collective from 8 B to 128 B with 1000 iterations
+//!   and 5 rounds, in each launch mode (single, threads, processes).
+//! - `graph`: an 8 B all_reduce captured in CUDA graphs (single, threads).
+//! - `events`: the 8 B all_reduce with cudarc's event tracking left on, to
+//!   show what it costs.
+//! - `setup`: communicator init, a 2×2 `DeviceMesh` and the first
+//!   all_reduce on each axis (each mode, first cold then warm).
+//!
+//! Then `report.md` (tables and the targets of the performance issue, each
+//! as a ratio), `bench.json` (every result) and `busbw.svg` (busbw against
+//! size). Exits non-zero when a result is wrong or a target is missed.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use plotters::prelude::*;
+use serde_json::{Value, json};
+
+use crate::launch::{Ended, launch_ranks};
+use crate::{Result, cargo, test::gpu_count, workspace_root};
+
+const PHASES: &[&str] = &["sweep", "latency", "graph", "events", "setup"];
+const MODES: &[&str] = &["single", "threads", "processes"];
+
+/// nccl-tests 2.19.6 on the 4×H200 host, busbw at 2 GiB (GB/s), from the
+/// performance issue.
+const NCCL_TESTS_2G: &[(&str, f64)] = &[
+    ("all_reduce", 359.7),
+    ("all_gather", 332.9),
+    ("reduce_scatter", 336.3),
+    ("broadcast", 362.3),
+    ("reduce", 365.4),
+    ("all_to_all", 348.2),
+    ("send_recv", 362.9),
+];
+
+struct Options {
+    gpus: Option<usize>,
+    quick: bool,
+    phases: Vec<String>,
+    out: PathBuf,
+    timeout: Duration,
+    from_bundle: Option<PathBuf>,
+    report_only: Option<PathBuf>,
+}
+
+fn parse(args: &[&str]) -> Result<Options> {
+    let mut o = Options {
+        gpus: None,
+        quick: false,
+        phases: PHASES.iter().map(|p| p.to_string()).collect(),
+        out: workspace_root().join("target/bench"),
+        timeout: Duration::from_secs(900),
+        from_bundle: None,
+        report_only: None,
+    };
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        let mut value = || {
+            it.next()
+                .copied()
+                .ok_or_else(|| format!("{arg} needs a value"))
+        };
+        match *arg {
+            "--gpus" => o.gpus = Some(value()?.parse().map_err(|_| "--gpus takes a number")?),
+            "--quick" => o.quick = true,
+            "--phases" => {
+                let phases: Vec<String> = value()?.split(',').map(str::to_string).collect();
+                if let Some(bad) = phases.iter().find(|p| !PHASES.contains(&p.as_str())) {
+                    return Err(
+                        format!("unknown phase {bad:?}; phases: {}", PHASES.join(", ")).into(),
+                    );
+                }
+                o.phases = phases;
+            }
+            "--out" => o.out = PathBuf::from(value()?),
+            "--timeout" => {
+                o.timeout =
+                    Duration::from_secs(value()?.parse().map_err(|_| "--timeout takes seconds")?)
+            }
+            "--from-bundle" => o.from_bundle = Some(PathBuf::from(value()?)),
+            "--report" => o.report_only = Some(PathBuf::from(value()?)),
+            other => return Err(format!("unknown bench argument {other:?}").into()),
+        }
+    }
+    Ok(o)
+}
+
+/// One run of the example.
+struct Job {
+    name: String,
+    mode: &'static str,
+    args: Vec<String>,
+}
+
+fn jobs(o: &Options) -> Vec<Job> {
+    let mut jobs = Vec::new();
+    let s = |v: &[&str]| v.iter().map(|a| a.to_string()).collect::<Vec<_>>();
+    let want = |p: &str| o.phases.iter().any(|q| q == p);
+    if want("sweep") {
+        let max = if o.quick { "128M" } else { "2G" };
+        jobs.push(Job {
+            name: "sweep-threads".into(),
+            mode: "threads",
+            args: s(&["-b", "8", "-e", max, "-n", "20", "-w", "5", "--rounds", "3"]),
+        });
+    }
+    if want("latency") {
+        let (iters, rounds) = if o.quick { ("200", "3") } else { ("1000", "5") };
+        for mode in MODES {
+            jobs.push(Job {
+                name: format!("latency-{mode}"),
+                mode,
+                args: s(&[
+                    "-b", "8", "-e", "128", "-n", iters, "-w", "100", "--rounds", rounds,
+                ]),
+            });
+        }
+    }
+    if want("graph") {
+        for mode in ["single", "threads"] {
+            jobs.push(Job {
+                name: format!("graph-{mode}"),
+                mode,
+                args: s(&[
+                    "--graph",
+                    "--ops",
+                    "all_reduce",
+                    "-b",
+                    "8",
+                    "-e",
+                    "8",
+                    "-n",
+                    "100",
+                    "-w",
+                    "20",
+                    "--graph-launches",
+                    "20",
+                    "--rounds",
+                    "5",
+                ]),
+            });
+        }
+    }
+    if want("events") {
+        jobs.push(Job {
+            name: "events-threads".into(),
+            mode: "threads",
+            args: s(&[
+                "--cudarc-events",
+                "--ops",
+                "all_reduce",
+                "-b",
+                "8",
+                "-e",
+                "8",
+                "-n",
+                "1000",
+                "-w",
+                "100",
+                "--rounds",
+                "5",
+            ]),
+        });
+    }
+    if want("setup") {
+        for mode in MODES {
+            jobs.push(Job {
+                name: format!("setup-{mode}"),
+                mode,
+                args: s(&["--setup", "--setup-reps", "3"]),
+            });
+        }
+    }
+    jobs
+}
+
+fn bench_binary(o: &Options) -> Result<PathBuf> {
+    if let Some(dir) = &o.from_bundle {
+        let path = dir.join("examples/bench");
+        if !path.exists() {
+            return Err(format!("{} is missing: rebuild the bundle", path.display()).into());
+        }
+        return Ok(path);
+    }
+    eprintln!("xtask: building the bench example (release)");
+    crate::run(cargo().args([
+        "build",
+        "--release",
+        "-p",
+        "nccl-dist",
+        "--example",
+        "bench",
+    ]))?;
+    Ok(workspace_root().join("target/release/examples/bench"))
+}
+
+pub fn run(args: &[&str]) -> Result<()> {
+    let o = parse(args)?;
+    if let Some(dir) = &o.report_only {
+        return report(dir);
+    }
+    let gpus = gpu_count();
+    if gpus == 0 {
+        return Err("no GPU on this machine: the bench needs at least one (run it on a GPU host, e.g. from a bundle: `cargo xtask gpu-test --bundle DIR`, then `DIR/xtask bench --from-bundle DIR`)".into());
+    }
+    let n = o.gpus.unwrap_or(gpus);
+    if n > gpus {
+        return Err(format!("--gpus {n}: this machine has {gpus}").into());
+    }
+    let bin = bench_binary(&o)?;
+    std::fs::create_dir_all(&o.out)?;
+    let deadline = Instant::now() + o.timeout;
+    let list = jobs(&o);
+    let mut failed = Vec::new();
+    for (i, job) in list.iter().enumerate() {
+        let json = o.out.join(format!("{}.json", job.name));
+        let _ = std::fs::remove_file(&json);
+        let mut args = job.args.clone();
+        args.extend(["--mode".into(), job.mode.into(), "--json".into()]);
+        args.push(json.display().to_string());
+        eprintln!(
+            "xtask: bench [{}/{}] {} on {n} GPUs: bench {}",
+            i + 1,
+            list.len(),
+            job.name,
+            args.join(" ")
+        );
+        let left = deadline.saturating_duration_since(Instant::now());
+        let ok = if job.mode == "processes" {
+            matches!(launch_ranks(&bin, &args, n, left)?, Ended::Exited(s) if s.iter().all(|s| s.success()))
+        } else {
+            args.extend(["--gpus".into(), n.to_string()]);
+            run_with_deadline(Command::new(&bin).args(&args), left)?
+        };
+        if !ok {
+            eprintln!("xtask: bench: {} failed", job.name);
+            failed.push(job.name.clone());
+        }
+    }
+    let verdict = report(&o.out);
+    if !failed.is_empty() {
+        return Err(format!("bench runs failed: {}", failed.join(", ")).into());
+    }
+    verdict
+}
+
+/// Runs `cmd` (output to ours), killing it at the deadline.
+fn run_with_deadline(cmd: &mut Command, left: Duration) -> Result<bool> {
+    let mut child = cmd.spawn()?;
+    let deadline = Instant::now() + left;
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(status.success());
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            eprintln!("xtask: bench: deadline passed, killed");
+            return Ok(false);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn load(dir: &Path) -> Result<BTreeMap<String, Value>> {
+    let mut docs = BTreeMap::new();
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        let name = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        if path.extension().is_some_and(|e| e == "json") && name != "bench" {
+            let text = std::fs::read_to_string(&path)?;
+            docs.insert(name, serde_json::from_str(&text)?);
+        }
+    }
+    Ok(docs)
+}
+
+fn results(doc: &Value) -> impl Iterator<Item = &Value> {
+    doc["results"].as_array().into_iter().flatten()
+}
+
+fn f(v: &Value, k: &str) -> f64 {
+    v[k].as_f64().unwrap_or(f64::NAN)
+}
+
+fn s<'v>(v: &'v Value, k: &str) -> &'v str {
+    v[k].as_str().unwrap_or("")
+}
+
+/// The same measurement through another layer.
+fn same(a: &Value, b: &Value) -> bool {
+    ["coll", "bytes", "in_place", "mode", "graph"]
+        .iter()
+        .all(|k| a[*k] == b[*k])
+}
+
+/// Writes report.md, bench.json and busbw.svg from the JSON in `dir`;
+/// errors when a result is wrong or a target is missed.
+fn report(dir: &Path) -> Result<()> {
+    let docs = load(dir)?;
+    if docs.is_empty() {
+        return Err(format!("no bench JSON in {}", dir.display()).into());
+    }
+    let mut md = String::new();
+    let mut misses: Vec<String> = Vec::new();
+    let meta = docs
+        .values()
+        .next()
+        .map(|d| d["meta"].clone())
+        .unwrap_or_default();
+    writeln!(md, "# Bench report\n")?;
+    writeln!(
+        md,
+        "NCCL {}, {} ranks. Every figure below comes from this one run; ratios compare layers measured back to back.\n",
+        s(&meta, "nccl"),
+        meta["ranks"]
+    )?;
+    let wrong: u64 = docs
+        .values()
+        .flat_map(results)
+        .filter_map(|r| r["wrong"].as_u64())
+        .sum();
+    writeln!(md, "Wrong elements over every check: **{wrong}**.\n")?;
+    if wrong > 0 {
+        misses.push(format!("{wrong} wrong elements"));
+    }
+
+    if let Some(doc) = docs.get("sweep-threads") {
+        sweep_section(&mut md, doc, &mut misses)?;
+        plot(doc, &dir.join("busbw.svg"))?;
+        writeln!(
+            md,
+            "Plot: `busbw.svg` (busbw against size, out of place, per layer).\n"
+        )?;
+    }
+    latency_section(&mut md, &docs, &mut misses)?;
+    graph_section(&mut md, &docs, &mut misses)?;
+    allocation_section(&mut md, &docs, &mut misses)?;
+    setup_section(&mut md, &docs, &mut misses)?;
+
+    writeln!(md, "## Verdict\n")?;
+    if misses.is_empty() {
+        writeln!(md, "Every target met.")?;
+    } else {
+        for m in &misses {
+            writeln!(md, "- MISSED: {m}")?;
+        }
+    }
+    std::fs::write(dir.join("report.md"), &md)?;
+    let all: BTreeMap<&String, &Value> = docs.iter().collect();
+    std::fs::write(
+        dir.join("bench.json"),
+        serde_json::to_string_pretty(&json!(all))?,
+    )?;
+    println!("{md}");
+    eprintln!(
+        "xtask: bench: wrote {}, bench.json and busbw.svg",
+        dir.join("report.md").display()
+    );
+    if misses.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("bench: {} target(s) missed", misses.len()).into())
+    }
+}
+
+/// busbw per layer at the largest size, and the least safe/raw and
+/// dist/raw ratio at 128 MiB and above.
+fn sweep_section(md: &mut String, doc: &Value, misses: &mut Vec<String>) -> Result<()> {
+    writeln!(md, "## Bandwidth (a thread per GPU)\n")?;
+    writeln!(
+        md,
+        "busbw in GB/s at the largest size, out of place; the ratios are the least over every size ≥ 128 MiB and both placements (target ≥ 0.99).\n"
+    )?;
+    writeln!(
+        md,
+        "| collective | size | raw | safe | dist | nccl-tests 2.19.6 (2 GiB, from the issue) | safe/raw min | dist/raw min |"
+    )?;
+    writeln!(md, "|---|---|---|---|---|---|---|---|")?;
+    let rs: Vec<&Value> = results(doc).collect();
+    for (coll, reference) in NCCL_TESTS_2G {
+        let of = |layer: &str| -> Vec<&Value> {
+            rs.iter()
+                .copied()
+                .filter(|r| s(r, "coll") == *coll && s(r, "layer") == layer)
+                .collect()
+        };
+        let raw = of("raw");
+        let Some(largest) = raw
+            .iter()
+            .filter(|r| r["in_place"] == false)
+            .max_by_key(|r| r["bytes"].as_u64())
+        else {
+            continue;
+        };
+        let bw = |layer: &str| {
+            of(layer)
+                .iter()
+                .find(|r| same(r, largest))
+                .map_or("-".to_string(), |r| format!("{:.1}", f(r, "busbw_gbs")))
+        };
+        let ratio = |layer: &str| -> Option<f64> {
+            of(layer)
+                .iter()
+                .filter(|r| r["bytes"].as_u64().unwrap_or(0) >= 128 << 20)
+                .filter_map(|r| {
+                    raw.iter()
+                        .find(|q| same(q, r))
+                        .map(|q| f(r, "busbw_gbs") / f(q, "busbw_gbs"))
+                })
+                .min_by(f64::total_cmp)
+        };
+        let mut cells = Vec::new();
+        for layer in ["safe", "dist"] {
+            match ratio(layer) {
+                Some(x) => {
+                    if x < 0.99 {
+                        misses.push(format!("{coll}: {layer}/raw busbw {x:.4} < 0.99"));
+                    }
+                    cells.push(format!("{x:.4}"));
+                }
+                None => cells.push("-".into()),
+            }
+        }
+        writeln!(
+            md,
+            "| {coll} | {} | {} | {} | {} | {reference} | {} | {} |",
+            human(largest["bytes"].as_u64().unwrap_or(0)),
+            bw("raw"),
+            bw("safe"),
+            bw("dist"),
+            cells[0],
+            cells[1]
+        )?;
+    }
+    writeln!(md)?;
+    Ok(())
+}
+
+/// Time per call at the smallest size of each collective, per mode; the
+/// target is at most 0.5 µs above raw.
+fn latency_section(
+    md: &mut String,
+    docs: &BTreeMap<String, Value>,
+    misses: &mut Vec<String>,
+) -> Result<()> {
+    let mut any = false;
+    for mode in MODES {
+        let Some(doc) = docs.get(&format!("latency-{mode}")) else {
+            continue;
+        };
+        if !any {
+            writeln!(md, "## Small messages\n")?;
+            writeln!(
+                md,
+                "µs per call (median of rounds, slowest rank), out of place, at each collective's smallest size; target: safe and dist at most 0.5 µs above raw.\n"
+            )?;
+            any = true;
+        }
+        writeln!(md, "### {mode}\n")?;
+        writeln!(
+            md,
+            "| collective | size | raw | safe | dist | safe − raw | dist − raw |"
+        )?;
+        writeln!(md, "|---|---|---|---|---|---|---|")?;
+        let rs: Vec<&Value> = results(doc).filter(|r| r["in_place"] == false).collect();
+        let mut colls: Vec<&str> = rs.iter().map(|r| s(r, "coll")).collect();
+        colls.dedup();
+        for coll in colls {
+            let Some(smallest) = rs
+                .iter()
+                .filter(|r| s(r, "coll") == coll && s(r, "layer") == "raw")
+                .min_by_key(|r| r["bytes"].as_u64())
+            else {
+                continue;
+            };
+            let t = |layer: &str| {
+                rs.iter()
+                    .find(|r| s(r, "layer") == layer && same(r, smallest))
+                    .map(|r| f(r, "time_us"))
+            };
+            let raw = f(smallest, "time_us");
+            let cell = |x: Option<f64>| x.map_or("-".into(), |x| format!("{x:.2}"));
+            let mut deltas = Vec::new();
+            for layer in ["safe", "dist"] {
+                match t(layer) {
+                    Some(x) => {
+                        let d = x - raw;
+                        if d > 0.5 {
+                            misses.push(format!(
+                                "{mode} {coll} {}: {layer} {d:+.2} µs over raw",
+                                human(smallest["bytes"].as_u64().unwrap_or(0))
+                            ));
+                        }
+                        deltas.push(format!("{d:+.2}"));
+                    }
+                    None => deltas.push("-".into()),
+                }
+            }
+            writeln!(
+                md,
+                "| {coll} | {} | {raw:.2} | {} | {} | {} | {} |",
+                human(smallest["bytes"].as_u64().unwrap_or(0)),
+                cell(t("safe")),
+                cell(t("dist")),
+                deltas[0],
+                deltas[1]
+            )?;
+        }
+        writeln!(md)?;
+    }
+    if let Some(doc) = docs.get("events-threads") {
+        writeln!(
+            md,
+            "### cudarc event tracking on (threads, 8 B all_reduce)\n"
+        )?;
+        writeln!(
+            md,
+            "With cudarc's default event tracking every buffer use adds a `cuStreamWaitEvent` and a `cuEventRecord`; the bench turns it off for its single-stream buffers. For comparison:\n"
+        )?;
+        writeln!(md, "| layer | µs per call |")?;
+        writeln!(md, "|---|---|")?;
+        for r in results(doc).filter(|r| r["in_place"] == false) {
+            writeln!(md, "| {} | {:.2} |", s(r, "layer"), f(r, "time_us"))?;
+        }
+        writeln!(md)?;
+    }
+    Ok(())
+}
+
+fn graph_section(
+    md: &mut String,
+    docs: &BTreeMap<String, Value>,
+    misses: &mut Vec<String>,
+) -> Result<()> {
+    let mut any = false;
+    for mode in ["single", "threads"] {
+        let Some(doc) = docs.get(&format!("graph-{mode}")) else {
+            continue;
+        };
+        if !any {
+            writeln!(md, "## CUDA graphs (8 B all_reduce)\n")?;
+            writeln!(
+                md,
+                "µs per all_reduce replayed from a graph of 100 captured calls; target ≤ 9 µs on 4 GPUs.\n"
+            )?;
+            writeln!(md, "| mode | layer | placement | µs per call |")?;
+            writeln!(md, "|---|---|---|---|")?;
+            any = true;
+        }
+        for r in results(doc) {
+            let t = f(r, "time_us");
+            let place = if r["in_place"] == true {
+                "in place"
+            } else {
+                "out of place"
+            };
+            writeln!(md, "| {mode} | {} | {place} | {t:.2} |", s(r, "layer"))?;
+            if r["ranks"].as_u64() == Some(4) && t > 9.0 {
+                misses.push(format!(
+                    "graph {mode} {} {place}: {t:.2} µs > 9",
+                    s(r, "layer")
+                ));
+            }
+        }
+    }
+    if any {
+        writeln!(md)?;
+    }
+    Ok(())
+}
+
+fn allocation_section(
+    md: &mut String,
+    docs: &BTreeMap<String, Value>,
+    misses: &mut Vec<String>,
+) -> Result<()> {
+    let mut worst: BTreeMap<String, (f64, String)> = BTreeMap::new();
+    for (name, doc) in docs {
+        for r in results(doc) {
+            let key = format!(
+                "{} ({})",
+                s(r, "layer"),
+                name.split('-').next().unwrap_or("")
+            );
+            let a = f(r, "allocs_per_call");
+            let e = worst.entry(key).or_insert((0.0, String::new()));
+            if a > e.0 || e.1.is_empty() {
+                *e = (
+                    a.max(e.0),
+                    format!("{} {} {}", name, s(r, "coll"), r["bytes"]),
+                );
+            }
+        }
+    }
+    if worst.is_empty() {
+        return Ok(());
+    }
+    writeln!(md, "## Heap allocations per call\n")?;
+    writeln!(
+        md,
+        "The most seen in any measurement (counted by the bench's global allocator on the calling thread); target: 0 for safe.\n"
+    )?;
+    writeln!(md, "| layer (phase) | most allocations per call | where |")?;
+    writeln!(md, "|---|---|---|")?;
+    for (key, (a, at)) in &worst {
+        writeln!(md, "| {key} | {a:.3} | {at} |")?;
+        if key.starts_with("safe") && *a > 0.0 {
+            misses.push(format!("{key}: {a:.3} allocations per call"));
+        }
+    }
+    writeln!(md)?;
+    Ok(())
+}
+
+fn setup_section(
+    md: &mut String,
+    docs: &BTreeMap<String, Value>,
+    misses: &mut Vec<String>,
+) -> Result<()> {
+    let mut any = false;
+    for mode in MODES {
+        let Some(doc) = docs.get(&format!("setup-{mode}")) else {
+            continue;
+        };
+        if !any {
+            writeln!(md, "## Set-up\n")?;
+            writeln!(
+                md,
+                "ms, slowest rank. world = communicator init (from process start in the first processes rep); mesh = `DeviceMesh::new` dp×tp; target: mesh + first all_reduce on each axis ≤ 200 ms on 4 GPUs (warm reps).\n"
+            )?;
+            writeln!(
+                md,
+                "| mode | rep | state | world | mesh | first dp | first tp | mesh + firsts |"
+            )?;
+            writeln!(md, "|---|---|---|---|---|---|---|---|")?;
+            any = true;
+        }
+        let ranks = doc["meta"]["ranks"].as_u64();
+        for r in doc["setup"].as_array().into_iter().flatten() {
+            let total = f(r, "mesh_and_first_all_reduces_ms");
+            writeln!(
+                md,
+                "| {mode} | {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {total:.1} |",
+                r["rep"],
+                s(r, "state"),
+                f(r, "world_ms"),
+                f(r, "mesh_ms"),
+                f(r, "first_all_reduce_dp_ms"),
+                f(r, "first_all_reduce_tp_ms"),
+            )?;
+            if ranks == Some(4) && s(r, "state") == "warm" && total > 200.0 {
+                misses.push(format!(
+                    "setup {mode} rep {}: {total:.1} ms > 200",
+                    r["rep"]
+                ));
+            }
+        }
+    }
+    if any {
+        writeln!(md)?;
+    }
+    Ok(())
+}
+
+fn human(bytes: u64) -> String {
+    match bytes {
+        b if b >= 1 << 30 && b % (1 << 30) == 0 => format!("{} GiB", b >> 30),
+        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{} MiB", b >> 20),
+        b if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{} KiB", b >> 10),
+        b => format!("{b} B"),
+    }
+}
+
+/// busbw against size (log-log), one panel per collective, one line per
+/// layer, out of place.
+fn plot(doc: &Value, path: &Path) -> Result<()> {
+    let rs: Vec<&Value> = results(doc).filter(|r| r["in_place"] == false).collect();
+    let colls: Vec<&str> = NCCL_TESTS_2G
+        .iter()
+        .map(|(c, _)| *c)
+        .filter(|c| rs.iter().any(|r| s(r, "coll") == *c))
+        .collect();
+    if colls.is_empty() {
+        return Ok(());
+    }
+    let root = SVGBackend::new(path, (1500, 900)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let panels = root.split_evenly((2, 4));
+    let max_bytes = rs
+        .iter()
+        .filter_map(|r| r["bytes"].as_u64())
+        .max()
+        .unwrap_or(8) as f64;
+    let max_bw = rs.iter().map(|r| f(r, "busbw_gbs")).fold(1.0, f64::max) * 1.1;
+    for (coll, area) in colls.iter().zip(panels.iter()) {
+        let mut chart = ChartBuilder::on(area)
+            .caption(*coll, ("sans-serif", 18))
+            .margin(8)
+            .x_label_area_size(36)
+            .y_label_area_size(48)
+            .build_cartesian_2d(
+                (8f64..max_bytes).log_scale(),
+                (0.001f64..max_bw).log_scale(),
+            )?;
+        chart
+            .configure_mesh()
+            .x_desc("bytes")
+            .y_desc("busbw GB/s")
+            .x_label_formatter(&|x| human(*x as u64))
+            .y_label_formatter(&|y| format!("{y:.3}"))
+            .draw()?;
+        for (layer, color) in [("raw", &BLACK), ("safe", &BLUE), ("dist", &RED)] {
+            let mut points: Vec<(f64, f64)> = rs
+                .iter()
+                .filter(|r| s(r, "coll") == *coll && s(r, "layer") == layer)
+                .map(|r| (f(r, "bytes"), f(r, "busbw_gbs")))
+                .filter(|(_, y)| *y > 0.0)
+                .collect();
+            points.sort_by(|a, b| a.0.total_cmp(&b.0));
+            chart
+                .draw_series(LineSeries::new(points.clone(), color))?
+                .label(layer)
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color));
+            chart.draw_series(points.iter().map(|p| Circle::new(*p, 2, color.filled())))?;
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()?;
+    }
+    root.present()?;
+    Ok(())
+}
