@@ -11,14 +11,20 @@
 //! Phases, each one run of the example (`--json` into `--out`):
 //!
 //! - `sweep`: every collective, 8 B to 2 GiB (×4), out of place and in
-//!   place, through raw, safe and dist, a thread per GPU, 3 rounds.
+//!   place, through raw, safe and dist, a thread per GPU, 3 rounds of at
+//!   least 20 iterations and 20 ms each.
 //! - `latency`: every collective from 8 B to 128 B with 1000 iterations
-//!   and 5 rounds, in each launch mode (single, threads, processes).
+//!   and 5 rounds, in each launch mode (single, threads, processes), and
+//!   with nonblocking communicators (threads).
 //! - `graph`: an 8 B all_reduce captured in CUDA graphs (single, threads).
 //! - `events`: the 8 B all_reduce with cudarc's event tracking left on, to
 //!   show what it costs.
 //! - `setup`: communicator init, a 2×2 `DeviceMesh` and the first
-//!   all_reduce on each axis (each mode, first cold then warm).
+//!   all_reduce on each axis (each mode, and threads with nonblocking
+//!   communicators; first cold then warm).
+//!
+//! Communicators are blocking (as in nccl-tests) unless a job says
+//! nonblocking.
 //!
 //! Then `report.md` (tables and the targets of the performance issue, each
 //! as a ratio), `bench.json` (every result) and `busbw.svg` (busbw against
@@ -119,20 +125,32 @@ fn jobs(o: &Options) -> Vec<Job> {
         jobs.push(Job {
             name: "sweep-threads".into(),
             mode: "threads",
-            args: s(&["-b", "8", "-e", max, "-n", "20", "-w", "5", "--rounds", "3"]),
+            args: s(&[
+                "-b", "8", "-e", max, "-n", "20", "-w", "5", "--min-ms", "20", "--rounds", "3",
+            ]),
         });
     }
     if want("latency") {
         let (iters, rounds) = if o.quick { ("200", "3") } else { ("1000", "5") };
+        let latency = |extra: &[&str]| {
+            let mut a = s(&[
+                "-b", "8", "-e", "128", "-n", iters, "-w", "100", "--rounds", rounds,
+            ]);
+            a.extend(s(extra));
+            a
+        };
         for mode in MODES {
             jobs.push(Job {
                 name: format!("latency-{mode}"),
                 mode,
-                args: s(&[
-                    "-b", "8", "-e", "128", "-n", iters, "-w", "100", "--rounds", rounds,
-                ]),
+                args: latency(&[]),
             });
         }
+        jobs.push(Job {
+            name: "latency-threads-nonblocking".into(),
+            mode: "threads",
+            args: latency(&["--nonblocking"]),
+        });
     }
     if want("graph") {
         for mode in ["single", "threads"] {
@@ -188,6 +206,11 @@ fn jobs(o: &Options) -> Vec<Job> {
                 args: s(&["--setup", "--setup-reps", "3"]),
             });
         }
+        jobs.push(Job {
+            name: "setup-threads-nonblocking".into(),
+            mode: "threads",
+            args: s(&["--setup", "--setup-reps", "3", "--nonblocking"]),
+        });
     }
     jobs
 }
@@ -248,7 +271,8 @@ pub fn run(args: &[&str]) -> Result<()> {
             matches!(launch_ranks(&bin, &args, n, left)?, Ended::Exited(s) if s.iter().all(|s| s.success()))
         } else {
             args.extend(["--gpus".into(), n.to_string()]);
-            run_with_deadline(Command::new(&bin).args(&args), left)?
+            let log = o.out.join(format!("{}.log", job.name));
+            run_logged(Command::new(&bin).args(&args), &log, left)?
         };
         if !ok {
             eprintln!("xtask: bench: {} failed", job.name);
@@ -262,7 +286,28 @@ pub fn run(args: &[&str]) -> Result<()> {
     verdict
 }
 
-/// Runs `cmd` (output to ours), killing it at the deadline.
+/// Runs `cmd` with its output in `log`, killing it at the deadline; on
+/// failure the log's last lines are shown.
+fn run_logged(cmd: &mut Command, log: &Path, left: Duration) -> Result<bool> {
+    let ok = run_with_deadline(
+        cmd.stdout(std::fs::File::create(log)?)
+            .stderr(std::fs::File::create(log.with_extension("err"))?),
+        left,
+    )?;
+    if !ok {
+        for path in [log.to_path_buf(), log.with_extension("err")] {
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            eprintln!("xtask: --- last lines of {}", path.display());
+            for line in &lines[lines.len().saturating_sub(25)..] {
+                eprintln!("{line}");
+            }
+        }
+    }
+    Ok(ok)
+}
+
+/// Runs `cmd`, killing it at the deadline.
 fn run_with_deadline(cmd: &mut Command, left: Duration) -> Result<bool> {
     let mut child = cmd.spawn()?;
     let deadline = Instant::now() + left;
@@ -466,10 +511,8 @@ fn latency_section(
     misses: &mut Vec<String>,
 ) -> Result<()> {
     let mut any = false;
-    for mode in MODES {
-        let Some(doc) = docs.get(&format!("latency-{mode}")) else {
-            continue;
-        };
+    for (name, doc) in docs.iter().filter(|(k, _)| k.starts_with("latency-")) {
+        let mode = name.trim_start_matches("latency-");
         if !any {
             writeln!(md, "## Small messages\n")?;
             writeln!(
@@ -640,10 +683,8 @@ fn setup_section(
     misses: &mut Vec<String>,
 ) -> Result<()> {
     let mut any = false;
-    for mode in MODES {
-        let Some(doc) = docs.get(&format!("setup-{mode}")) else {
-            continue;
-        };
+    for (name, doc) in docs.iter().filter(|(k, _)| k.starts_with("setup-")) {
+        let mode = name.trim_start_matches("setup-");
         if !any {
             writeln!(md, "## Set-up\n")?;
             writeln!(

@@ -27,6 +27,8 @@ What to run:
   -r, --root R                     root of broadcast and reduce [0]
   -n, --iters N                    timed iterations per measurement [20]
   -w, --warmup N                   untimed iterations first [5]
+  --min-ms MS                      time at least MS per measurement: more iterations
+                                   than -n where calls are short (not with --graph) [0]
   --rounds N                       measure each layer N times, interleaved, and
                                    report the median [1]
   --in-place only|both|none        which placements to run [both]
@@ -38,6 +40,10 @@ What to run:
                                    blocks above [sampled]
   --cudarc-events                  leave cudarc's per-buffer event tracking on
                                    (it costs CUDA calls on every use of a buffer)
+  --nonblocking                    nonblocking communicators (nccl-dist's default,
+                                   for deadlines on init and enqueue); NCCL then
+                                   launches each group from a new thread
+                                   [blocking, as nccl-tests]
   --timeout SECS                   deadline for every wait on the GPUs [120]
   --setup                          time communicator init, DeviceMesh 2x2 creation
                                    and the first all_reduce on each axis instead
@@ -85,6 +91,8 @@ pub struct Opts {
     pub iters: usize,
     pub warmup: usize,
     pub rounds: usize,
+    pub min_ms: f64,
+    pub nonblocking: bool,
     pub out_of_place: bool,
     pub in_place: bool,
     pub graph: bool,
@@ -114,6 +122,8 @@ impl Default for Opts {
             iters: 20,
             warmup: 5,
             rounds: 1,
+            min_ms: 0.0,
+            nonblocking: false,
             out_of_place: true,
             in_place: true,
             graph: false,
@@ -196,6 +206,14 @@ pub fn parse(args: &[String]) -> Result<Option<Opts>, String> {
             "-n" | "--iters" => o.iters = number(flag, value()?)?,
             "-w" | "--warmup" => o.warmup = number(flag, value()?)?,
             "--rounds" => o.rounds = number(flag, value()?)?,
+            "--min-ms" => {
+                o.min_ms = value()?
+                    .parse()
+                    .ok()
+                    .filter(|ms: &f64| *ms >= 0.0 && ms.is_finite())
+                    .ok_or("--min-ms wants milliseconds")?
+            }
+            "--nonblocking" => o.nonblocking = true,
             "--in-place" => {
                 (o.out_of_place, o.in_place) = match value()? {
                     "both" => (true, true),

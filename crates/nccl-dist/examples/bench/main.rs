@@ -31,7 +31,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use nccl_dist::nccl_safe::cudarc::driver::CudaContext;
-use nccl_dist::nccl_safe::{Comm, Library, ReduceOp};
+use nccl_dist::nccl_safe::{Comm, Config, Library, ReduceOp};
 use nccl_dist::{Launch, World, WorldOptions, default_config};
 use serde_json::{Value, json};
 
@@ -96,6 +96,16 @@ fn gpus_present() -> std::result::Result<(), String> {
     }
 }
 
+/// The communicator configuration: NCCL's blocking default, or nccl-dist's
+/// nonblocking one.
+pub fn config(opts: &Opts) -> Config {
+    if opts.nonblocking {
+        default_config()
+    } else {
+        Config::new()
+    }
+}
+
 /// Devices `0..--gpus` (all by default), refusing more than there are.
 fn devices(opts: &Opts) -> Result<Vec<usize>> {
     let visible = CudaContext::device_count()? as usize;
@@ -126,14 +136,14 @@ fn main_typed<T: Elem>(opts: &Opts) -> Result<()> {
     let started = Instant::now();
     match opts.mode {
         Mode::Single => {
-            let worlds = World::local_with(&devices(&opts)?, &default_config())?;
+            let worlds = World::local_with(&devices(&opts)?, &config(&opts))?;
             let comms: Vec<&Comm> = worlds.iter().map(World::comm).collect();
             sweep::<T>(&comms, &opts, op, started)
         }
         Mode::Threads => {
             let devices = devices(&opts)?;
             let o = &opts;
-            World::spawn_local_with(&devices, &default_config(), |world| {
+            World::spawn_local_with(&devices, &config(o), |world| {
                 sweep::<T>(&[world.comm()], o, op, started).map_err(|e| {
                     nccl_dist::Error::InvalidArgument {
                         op: "bench",
@@ -149,7 +159,7 @@ fn main_typed<T: Elem>(opts: &Opts) -> Result<()> {
                     "--mode processes needs a launcher ({e}); try `cargo xtask launch -n 4 --example bench -- --mode processes`"
                 )
             })?;
-            let world = World::init_with(launch, &WorldOptions::new())?;
+            let world = World::init_with(launch, &WorldOptions::new().config(config(&opts)))?;
             sweep::<T>(&[world.comm()], &opts, op, started)
         }
     }
@@ -318,9 +328,14 @@ fn human(bytes: usize) -> String {
 fn print_preamble<T: Elem>(opts: &Opts, comms: &[&Comm], n: usize) -> Result<()> {
     let lib = Library::get()?;
     println!(
-        "# nccl-rs bench: {} ranks, mode {}, {}dtype {}, op {}, iters {}, warmup {}, rounds {}{}",
+        "# nccl-rs bench: {} ranks, mode {}, {} communicators, {}dtype {}, op {}, iters {}, warmup {}, rounds {}{}",
         n,
         opts.mode.name(),
+        if opts.nonblocking {
+            "nonblocking"
+        } else {
+            "blocking"
+        },
         if opts.graph {
             format!("CUDA graphs ({} replays), ", opts.graph_launches)
         } else {
@@ -418,6 +433,7 @@ fn record<T: Elem>(opts: &Opts, n: usize, spec: &Spec, layer: Layer, m: &Measure
         "mode": opts.mode.name(),
         "graph": opts.graph,
         "cudarc_events": opts.cudarc_events,
+        "nonblocking": opts.nonblocking,
         "ranks": n,
         "coll": spec.coll.name(),
         "bytes": spec.shape.bytes,
@@ -451,6 +467,8 @@ fn meta<T: Elem>(opts: &Opts, comms: &[&Comm], n: usize) -> Result<Value> {
         "iters": opts.iters,
         "warmup": opts.warmup,
         "rounds": opts.rounds,
+        "min_ms": opts.min_ms,
+        "nonblocking": opts.nonblocking,
         "graph": opts.graph,
         "graph_launches": opts.graph_launches,
         "cudarc_events": opts.cudarc_events,

@@ -95,6 +95,7 @@ pub struct Driver<'c, T> {
     iters: usize,
     warmup: usize,
     graph_launches: usize,
+    min_seconds: f64,
 }
 
 fn cuda_err(what: &'static str) -> impl Fn(cuda::DriverError) -> BoxError {
@@ -138,6 +139,7 @@ impl<'c, T: Elem> Driver<'c, T> {
             iters: opts.iters,
             warmup: opts.warmup,
             graph_launches: opts.graph_launches,
+            min_seconds: opts.min_ms / 1e3,
         })
     }
 
@@ -342,22 +344,33 @@ impl<'c, T: Elem> Driver<'c, T> {
     /// Warm-up, then `iters` timed calls (or, with `graph`, `iters` calls
     /// captured once and the graph replayed), slowest rank's time per call.
     pub fn measure(&mut self, layer: Layer, spec: &Spec, graph: bool) -> Result<Sample> {
+        self.barrier()?;
+        let t0 = Instant::now();
         for _ in 0..self.warmup {
             self.issue(layer, spec)?;
         }
-        let calls = (self.iters * self.ranks.len()) as f64;
+        self.wait()?;
+        let mut iters = self.iters;
+        if !graph && self.min_seconds > 0.0 && self.warmup > 0 {
+            // Every rank must run the same number of calls: the most any
+            // rank wants.
+            let per_call = t0.elapsed().as_secs_f64() / self.warmup as f64;
+            let want = (self.min_seconds / per_call).ceil().min(1e6);
+            iters = iters.max(self.over_ranks(&[want], ReduceOp::Max)?[0] as usize);
+        }
+        let calls = (iters * self.ranks.len()) as f64;
         let (seconds, allocs) = if graph {
             self.measure_graph(layer, spec)?
         } else {
             self.barrier()?;
             let a0 = alloc::allocations();
             let t0 = Instant::now();
-            for _ in 0..self.iters {
+            for _ in 0..iters {
                 self.issue(layer, spec)?;
             }
             let allocs = alloc::allocations() - a0;
             self.wait()?;
-            (t0.elapsed().as_secs_f64() / self.iters as f64, allocs)
+            (t0.elapsed().as_secs_f64() / iters as f64, allocs)
         };
         let worst = self.over_ranks(&[seconds, allocs as f64 / calls], ReduceOp::Max)?;
         Ok(Sample {

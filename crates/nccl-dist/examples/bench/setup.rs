@@ -6,8 +6,8 @@
 
 use std::time::Instant;
 
-use nccl_dist::nccl_safe::{Comm, Library, ReduceOp, group};
-use nccl_dist::{DeviceMesh, Launch, World, WorldOptions, default_config};
+use nccl_dist::nccl_safe::{Comm, Config, Library, ReduceOp, group};
+use nccl_dist::{DeviceMesh, Launch, World, WorldOptions};
 use serde_json::json;
 
 use crate::cli::{Mode, Opts};
@@ -66,8 +66,9 @@ fn slowest(world: &Comm, p: Phases) -> Result<Phases> {
     })
 }
 
-/// One repetition in a thread (or process) per rank, after the world.
-fn per_rank(world: &World, mut p: Phases) -> Result<Phases> {
+/// One repetition in a thread (or process) per rank, after the world;
+/// `dropped` runs once the mesh is gone.
+fn per_rank(world: &World, mut p: Phases, dropped: impl Fn()) -> Result<Phases> {
     let n = world.size();
     let t = Instant::now();
     let mesh = DeviceMesh::new(world, &axes(n))?;
@@ -75,17 +76,15 @@ fn per_rank(world: &World, mut p: Phases) -> Result<Phases> {
     first_on_axes(&mesh, &mut p)?;
     let worst = slowest(world.comm(), p)?;
     drop(mesh);
-    // Meet on the GPUs after the mesh's communicators are gone (see
-    // `World::spawn_local_with` on teardown with a thread per GPU).
-    nccl_dist::Communicator::barrier(world.comm())?;
+    dropped();
     Ok(worst)
 }
 
 /// One repetition with one thread driving every GPU.
-fn single(devices: &[usize]) -> Result<Phases> {
+fn single(devices: &[usize], config: &Config) -> Result<Phases> {
     let mut p = Phases::default();
     let t = Instant::now();
-    let worlds = World::local_with(devices, &default_config())?;
+    let worlds = World::local_with(devices, config)?;
     p.world = ms(t);
     let n = worlds.len();
     let t = Instant::now();
@@ -134,18 +133,24 @@ pub fn run(opts: &Opts) -> Result<()> {
             Mode::Single => {
                 let devices = crate::devices(opts)?;
                 n = devices.len();
-                single(&devices)?
+                single(&devices, &crate::config(opts))?
             }
             Mode::Threads => {
                 let devices = crate::devices(opts)?;
                 n = devices.len();
                 let t = Instant::now();
-                let out = World::spawn_local_with(&devices, &default_config(), |world| {
+                // With a thread per GPU the threads meet on the host after
+                // dropping their meshes (see `World::spawn_local_with`).
+                let dropped = std::sync::Barrier::new(n);
+                let out = World::spawn_local_with(&devices, &crate::config(opts), |world| {
                     let p = Phases {
                         world: ms(t),
                         ..Phases::default()
                     };
-                    per_rank(&world, p).map_err(|e| nccl_dist::Error::InvalidArgument {
+                    per_rank(&world, p, || {
+                        dropped.wait();
+                    })
+                    .map_err(|e| nccl_dist::Error::InvalidArgument {
                         op: "bench --setup",
                         reason: e.to_string(),
                     })
@@ -161,13 +166,14 @@ pub fn run(opts: &Opts) -> Result<()> {
                 // The first world counts from process start: what a job
                 // pays before its first collective.
                 let t = if rep == 0 { started } else { Instant::now() };
-                let world = World::init_with(launch, &WorldOptions::new())?;
+                let options = WorldOptions::new().config(crate::config(opts));
+                let world = World::init_with(launch, &options)?;
                 n = world.size();
                 let p = Phases {
                     world: ms(t),
                     ..Phases::default()
                 };
-                per_rank(&world, p)?
+                per_rank(&world, p, || ())?
             }
         };
         reps.push(p);
@@ -211,6 +217,7 @@ pub fn run(opts: &Opts) -> Result<()> {
                 "mode": opts.mode.name(),
                 "ranks": n,
                 "mesh": [dp, tp],
+                "nonblocking": opts.nonblocking,
                 "nccl": lib.version().to_string(),
             },
             "setup": rows,
