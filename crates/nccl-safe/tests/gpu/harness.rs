@@ -281,7 +281,7 @@ pub fn reduce_input(rank: usize, i: usize) -> f64 {
     if *WORLD.get_or_init(world) <= 4 {
         1.0 + ((rank + i) % 2) as f64
     } else {
-        ((rank + i) % 3 == 0) as u8 as f64
+        (rank + i).is_multiple_of(3) as u8 as f64
     }
 }
 
