@@ -510,17 +510,8 @@ fn latency_section(
     docs: &BTreeMap<String, Value>,
     misses: &mut Vec<String>,
 ) -> Result<()> {
-    let mut any = false;
-    for (name, doc) in docs.iter().filter(|(k, _)| k.starts_with("latency-")) {
-        let mode = name.trim_start_matches("latency-");
-        if !any {
-            writeln!(md, "## Small messages\n")?;
-            writeln!(
-                md,
-                "µs per call (median of rounds, slowest rank), out of place, at each collective's smallest size; target: safe and dist at most 0.5 µs above raw.\n"
-            )?;
-            any = true;
-        }
+    let heading = "## Small messages\n\nµs per call (median of rounds, slowest rank), out of place, at each collective's smallest size; target: safe and dist at most 0.5 µs above raw.\n\n";
+    for (mode, doc) in phase(md, docs, "latency-", heading) {
         writeln!(md, "### {mode}\n")?;
         writeln!(
             md,
@@ -597,21 +588,9 @@ fn graph_section(
     docs: &BTreeMap<String, Value>,
     misses: &mut Vec<String>,
 ) -> Result<()> {
-    let mut any = false;
-    for mode in ["single", "threads"] {
-        let Some(doc) = docs.get(&format!("graph-{mode}")) else {
-            continue;
-        };
-        if !any {
-            writeln!(md, "## CUDA graphs (8 B all_reduce)\n")?;
-            writeln!(
-                md,
-                "µs per all_reduce replayed from a graph of 100 captured calls; target ≤ 9 µs on 4 GPUs.\n"
-            )?;
-            writeln!(md, "| mode | layer | placement | µs per call |")?;
-            writeln!(md, "|---|---|---|---|")?;
-            any = true;
-        }
+    let heading = "## CUDA graphs (8 B all_reduce)\n\nµs per all_reduce replayed from a graph of 100 captured calls; target ≤ 9 µs on 4 GPUs.\n\n| mode | layer | placement | µs per call |\n|---|---|---|---|\n";
+    let found = phase(md, docs, "graph-", heading);
+    for &(mode, doc) in &found {
         for r in results(doc) {
             let t = f(r, "time_us");
             let place = if r["in_place"] == true {
@@ -628,7 +607,7 @@ fn graph_section(
             }
         }
     }
-    if any {
+    if !found.is_empty() {
         writeln!(md)?;
     }
     Ok(())
@@ -682,22 +661,9 @@ fn setup_section(
     docs: &BTreeMap<String, Value>,
     misses: &mut Vec<String>,
 ) -> Result<()> {
-    let mut any = false;
-    for (name, doc) in docs.iter().filter(|(k, _)| k.starts_with("setup-")) {
-        let mode = name.trim_start_matches("setup-");
-        if !any {
-            writeln!(md, "## Set-up\n")?;
-            writeln!(
-                md,
-                "ms, slowest rank. world = communicator init (from process start in the first processes rep); mesh = `DeviceMesh::new` dp×tp; target: mesh + first all_reduce on each axis ≤ 200 ms on 4 GPUs (warm reps).\n"
-            )?;
-            writeln!(
-                md,
-                "| mode | rep | state | world | mesh | first dp | first tp | mesh + firsts |"
-            )?;
-            writeln!(md, "|---|---|---|---|---|---|---|---|")?;
-            any = true;
-        }
+    let heading = "## Set-up\n\nms, slowest rank. world = communicator init (from process start in the first processes rep); mesh = `DeviceMesh::new` dp×tp; target: mesh + first all_reduce on each axis ≤ 200 ms on 4 GPUs (warm reps).\n\n| mode | rep | state | world | mesh | first dp | first tp | mesh + firsts |\n|---|---|---|---|---|---|---|---|\n";
+    let found = phase(md, docs, "setup-", heading);
+    for &(mode, doc) in &found {
         let ranks = doc["meta"]["ranks"].as_u64();
         for r in doc["setup"].as_array().into_iter().flatten() {
             let total = f(r, "mesh_and_first_all_reduces_ms");
@@ -719,10 +685,28 @@ fn setup_section(
             }
         }
     }
-    if any {
+    if !found.is_empty() {
         writeln!(md)?;
     }
     Ok(())
+}
+
+/// The results of one phase (files `PREFIX-MODE.json`) with their modes,
+/// after writing the section's `heading` when there are any.
+fn phase<'d>(
+    md: &mut String,
+    docs: &'d BTreeMap<String, Value>,
+    prefix: &str,
+    heading: &str,
+) -> Vec<(&'d str, &'d Value)> {
+    let found: Vec<(&str, &Value)> = docs
+        .iter()
+        .filter_map(|(name, doc)| name.strip_prefix(prefix).map(|mode| (mode, doc)))
+        .collect();
+    if !found.is_empty() {
+        md.push_str(heading);
+    }
+    found
 }
 
 fn human(bytes: u64) -> String {
