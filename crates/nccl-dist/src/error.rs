@@ -26,6 +26,12 @@ pub enum Error {
     /// happened, and the flight recorder.
     #[error("{0}")]
     Watchdog(Box<crate::watchdog::Failure>),
+    /// A peer of the job was lost (killed, exited, or its thread
+    /// panicked): which rank, why, and what this rank was doing (the
+    /// communicator, the oldest unfinished operation and its sequence
+    /// number, the flight recorder). The communicators were aborted.
+    #[error("peer rank {} was lost: {}", .0.rank, .0.failure)]
+    PeerLost(Box<PeerLost>),
     /// A thread driving one rank panicked.
     #[error("the thread of rank {rank} panicked: {message}")]
     RankPanicked {
@@ -42,6 +48,28 @@ pub enum Error {
         /// What is wrong.
         reason: String,
     },
+}
+
+/// What [`Error::PeerLost`] carries.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerLost {
+    /// The lost world rank.
+    pub rank: usize,
+    /// How it was lost and who saw it.
+    pub loss: crate::liveness::PeerLoss,
+    /// The communicator, operation and sequence number this rank was at,
+    /// with its flight recorder (kind [`crate::FailureKind::PeerLost`]).
+    pub failure: crate::watchdog::Failure,
+}
+
+impl Error {
+    /// The lost rank, when this error is [`Error::PeerLost`].
+    pub fn lost_rank(&self) -> Option<usize> {
+        match self {
+            Error::PeerLost(p) => Some(p.rank),
+            _ => None,
+        }
+    }
 }
 
 /// `Result` with this crate's [`Error`].

@@ -223,6 +223,8 @@ pub enum FailureKind {
     AsyncError(String),
     /// Someone else aborted the communicator while work was unfinished.
     Aborted,
+    /// A peer of the job was lost; the communicator was aborted.
+    PeerLost(crate::liveness::PeerLoss),
 }
 
 /// A watched communicator's failure: which communicator, which operation,
@@ -250,6 +252,7 @@ impl std::fmt::Display for Failure {
             FailureKind::Timeout { deadline } => format!("timed out (deadline {deadline:?})"),
             FailureKind::AsyncError(e) => format!("failed: {e}"),
             FailureKind::Aborted => "was aborted".to_string(),
+            FailureKind::PeerLost(loss) => format!("stopped: {loss}"),
         };
         write!(
             f,
