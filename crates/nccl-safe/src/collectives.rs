@@ -174,11 +174,16 @@ impl<'s, 'a> OnStream<'s, 'a> {
         let shared = self.comm.shared();
         let lib = self.comm.library();
         let stream = self.raw_stream();
-        let code = shared.with_raw(op, |raw| Ok(f(raw, stream)))?;
         let grouped = group::in_group();
-        if grouped && !self.comm.is_blocking() {
+        if grouped {
             group::touch(shared);
         }
+        let code = shared.with_raw(op, |raw| {
+            if grouped {
+                shared.enter_group();
+            }
+            Ok(f(raw, stream))
+        })?;
         match code {
             ncclResult_t::ncclSuccess => {}
             ncclResult_t::ncclInProgress if !self.comm.is_blocking() => {

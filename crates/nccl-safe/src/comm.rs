@@ -20,12 +20,14 @@
 
 use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::{CudaContext, CudaStream};
 use nccl_sys::{NCCL_SPLIT_NOCOLOR, ncclComm_t, ncclResult_t};
 
+use crate::abort::{AbortCause, AbortSignal};
 use crate::capabilities::{Capabilities, FP8_REDUCTION_MIN_CC};
 use crate::config::{Config, RawConfig};
 use crate::group::GroupGuard;
@@ -48,6 +50,23 @@ pub(crate) struct Shared {
     blocking: bool,
     timeout: Duration,
     clique: Option<Arc<Clique>>,
+    /// An abort was asked for while it could not happen at once (the lock
+    /// was busy, or an open group refers to the communicator): whoever
+    /// holds the lock next performs it.
+    pending_abort: AtomicBool,
+    /// Why it was (or is to be) aborted; the first cause wins.
+    cause: OnceLock<AbortCause>,
+    /// Set, under the lock, while a group open on some thread holds calls
+    /// on this communicator: NCCL still refers to it until that group
+    /// ends, so an abort waits for the end (it crashed NCCL otherwise).
+    in_open_group: AtomicBool,
+    /// The job's signal, if any.
+    signal: Option<AbortSignal>,
+    /// Recorded on the comm's stream by the last `Comm`'s drop: teardown
+    /// waits for it (with the deadline) before it finalizes.
+    drain: Mutex<Option<cudarc::driver::CudaEvent>>,
+    /// The observer at drop time, asked whether work is still unfinished.
+    last_observer: Mutex<Option<Arc<dyn OpObserver>>>,
 }
 
 // SAFETY: the only non-thread-safe part is the raw `ncclComm_t`, which is
@@ -65,23 +84,130 @@ impl Shared {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Runs `f` on the live handle with the device's context current.
+    fn try_lock(&self) -> Option<MutexGuard<'_, State>> {
+        match self.state.try_lock() {
+            Ok(guard) => Some(guard),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+
+    /// The error for a call that found the communicator aborted.
+    pub(crate) fn aborted(&self, op: &'static str) -> Error {
+        Error::Aborted {
+            op,
+            cause: self.cause.get().cloned().unwrap_or(AbortCause::Requested),
+        }
+    }
+
+    /// Whether an abort is due: asked for, or the job's signal fired.
+    fn abort_due(&self) -> bool {
+        if self.pending_abort.load(Ordering::Acquire) {
+            return true;
+        }
+        match &self.signal {
+            Some(signal) if signal.is_triggered() => {
+                if let Some(cause) = signal.cause() {
+                    let _ = self.cause.set(cause);
+                }
+                self.pending_abort.store(true, Ordering::Release);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Performs a due abort now if nothing refers to the communicator any
+    /// more (the caller holds the lock). Returns whether it is aborted.
+    fn settle_abort(&self, state: &mut MutexGuard<'_, State>) -> bool {
+        if !matches!(**state, State::Live(_)) {
+            return matches!(**state, State::Aborted);
+        }
+        if !self.abort_due() || self.in_open_group.load(Ordering::Acquire) {
+            return false;
+        }
+        let _ = self.abort_locked(state);
+        true
+    }
+
+    /// Runs `f` on the live handle with the device's context current. An
+    /// abort that is due happens first (and the call is refused); one that
+    /// was asked for while `f` ran happens right after it.
     pub(crate) fn with_raw<R>(
         &self,
         op: &'static str,
         f: impl FnOnce(ncclComm_t) -> Result<R>,
     ) -> Result<R> {
-        let state = self.lock();
-        match *state {
+        let mut state = self.lock();
+        let result = match *state {
             State::Live(raw) => {
+                if self.abort_due() {
+                    let aborted = self.settle_abort(&mut state);
+                    drop(state);
+                    if aborted {
+                        self.after_abort();
+                    }
+                    return Err(self.aborted(op));
+                }
                 self.ctx
                     .bind_to_thread()
                     .map_err(|source| Error::Cuda { op, source })?;
                 f(raw)
             }
-            State::Aborted => Err(Error::Aborted { op }),
-            State::Closed => Err(Error::Finalized { op }),
+            State::Aborted => return Err(self.aborted(op)),
+            State::Closed => return Err(Error::Finalized { op }),
+        };
+        if self.pending_abort.load(Ordering::Acquire) && self.settle_abort(&mut state) {
+            drop(state);
+            self.after_abort();
         }
+        result
+    }
+
+    /// Whether NCCL calls on it block.
+    pub(crate) fn is_blocking(&self) -> bool {
+        self.blocking
+    }
+
+    /// Marks the communicator as used by the group open on this thread
+    /// (call with the lock held, i.e. inside [`Shared::with_raw`]).
+    pub(crate) fn enter_group(&self) {
+        self.in_open_group.store(true, Ordering::Release);
+    }
+
+    /// The group that used the communicator has ended: an abort asked for
+    /// meanwhile happens now.
+    pub(crate) fn leave_group(&self) {
+        let mut state = self.lock();
+        self.in_open_group.store(false, Ordering::Release);
+        if self.settle_abort(&mut state) {
+            drop(state);
+            self.after_abort();
+        }
+    }
+
+    /// Asks for an abort with `cause`, without waiting: done now when the
+    /// lock is free and no open group refers to the communicator, else by
+    /// the thread that holds it as soon as it lets go (or at the group's
+    /// end). Returns whether it is aborted now.
+    pub(crate) fn request_abort(&self, cause: AbortCause) -> bool {
+        let _ = self.cause.set(cause);
+        self.pending_abort.store(true, Ordering::Release);
+        let Some(mut state) = self.try_lock() else {
+            return false;
+        };
+        let aborted = self.settle_abort(&mut state);
+        let was_live_now_aborted = aborted && matches!(*state, State::Aborted);
+        drop(state);
+        if was_live_now_aborted {
+            self.after_abort();
+        }
+        aborted
+    }
+
+    /// Whether an abort was asked for or done.
+    pub(crate) fn abort_requested(&self) -> bool {
+        self.abort_due() || matches!(self.try_lock().as_deref(), Some(State::Aborted))
     }
 
     /// Polls `ncclCommGetAsyncError` until the communicator is no longer
@@ -140,36 +266,85 @@ impl Shared {
         })
     }
 
-    fn abort(&self) -> Result<()> {
-        let result = {
-            let mut state = self.lock();
-            let State::Live(raw) = *state else {
-                return Ok(());
-            };
-            *state = State::Aborted;
-            let _span = tracing::debug_span!("nccl.abort").entered();
-            let _ = self.ctx.bind_to_thread();
-            match self.lib.raw().ncclCommAbort() {
-                Ok(abort) => {
-                    // SAFETY: `raw` was live and the state now says Aborted,
-                    // so nobody else uses or frees it; aborted exactly once.
-                    let code = unsafe { abort(raw) };
-                    self.lib.check("ncclCommAbort", code, std::ptr::null_mut())
-                }
-                Err(e) => Err(e.into()),
-            }
+    /// As [`Shared::status`], but `None` instead of waiting when another
+    /// thread is inside a call on the communicator (a watchdog must never
+    /// wait behind a blocking NCCL call).
+    fn status_nowait(&self) -> Option<Result<CommStatus>> {
+        const OP: &str = "ncclCommGetAsyncError";
+        let state = self.try_lock()?;
+        let raw = match *state {
+            State::Live(raw) => raw,
+            State::Aborted => return Some(Err(self.aborted(OP))),
+            State::Closed => return Some(Err(Error::Finalized { op: OP })),
         };
-        // The lock is released first: the clique may tear down its other
-        // members now, which must not wait on this one.
+        if self.abort_due() {
+            drop(state);
+            return Some(self.status());
+        }
+        if let Err(source) = self.ctx.bind_to_thread() {
+            return Some(Err(Error::Cuda { op: OP, source }));
+        }
+        Some(async_status(self.lib, raw).map(|status| match status {
+            ncclResult_t::ncclSuccess => CommStatus::Ready,
+            ncclResult_t::ncclInProgress => CommStatus::InProgress,
+            code => CommStatus::Failed(self.lib.check("async error", code, raw).err().unwrap_or(
+                Error::InvalidArgument {
+                    op: OP,
+                    reason: "unknown status",
+                },
+            )),
+        }))
+    }
+
+    /// `ncclCommAbort` with the lock held; the state becomes `Aborted`.
+    fn abort_locked(&self, state: &mut MutexGuard<'_, State>) -> Result<()> {
+        let State::Live(raw) = **state else {
+            return Ok(());
+        };
+        **state = State::Aborted;
+        let _ = self.cause.set(AbortCause::Requested);
+        let _span = tracing::debug_span!("nccl.abort").entered();
+        let _ = self.ctx.bind_to_thread();
+        match self.lib.raw().ncclCommAbort() {
+            Ok(abort) => {
+                // SAFETY: `raw` was live and the state now says Aborted,
+                // so nobody else uses or frees it; no open group refers to
+                // it (checked by the callers); aborted exactly once.
+                let code = unsafe { abort(raw) };
+                self.lib.check("ncclCommAbort", code, std::ptr::null_mut())
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// After an abort, with the lock released: the clique may tear down
+    /// its other members now, which must not wait on this one.
+    fn after_abort(&self) {
         if let Some(clique) = &self.clique {
             clique.withdraw();
         }
+    }
+
+    /// Aborts with `cause`, waiting for a call in progress on another
+    /// thread to return. Deferred to the group's end when an open group
+    /// refers to the communicator.
+    fn abort(&self, cause: AbortCause) -> Result<()> {
+        let _ = self.cause.set(cause);
+        self.pending_abort.store(true, Ordering::Release);
+        let mut state = self.lock();
+        if !matches!(*state, State::Live(_)) || self.in_open_group.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let result = self.abort_locked(&mut state);
+        drop(state);
+        self.after_abort();
         result
     }
 }
 
 impl Drop for Shared {
     fn drop(&mut self) {
+        let abort_due = self.abort_due();
         let state = std::mem::replace(
             self.state.get_mut().unwrap_or_else(|p| p.into_inner()),
             State::Closed,
@@ -181,14 +356,56 @@ impl Drop for Shared {
             ctx: Arc::clone(&self.ctx),
             blocking: self.blocking,
             timeout: self.timeout,
+            abort_only: abort_due,
+            drain: self
+                .drain
+                .get_mut()
+                .unwrap_or_else(|p| p.into_inner())
+                .take(),
+            observer: self
+                .last_observer
+                .get_mut()
+                .unwrap_or_else(|p| p.into_inner())
+                .take(),
         };
         let clique = self.clique.clone();
         // A group open on this thread may still refer to the communicator:
         // tear down after it ends.
         crate::group::after_group(Box::new(move || match clique {
             Some(clique) => clique.hand_in(member),
-            None => member.teardown_alone(),
+            None => bounded("nccl-teardown", member.timeout, move || {
+                member.teardown_alone()
+            }),
         }));
+    }
+}
+
+/// Runs `job` on a thread of its own and waits for it at most `deadline`
+/// (plus a little). A teardown that takes longer goes on in the background
+/// and keeps what NCCL may still touch; nothing waits for it forever. If
+/// no thread can be started, the job is not run: its communicators leak
+/// rather than risk an unbounded wait.
+fn bounded(name: &str, deadline: Duration, job: impl FnOnce() + Send + 'static) {
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let spawned = std::thread::Builder::new()
+        .name(name.to_string())
+        .spawn(move || {
+            job();
+            let _ = done_tx.send(());
+        });
+    match spawned {
+        Ok(_) => {
+            let grace = deadline + Duration::from_secs(1);
+            if done_rx.recv_timeout(grace).is_err() {
+                tracing::warn!(
+                    ?grace,
+                    "communicator teardown did not finish in time; it goes on in the background"
+                );
+            }
+        }
+        Err(error) => {
+            tracing::warn!(%error, "no thread for the teardown; the communicator leaks");
+        }
     }
 }
 
@@ -242,13 +459,39 @@ struct Member {
     ctx: Arc<CudaContext>,
     blocking: bool,
     timeout: Duration,
+    /// An abort was due: abort, do not finalize.
+    abort_only: bool,
+    /// Work queued on the comm's own stream before the drop.
+    drain: Option<cudarc::driver::CudaEvent>,
+    /// The observer, which may know of unfinished work on other streams.
+    observer: Option<Arc<dyn OpObserver>>,
 }
 
 // SAFETY: a member is no longer reachable from any `Comm`; it moves to the
-// thread that tears the clique down, which is the only user.
+// thread that tears it down, which is the only user. The event and the
+// observer are `Send` on their own.
 unsafe impl Send for Member {}
 
 impl Member {
+    /// Waits (up to the timeout) until the work issued before the drop has
+    /// finished: the comm stream's drain event and what the observer knows
+    /// of. `false` when it did not: finalizing would then wait on peers
+    /// that may never come, so the caller aborts.
+    fn drained(&self) -> bool {
+        if self.ctx.bind_to_thread().is_err() {
+            return false;
+        }
+        let finished = poll_with_backoff(self.timeout, || {
+            let stream_done = self
+                .drain
+                .as_ref()
+                .is_none_or(|e| matches!(e.try_is_complete(), Ok(true)));
+            let observed_done = self.observer.as_ref().is_none_or(|o| !o.unfinished());
+            Ok(stream_done && observed_done)
+        });
+        matches!(finished, Ok(None))
+    }
+
     fn finalize_call(&self) -> ncclResult_t {
         if self.ctx.bind_to_thread().is_err() {
             return ncclResult_t::ncclUnhandledCudaError;
@@ -297,8 +540,14 @@ impl Member {
         }
     }
 
+    /// Finalize and destroy; abort instead when an abort was due or the
+    /// work before the drop did not finish within the timeout.
     fn teardown_alone(self) {
         let _span = tracing::debug_span!("nccl.drop").entered();
+        if self.abort_only || !self.drained() {
+            self.destroy_or_abort(false);
+            return;
+        }
         let code = self.finalize_call();
         let finalized = match code {
             ncclResult_t::ncclSuccess if self.blocking => true,
@@ -348,27 +597,50 @@ impl Clique {
         }
     }
 
+    /// Tears the handed-in members down together, on a thread of its own,
+    /// waiting at most their timeout.
     fn teardown(&self) {
         let members = std::mem::take(&mut self.lock().0);
         if members.is_empty() {
             return;
         }
+        let deadline = members.iter().map(|m| m.timeout).max().unwrap_or_default();
+        bounded("nccl-teardown", deadline, move || {
+            Clique::teardown_members(members)
+        });
+    }
+
+    fn teardown_members(members: Vec<Member>) {
         let _span = tracing::debug_span!("nccl.drop_clique", members = members.len()).entered();
-        let lib = members[0].lib;
+        let (finalizing, aborting): (Vec<Member>, Vec<Member>) = members
+            .into_iter()
+            .partition(|m| !m.abort_only && m.drained());
+        if !aborting.is_empty() {
+            // One member cannot finish: finalizing the others would wait for
+            // it, so the whole clique is aborted.
+            for member in finalizing.into_iter().chain(aborting) {
+                member.destroy_or_abort(false);
+            }
+            return;
+        }
+        let Some(lib) = finalizing.first().map(|m| m.lib) else {
+            return;
+        };
         let codes: Vec<ncclResult_t> = match (lib.raw().ncclGroupStart(), lib.raw().ncclGroupEnd())
         {
             (Ok(start), Ok(end)) => {
                 // SAFETY: no arguments; the group is closed below.
                 let _ = unsafe { start() };
-                let codes = members.iter().map(Member::finalize_call).collect();
+                let codes = finalizing.iter().map(Member::finalize_call).collect();
                 // SAFETY: closes the group opened above.
                 let _ = unsafe { end() };
                 codes
             }
-            _ => vec![ncclResult_t::ncclInvalidUsage; members.len()],
+            _ => vec![ncclResult_t::ncclInvalidUsage; finalizing.len()],
         };
-        for (member, code) in members.into_iter().zip(codes) {
+        for (member, code) in finalizing.into_iter().zip(codes) {
             let finalized = match code {
+                ncclResult_t::ncclSuccess if member.blocking => true,
                 ncclResult_t::ncclSuccess | ncclResult_t::ncclInProgress => member.settle(),
                 _ => false,
             };
@@ -415,6 +687,27 @@ impl std::fmt::Debug for Comm {
     }
 }
 
+impl Drop for Comm {
+    /// Leaves what the teardown needs to know whether work is still
+    /// running: an event behind the work queued on the comm's stream, and
+    /// the observer. The teardown itself happens when the last handle goes
+    /// (see [`Shared`]'s drop), bounded by the communicator's timeout.
+    fn drop(&mut self) {
+        let live = matches!(self.shared.try_lock().as_deref(), Some(State::Live(_)));
+        if !live {
+            return;
+        }
+        if let Ok(event) = self.stream.record_event(None) {
+            *self.shared.drain.lock().unwrap_or_else(|p| p.into_inner()) = Some(event);
+        }
+        *self
+            .shared
+            .last_observer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = self.observer.borrow_mut().take();
+    }
+}
+
 /// Aborts a communicator from any thread. Cheap to clone.
 #[derive(Clone)]
 pub struct AbortHandle {
@@ -458,23 +751,55 @@ impl AbortHandle {
     /// `ncclCommAbort`: stops the communicator's work and frees it. Later
     /// calls on the `Comm` return `Error::Aborted`. Aborting twice is a
     /// no-op. On a blocking communicator this waits for a call in progress
-    /// to return; a nonblocking one is interrupted between polls.
+    /// on another thread to return; a nonblocking one is interrupted
+    /// between polls. When a group open on another thread holds calls on
+    /// the communicator, the abort happens at that group's end (NCCL still
+    /// refers to the communicator until then) and this returns at once.
     pub fn abort(&self) -> Result<()> {
+        self.abort_with(AbortCause::Requested)
+    }
+
+    /// As [`AbortHandle::abort`], with the cause later calls report.
+    pub fn abort_with(&self, cause: AbortCause) -> Result<()> {
         // On the thread that has a group open, the group still refers to
         // the communicator: abort after it ends.
         refuse_in_group("ncclCommAbort")?;
-        self.shared.abort()
+        self.shared.abort(cause)
+    }
+
+    /// Asks for an abort with `cause` without ever waiting: done at once
+    /// when no other thread is inside a call on the communicator, else by
+    /// that thread as soon as its call returns (or at the end of the group
+    /// that holds calls on it). Returns whether it is aborted now. For
+    /// watchdogs, which must never wait behind a blocking NCCL call.
+    pub fn request_abort(&self, cause: AbortCause) -> bool {
+        self.shared.request_abort(cause)
     }
 
     /// `ncclCommGetAsyncError`, from any thread: how a watchdog learns
-    /// that a peer failed. [`Error::Aborted`] once aborted.
+    /// that a peer failed. [`Error::Aborted`] once aborted. Waits for a
+    /// call in progress on another thread; see [`AbortHandle::try_status`].
     pub fn status(&self) -> Result<CommStatus> {
         self.shared.status()
     }
 
-    /// Whether the communicator was aborted.
+    /// As [`AbortHandle::status`], but `None` at once when another thread
+    /// is inside a call on the communicator.
+    pub fn try_status(&self) -> Option<Result<CommStatus>> {
+        self.shared.status_nowait()
+    }
+
+    /// Whether the communicator was aborted, or an abort was asked for.
     pub fn is_aborted(&self) -> bool {
-        matches!(*self.shared.lock(), State::Aborted)
+        self.shared.abort_requested()
+    }
+
+    /// Why it was aborted (or is to be), once it was.
+    pub fn cause(&self) -> Option<AbortCause> {
+        self.shared
+            .abort_requested()
+            .then(|| self.shared.cause.get().cloned())
+            .flatten()
     }
 }
 
@@ -484,6 +809,7 @@ struct Parts {
     ctx: Arc<CudaContext>,
     blocking: bool,
     timeout: Duration,
+    signal: Option<AbortSignal>,
 }
 
 impl Parts {
@@ -495,6 +821,10 @@ impl Parts {
             ctx: Arc::clone(&parent.ctx),
             blocking: config.map_or(parent.blocking, Config::is_blocking),
             timeout: config.map_or(parent.timeout, Config::get_timeout),
+            signal: config
+                .and_then(Config::get_abort_signal)
+                .or(parent.signal.as_ref())
+                .cloned(),
         }
     }
 }
@@ -553,6 +883,7 @@ impl Comm {
                 ctx,
                 blocking: config.is_blocking(),
                 timeout: config.get_timeout(),
+                signal: config.get_abort_signal().cloned(),
             },
             raw_config,
         ))
@@ -571,6 +902,7 @@ impl Comm {
             ctx,
             blocking,
             timeout,
+            signal,
         } = parts;
         let stream = ctx.new_stream().map_err(cuda("new_stream"));
         let compute_capability = ctx.compute_capability().map_err(cuda("compute_capability"));
@@ -581,7 +913,18 @@ impl Comm {
             blocking,
             timeout,
             clique,
+            pending_abort: AtomicBool::new(false),
+            cause: OnceLock::new(),
+            in_open_group: AtomicBool::new(false),
+            signal: signal.clone(),
+            drain: Mutex::new(None),
+            last_observer: Mutex::new(None),
         });
+        // Enrolled before the wait, so a signal can cut a nonblocking init
+        // short.
+        if let Some(signal) = &signal {
+            signal.enroll(&shared);
+        }
         // From here on, `shared`'s Drop owns the handle.
         if wait && !blocking {
             shared.wait_ready("ncclCommInitRankConfig")?;
@@ -810,6 +1153,16 @@ impl Comm {
             }
         }
         let ended = group.end();
+        if !config.is_blocking() && ended.is_err() {
+            // NCCL's background init may still write the slots and read
+            // the configs: leak them rather than free them under it.
+            std::mem::forget(slots);
+            std::mem::forget(raw_configs);
+            return Err(failure.or(ended.err()).unwrap_or(Error::Timeout {
+                op: OP,
+                waited: config.get_timeout(),
+            }));
+        }
         drop(raw_configs);
         let created: Vec<(ncclComm_t, Parts)> = slots.into_iter().zip(parts_list).collect();
         if let Some(e) = failure.or(ended.err()) {
@@ -934,7 +1287,9 @@ impl Comm {
             let config_ptr = config_slot
                 .as_mut()
                 .map_or(std::ptr::null_mut(), |c| &mut c.raw as *mut _);
+            crate::group::touch(&comm.shared);
             let result = comm.shared.with_raw(op, |raw| {
+                comm.shared.enter_group();
                 let code = call(i, raw, slot, config_ptr);
                 if code != ncclResult_t::ncclSuccess && code != ncclResult_t::ncclInProgress {
                     lib.check(op, code, raw)?;
@@ -945,15 +1300,25 @@ impl Comm {
                 failure = Some(e);
                 break;
             }
-            if !comm.shared.blocking {
-                crate::group::touch(&comm.shared);
-            }
             parts.push(Parts::child_of(&comm.shared, config));
         }
         let ended = group.end();
         // A nonblocking parent's child handle is written by NCCL's
         // background job when it finishes, after the group end returned.
         let timeout = first.shared.timeout;
+        let nonblocking = comms.iter().any(|c| !c.shared.blocking);
+        if nonblocking && (failure.is_some() || ended.is_err()) {
+            // The background job may not have finished (a timeout, an
+            // abort): it may still write the slots, so they and the
+            // configs are leaked rather than freed under it, with any
+            // child it makes.
+            std::mem::forget(slots);
+            std::mem::forget(raw_configs);
+            return Err(failure.or(ended.err()).unwrap_or(Error::Timeout {
+                op,
+                waited: timeout,
+            }));
+        }
         if failure.is_none() && ended.is_ok() && !Comm::await_slots(&slots, expected, timeout) {
             // NCCL may still write into the slots and configs: leak them
             // rather than let it write into freed memory.
@@ -1224,7 +1589,7 @@ impl Comm {
     /// `ncclCommAbort` now.
     pub fn abort(self) -> Result<()> {
         refuse_in_group("ncclCommAbort")?;
-        self.shared.abort()
+        self.shared.abort(AbortCause::Requested)
     }
 
     /// A handle that can abort this communicator from another thread.
@@ -1294,7 +1659,13 @@ impl Comm {
         if let Err(e) = &waited
             && !matches!(e, Error::Aborted { .. } | Error::Cuda { .. })
         {
-            let _ = self.shared.abort();
+            let cause = match e {
+                Error::Timeout { .. } => AbortCause::Timeout { op: OP, seq: None },
+                other => AbortCause::AsyncError(other.to_string()),
+            };
+            // Never waits: a blocking call in progress elsewhere aborts
+            // when it returns.
+            self.shared.request_abort(cause);
         }
         waited
     }

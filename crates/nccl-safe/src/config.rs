@@ -39,6 +39,7 @@ pub struct Config {
     net_name: Option<String>,
     comm_name: Option<String>,
     timeout: Duration,
+    signal: Option<crate::AbortSignal>,
 }
 
 impl Default for Config {
@@ -81,6 +82,7 @@ impl Config {
             net_name: None,
             comm_name: None,
             timeout: DEFAULT_TIMEOUT,
+            signal: None,
         }
     }
 
@@ -157,6 +159,20 @@ impl Config {
     /// The wait deadline.
     pub fn get_timeout(&self) -> Duration {
         self.timeout
+    }
+
+    /// Communicators made with this configuration carry `signal` (and so
+    /// do their split or shrunk children unless given another): when it is
+    /// triggered they are aborted, even mid-init. Not an NCCL field.
+    #[must_use]
+    pub fn abort_signal(mut self, signal: &crate::AbortSignal) -> Self {
+        self.signal = Some(signal.clone());
+        self
+    }
+
+    /// The abort signal, if one was set.
+    pub fn get_abort_signal(&self) -> Option<&crate::AbortSignal> {
+        self.signal.as_ref()
     }
 
     /// Whether the communicator will be blocking (NCCL's default: yes).

@@ -171,12 +171,14 @@ pub enum Error {
         waited: Duration,
     },
 
-    /// The communicator was aborted (by [`crate::AbortHandle`] or after a
-    /// failure) and can no longer be used.
-    #[error("{op}: the communicator was aborted")]
+    /// The communicator was aborted (by [`crate::AbortHandle`], an
+    /// [`crate::AbortSignal`] or after a failure) and can no longer be used.
+    #[error("{op}: the communicator was aborted ({cause})")]
     Aborted {
         /// The operation that found it aborted.
         op: &'static str,
+        /// Why it was aborted.
+        cause: crate::AbortCause,
     },
 
     /// The communicator was finalized or destroyed and can no longer be

@@ -23,8 +23,10 @@ use crate::{Error, Feature, Result};
 #[derive(Default)]
 struct GroupState {
     depth: usize,
-    /// Nonblocking communicators used in the open group: their state must be
-    /// polled when `ncclGroupEnd` answers `ncclInProgress`.
+    /// Communicators used in the open group: NCCL refers to them until the
+    /// outermost end (an abort from another thread waits for it), and the
+    /// nonblocking ones must be polled when `ncclGroupEnd` answers
+    /// `ncclInProgress`.
     touched: Vec<Arc<Shared>>,
     /// The error of a group that a guard's `Drop` ended.
     dropped_error: Option<Error>,
@@ -92,7 +94,8 @@ fn report_observed(launched: bool) {
     }
 }
 
-/// Records that a nonblocking communicator was used in the open group.
+/// Records that a communicator is used in the open group (before the call:
+/// [`Shared::enter_group`] marks it under its lock).
 pub(crate) fn touch(shared: &Arc<Shared>) {
     GROUP.with(|g| {
         let mut g = g.borrow_mut();
@@ -315,13 +318,23 @@ fn finish(lib: &'static Library) -> Result<()> {
     let result = if code == ncclResult_t::ncclInProgress {
         touched
             .iter()
+            .filter(|shared| !shared.is_blocking())
             .try_for_each(|shared| shared.wait_ready("ncclGroupEnd"))
     } else {
         lib.check("ncclGroupEnd", code, std::ptr::null_mut())
     };
+    release(&touched);
     recycle_touched(touched);
     report_observed(result.is_ok());
     result
+}
+
+/// The outermost group has ended: NCCL no longer refers to its
+/// communicators, so aborts asked for meanwhile happen now.
+fn release(touched: &[Arc<Shared>]) {
+    for shared in touched {
+        shared.leave_group();
+    }
 }
 
 /// Puts the emptied list of polled communicators back, so the next group

@@ -42,6 +42,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod abort;
 mod buffer;
 mod capabilities;
 mod collectives;
@@ -59,6 +60,7 @@ mod topology;
 mod unique_id;
 mod validate;
 
+pub use abort::{AbortCause, AbortSignal};
 pub use buffer::{Access, DeviceBuffer, DeviceBufferMut};
 pub use capabilities::{Capabilities, FP8_REDUCTION_MIN_CC, Feature};
 pub use collectives::OnStream;

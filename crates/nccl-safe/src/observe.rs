@@ -53,6 +53,14 @@ pub trait OpObserver: Send + Sync {
     /// NCCL has put `info` on `stream`.
     fn issued(&self, info: &OpInfo, stream: cudaStream_t);
 
+    /// Whether work it saw issued has not finished yet, as far as it knows
+    /// (`false` when it does not track completion). A communicator's drop
+    /// waits for it (within the communicator's timeout) before finalizing,
+    /// and aborts instead when it does not finish.
+    fn unfinished(&self) -> bool {
+        false
+    }
+
     /// The observer as `Any`, so its owner can find it again behind
     /// [`crate::Comm::observer`]. `None` by default.
     fn as_any(&self) -> Option<&dyn std::any::Any> {
