@@ -17,11 +17,19 @@ use crate::{Error, Feature, Result};
 
 /// Device memory from `ncclMemAlloc`, which every NCCL optimisation (user
 /// buffer registration, NVLS, symmetric windows) can use. Freed with
-/// `ncclMemFree` on drop, after the device finishes its pending work.
+/// `ncclMemFree` on drop, after the work queued on the communicator's
+/// stream has finished; if it does not finish within the communicator's
+/// timeout (a stuck collective), the memory is leaked rather than freed
+/// under it. Work on other streams must be finished by the caller.
 pub struct NcclMemory<T: NcclType> {
     ptr: u64,
     len: usize,
     ctx: Arc<CudaContext>,
+    /// The stream of the communicator it was allocated for: its work is
+    /// what the drop waits for.
+    stream: Arc<CudaStream>,
+    /// How long the drop waits (the communicator's timeout).
+    timeout: std::time::Duration,
     lib: &'static Library,
     _type: PhantomData<T>,
 }
@@ -68,6 +76,8 @@ impl<T: NcclType> NcclMemory<T> {
             ptr: ptr as u64,
             len,
             ctx,
+            stream: Arc::clone(comm.stream()),
+            timeout: comm.timeout(),
             lib,
             _type: PhantomData,
         })
@@ -81,9 +91,31 @@ impl<T: NcclType> NcclMemory<T> {
 
 impl<T: NcclType> Drop for NcclMemory<T> {
     fn drop(&mut self) {
-        // Work that uses the memory may still be queued: wait for it.
+        // Work that uses the memory may still be queued on the stream:
+        // wait for it, with a deadline (a whole-context synchronize would
+        // wait behind every other stream's work, a stuck kernel included).
         let _ = self.ctx.bind_to_thread();
-        let _ = self.ctx.synchronize();
+        let finished = self.stream.record_event(None).is_ok_and(|event| {
+            let started = std::time::Instant::now();
+            let mut pause = std::time::Duration::from_micros(5);
+            loop {
+                match event.try_is_complete() {
+                    Ok(true) => return true,
+                    Ok(false) if started.elapsed() < self.timeout => {
+                        std::thread::sleep(pause);
+                        pause = (pause * 2).min(std::time::Duration::from_millis(1));
+                    }
+                    _ => return false,
+                }
+            }
+        });
+        if !finished {
+            tracing::warn!(
+                bytes = self.len * std::mem::size_of::<T>(),
+                "NcclMemory dropped while work on it did not finish; leaked to stay sound"
+            );
+            return;
+        }
         if let Ok(free) = self.lib.raw().ncclMemFree() {
             // SAFETY: `ptr` came from `ncclMemAlloc` and is freed once.
             let code = unsafe { free(self.ptr as *mut c_void) };
@@ -95,7 +127,8 @@ impl<T: NcclType> Drop for NcclMemory<T> {
 }
 
 // SAFETY: `len` elements at `ptr` on the allocation's device; the memory
-// lives until `Drop`, which synchronises the device first.
+// lives until `Drop`, which waits for the communicator stream's work first
+// (and leaks the memory when that work does not finish).
 unsafe impl<T: NcclType> DeviceBuffer<T> for NcclMemory<T> {
     fn len(&self) -> usize {
         self.len
@@ -351,6 +384,16 @@ impl<'c, B> Window<'c, B> {
         }
         let ended = group.end();
         let windows: Vec<Window<'c, B>> = prepared.into_iter().map(|(w, _, _)| w).collect();
+        if ended.is_err() && comms.iter().any(|c| !c.is_blocking()) {
+            // A nonblocking registration may still be running in NCCL's
+            // background job: keep every buffer and slot alive for good.
+            tracing::warn!("window registration failed on a nonblocking communicator; leaked");
+            std::mem::forget(windows);
+            return Err(failure.or(ended.err()).unwrap_or(Error::InvalidArgument {
+                op: OP,
+                reason: "group end failed",
+            }));
+        }
         match failure.or(ended.err()) {
             Some(e) => {
                 Window::deregister_all(windows);
