@@ -228,15 +228,24 @@ impl DeviceMesh {
             .iter()
             .position(|&r| r == world.rank())
             .ok_or_else(split_missing)?;
-        let whole = world
-            .comm()
-            .split(Some(0), position as i32, None)?
-            .ok_or_else(split_missing)?;
+        // Every communicator of the mesh is split from the world's
+        // nonblocking parent (where it has one), so a peer lost mid-split
+        // aborts the split instead of hanging it; the children themselves
+        // are blocking, for the hot path.
+        let parent = world.split_parent();
+        let config = world.child_config();
+        let split = |color: u32, key: i32| -> Result<Comm> {
+            parent
+                .split(Some(color), key, config)
+                .map_err(|e| world.explain(e))?
+                .ok_or_else(split_missing)
+        };
+        let whole = split(0, position as i32)?;
         inherit(world.comm(), &whole, "mesh");
         let mut groups = Vec::new();
         for name in shape.names() {
             let (c, k) = shape.split_for(position, &[name])?;
-            let comm = whole.split(Some(c), k, None)?.ok_or_else(split_missing)?;
+            let comm = split(c, k)?;
             inherit(&whole, &comm, name);
             groups.push(Group {
                 name: name.to_string(),

@@ -19,9 +19,11 @@ pub enum Error {
     /// A mesh shape, axis name or coordinate is wrong.
     #[error(transparent)]
     Mesh(#[from] MeshError),
-    /// NCCL, CUDA or a check of `nccl-safe` failed.
+    /// NCCL, CUDA or a check of `nccl-safe` failed. (A communicator
+    /// aborted because a peer was lost converts to [`Error::PeerLost`]
+    /// instead.)
     #[error(transparent)]
-    Nccl(#[from] nccl_safe::Error),
+    Nccl(nccl_safe::Error),
     /// The watchdog aborted the communicator: which operation, what
     /// happened, and the flight recorder.
     #[error("{0}")]
@@ -68,6 +70,38 @@ impl Error {
         match self {
             Error::PeerLost(p) => Some(p.rank),
             _ => None,
+        }
+    }
+}
+
+impl From<nccl_safe::Error> for Error {
+    /// Keeps the error, except that an abort whose cause is a lost peer
+    /// becomes [`Error::PeerLost`] naming it, whichever path it came by.
+    fn from(err: nccl_safe::Error) -> Error {
+        match err {
+            nccl_safe::Error::Aborted {
+                op,
+                cause: nccl_safe::AbortCause::PeerLost { rank, detail },
+            } => {
+                let loss = crate::liveness::PeerLoss {
+                    rank,
+                    cause: crate::liveness::LossCause::Exited { reason: detail },
+                    seen_by: rank,
+                };
+                Error::PeerLost(Box::new(PeerLost {
+                    rank,
+                    loss: loss.clone(),
+                    failure: crate::watchdog::Failure {
+                        comm: String::new(),
+                        op,
+                        seq: 0,
+                        kind: crate::watchdog::FailureKind::PeerLost(loss),
+                        after: std::time::Duration::ZERO,
+                        history: Vec::new(),
+                    },
+                }))
+            }
+            other => Error::Nccl(other),
         }
     }
 }

@@ -66,8 +66,9 @@ pub use watchdog::{
     Failure, FailureKind, OpRecord, OpState, Watchdog, WatchdogOptions, Watched, synchronize,
 };
 pub use world::{
-    ENCRYPTION_ENV, PORT_ENV, PSK_ENV, RendezvousMethod, World, WorldOptions, default_config,
-    encryption_from_lookup,
+    DEFAULT_OP_TIMEOUT, ENCRYPTION_ENV, PORT_ENV, PSK_ENV, RendezvousMethod, TIMEOUT_ENV, World,
+    WorldOptions, default_config, encryption_from_lookup, nonblocking_config,
+    op_timeout_from_lookup,
 };
 
 pub use nccl_safe;

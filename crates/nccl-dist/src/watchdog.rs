@@ -15,12 +15,18 @@
 //! - keeps the last N operations (op, sequence, count, dtype, peer or root,
 //!   state, when issued, how long it took) and prints them on failure.
 //!
-//! Off by default; on with [`WorldOptions::watchdog`](crate::WorldOptions::watchdog)
-//! or the environment ([`WatchdogOptions::from_env`]): `NCCL_RS_WATCHDOG=1`,
-//! `NCCL_RS_WATCHDOG_TIMEOUT` (seconds), `NCCL_RS_FLIGHT_RECORDER`
-//! (entries). A communicator without a watchdog pays one `RefCell` check per
-//! operation. With one, each operation records one CUDA event (events are
-//! reused) under a mutex no other thread holds for long.
+//! On by default in every [`World`](crate::World); off with
+//! `NCCL_RS_WATCHDOG=0` or [`WorldOptions::no_watchdog`](crate::WorldOptions::no_watchdog).
+//! Its timeout is the operation timeout (`NCCL_RS_TIMEOUT` or
+//! [`WorldOptions::op_timeout`](crate::WorldOptions::op_timeout), 300 s by
+//! default; `NCCL_RS_WATCHDOG_TIMEOUT` still overrides it), the recorder's
+//! length `NCCL_RS_FLIGHT_RECORDER` (entries). A communicator without a
+//! watchdog pays one `RefCell` check per operation. With one, each
+//! operation records one CUDA event (events are reused, created without
+//! timing) under a mutex no other thread holds for long. The watchdog
+//! never waits behind a blocking NCCL call: it looks at a communicator
+//! only when no other thread is inside a call on it, and asks for aborts
+//! without waiting (the thread in the call performs it when it returns).
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -45,7 +51,9 @@ use std::time::{Duration, Instant};
 
 use nccl_safe::cudarc::driver::{CudaContext, CudaEvent, CudaStream};
 use nccl_safe::nccl_sys::{cudaStream_t, ncclDataType_t};
-use nccl_safe::{Comm, CommStatus, OpInfo, OpObserver, WeakAbortHandle};
+use nccl_safe::{AbortCause, Comm, CommStatus, OpInfo, OpObserver, WeakAbortHandle};
+
+use crate::liveness::{LossCause, PeerLoss};
 
 use crate::error::{Error, Result};
 
@@ -115,11 +123,12 @@ impl WatchdogOptions {
         self.timeout
     }
 
-    /// Reads `NCCL_RS_WATCHDOG` (`1`/`on`/`true` or `0`/`off`/`false`),
-    /// `NCCL_RS_WATCHDOG_TIMEOUT` (seconds, fractional, at least 0.001) and
-    /// `NCCL_RS_FLIGHT_RECORDER` (entries). `Ok(None)` when the watchdog is
-    /// not turned on; a value that does not parse is an error, never
-    /// ignored.
+    /// Reads `NCCL_RS_WATCHDOG` (`1`/`on`/`true` or `0`/`off`/`false`;
+    /// on when unset), the timeout from `NCCL_RS_WATCHDOG_TIMEOUT`, else
+    /// `NCCL_RS_TIMEOUT` (seconds, fractional, at least 0.001), else 300 s,
+    /// and `NCCL_RS_FLIGHT_RECORDER` (entries). `Ok(None)` only when the
+    /// watchdog is turned off; a value that does not parse is an error,
+    /// never ignored.
     pub fn from_env() -> Result<Option<WatchdogOptions>> {
         WatchdogOptions::from_lookup(|k| std::env::var(k).ok())
     }
@@ -128,10 +137,8 @@ impl WatchdogOptions {
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Option<WatchdogOptions>> {
         let bad = |name: &'static str, reason: String| Error::InvalidArgument { op: name, reason };
         let on = match lookup(WATCHDOG_ENV).as_deref().map(str::trim) {
-            None | Some("") => {
-                // A timeout or recorder length alone also turns it on.
-                lookup(WATCHDOG_TIMEOUT_ENV).is_some() || lookup(FLIGHT_RECORDER_ENV).is_some()
-            }
+            // On by default.
+            None | Some("") => true,
             Some("1" | "on" | "true" | "yes") => true,
             Some("0" | "off" | "false" | "no") => false,
             Some(other) => {
@@ -145,6 +152,9 @@ impl WatchdogOptions {
             return Ok(None);
         }
         let mut options = WatchdogOptions::new();
+        if let Some(t) = crate::world::op_timeout_from_lookup(&lookup)? {
+            options = options.timeout(t);
+        }
         if let Some(v) = lookup(WATCHDOG_TIMEOUT_ENV) {
             let secs: f64 = v
                 .trim()
@@ -392,10 +402,22 @@ impl Watch {
         let Some(handle) = self.abort.upgrade() else {
             return;
         };
-        match handle.status() {
-            Ok(CommStatus::Failed(e)) => self.fail(FailureKind::AsyncError(e.to_string())),
-            Err(nccl_safe::Error::Aborted { .. }) if !self.lock().in_flight.is_empty() => {
-                self.fail(FailureKind::Aborted)
+        // Never wait behind a blocking NCCL call on another thread: look
+        // again at the next poll.
+        match handle.try_status() {
+            Some(Ok(CommStatus::Failed(e))) => self.fail(FailureKind::AsyncError(e.to_string())),
+            Some(Err(nccl_safe::Error::Aborted { cause, .. }))
+                if !self.lock().in_flight.is_empty() =>
+            {
+                let kind = match cause {
+                    AbortCause::PeerLost { rank, detail } => FailureKind::PeerLost(PeerLoss {
+                        rank,
+                        cause: LossCause::Exited { reason: detail },
+                        seen_by: rank,
+                    }),
+                    _ => FailureKind::Aborted,
+                };
+                self.fail(kind)
             }
             _ => {}
         }
@@ -435,8 +457,21 @@ impl Watch {
             failure
         };
         // Abort outside our lock: the issuing thread may be waiting for it.
+        // Never waits: a blocking call in progress aborts when it returns.
         if let Some(handle) = self.abort.upgrade() {
-            let _ = handle.abort();
+            let cause = match &failure.kind {
+                FailureKind::PeerLost(loss) => AbortCause::PeerLost {
+                    rank: loss.rank,
+                    detail: loss.to_string(),
+                },
+                FailureKind::Timeout { .. } => AbortCause::Timeout {
+                    op: failure.op,
+                    seq: Some(failure.seq),
+                },
+                FailureKind::AsyncError(e) => AbortCause::AsyncError(e.clone()),
+                FailureKind::Aborted => AbortCause::Requested,
+            };
+            handle.request_abort(cause);
         }
         tracing::error!(comm = %failure.comm, op = failure.op, seq = failure.seq, "{failure}");
         if self.options.print {
@@ -481,6 +516,11 @@ impl OpObserver for Watch {
                 issued: Instant::now(),
             });
         }
+    }
+
+    fn unfinished(&self) -> bool {
+        let st = self.lock();
+        st.failure.is_none() && !st.in_flight.is_empty()
     }
 
     fn as_any(&self) -> Option<&dyn std::any::Any> {
@@ -530,6 +570,23 @@ impl Watchdog {
     /// The options it runs with.
     pub fn options(&self) -> &WatchdogOptions {
         &self.registry.options
+    }
+
+    /// A peer of the job was lost: every watched communicator fails with
+    /// [`FailureKind::PeerLost`] (its flight recorder names the operation
+    /// it was at) and is aborted without waiting.
+    pub fn peer_lost(&self, loss: &PeerLoss) {
+        let watches: Vec<Arc<Watch>> = self
+            .registry
+            .watches
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for watch in watches {
+            watch.fail(FailureKind::PeerLost(loss.clone()));
+        }
     }
 
     /// Watches `comm` under `label` from its next operation on, replacing
@@ -642,7 +699,7 @@ impl Watched {
         let mut st = self.watch.lock();
         loop {
             if let Some(f) = &st.failure {
-                return Err(Error::Watchdog(Box::new(f.clone())));
+                return Err(from_failure(f.clone()));
             }
             if st.in_flight.is_empty() {
                 return Ok(());
@@ -676,9 +733,49 @@ pub fn synchronize(comm: &Comm, stream: &CudaStream) -> Result<()> {
 /// joins the connection setup) ends in `Aborted` when the watchdog aborts;
 /// this names the operation that timed out instead.
 pub fn explain(comm: &Comm, err: nccl_safe::Error) -> Error {
-    match Watched::of(comm).and_then(|w| w.failure()) {
-        Some(failure) => Error::Watchdog(Box::new(failure)),
-        None => Error::Nccl(err),
+    let watched = Watched::of(comm);
+    match watched.as_ref().and_then(Watched::failure) {
+        Some(failure) => from_failure(failure),
+        None => match err {
+            nccl_safe::Error::Aborted {
+                op,
+                cause: AbortCause::PeerLost { rank, detail },
+            } => {
+                let history = watched.map(|w| w.history()).unwrap_or_default();
+                let loss = PeerLoss {
+                    rank,
+                    cause: LossCause::Exited { reason: detail },
+                    seen_by: rank,
+                };
+                let seq = history.last().map_or(0, |r| r.seq);
+                Error::PeerLost(Box::new(crate::error::PeerLost {
+                    rank,
+                    loss: loss.clone(),
+                    failure: Failure {
+                        comm: format!("rank {}", comm.rank()),
+                        op,
+                        seq,
+                        kind: FailureKind::PeerLost(loss),
+                        after: Duration::ZERO,
+                        history,
+                    },
+                }))
+            }
+            other => Error::Nccl(other),
+        },
+    }
+}
+
+/// A watchdog failure as this crate's error: [`Error::PeerLost`] when a
+/// peer was lost, else [`Error::Watchdog`].
+pub(crate) fn from_failure(failure: Failure) -> Error {
+    match &failure.kind {
+        FailureKind::PeerLost(loss) => Error::PeerLost(Box::new(crate::error::PeerLost {
+            rank: loss.rank,
+            loss: loss.clone(),
+            failure,
+        })),
+        _ => Error::Watchdog(Box::new(failure)),
     }
 }
 
@@ -702,7 +799,15 @@ mod tests {
 
     #[test]
     fn the_environment_turns_it_on_with_checked_values() {
-        assert_eq!(WatchdogOptions::from_lookup(env(&[])).unwrap(), None);
+        assert_eq!(
+            WatchdogOptions::from_lookup(env(&[])).unwrap(),
+            Some(WatchdogOptions::new()),
+            "on by default"
+        );
+        let from_op_timeout = WatchdogOptions::from_lookup(env(&[("NCCL_RS_TIMEOUT", "7")]))
+            .unwrap()
+            .unwrap();
+        assert_eq!(from_op_timeout.get_timeout(), Duration::from_secs(7));
         assert_eq!(
             WatchdogOptions::from_lookup(env(&[("NCCL_RS_WATCHDOG", "0")])).unwrap(),
             None

@@ -17,13 +17,19 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use nccl_safe::cudarc::driver::CudaContext;
-use nccl_safe::{Comm, Config, Encryption, PresharedKey, Topology, UniqueId};
+use std::sync::Arc;
+
+use nccl_safe::{
+    AbortCause, AbortSignal, Comm, Config, Encryption, PresharedKey, Topology, UniqueId,
+};
 
 use crate::error::{Error, Result};
 use crate::launch::{Launch, Launcher};
+use crate::liveness::{LossCause, PeerLoss};
 use crate::rendezvous;
 use crate::secret::Secret;
-use crate::watchdog::{Watchdog, WatchdogOptions};
+use crate::watchdog::{FailureKind, Watchdog, WatchdogOptions};
+use shim::{Liveness, LivenessOptions};
 
 /// Environment variable that sets the rendezvous port, overriding the
 /// launcher's (see [`WorldOptions::port`]).
@@ -47,11 +53,14 @@ pub enum RendezvousMethod {
 pub struct WorldOptions {
     secret: Option<Secret>,
     timeout: Duration,
-    config: Config,
+    config: Option<Config>,
+    op_timeout: Option<Duration>,
     method: RendezvousMethod,
     device: Option<usize>,
     port: Option<u16>,
     watchdog: Option<WatchdogOptions>,
+    no_watchdog: bool,
+    liveness: Option<LivenessOptions>,
     encryption: Option<Encryption>,
 }
 
@@ -62,21 +71,50 @@ impl Default for WorldOptions {
 }
 
 impl WorldOptions {
-    /// TCP rendezvous with the secret from the environment
-    /// ([`Secret::from_env`]), a 300 s rendezvous deadline,
-    /// [`default_config`], the GPU of `LOCAL_RANK`, the watchdog as the
-    /// environment says ([`WatchdogOptions::from_env`]).
+    /// The defaults, which are both safe and fast: TCP rendezvous with the
+    /// secret from the environment ([`Secret::from_env`]) and a 300 s
+    /// deadline; blocking communicators on the hot path (made by a
+    /// nonblocking init and split, so that creation can be cut short); the
+    /// watchdog on ([`WatchdogOptions::from_env`]: off only with
+    /// `NCCL_RS_WATCHDOG=0`); liveness on ([`LivenessOptions::from_env`]);
+    /// the operation timeout from `NCCL_RS_TIMEOUT` or 300 s; the GPU of
+    /// `LOCAL_RANK`.
     pub fn new() -> WorldOptions {
         WorldOptions {
             secret: None,
             timeout: Duration::from_secs(300),
-            config: default_config(),
+            config: None,
+            op_timeout: None,
             method: RendezvousMethod::Tcp,
             device: None,
             port: None,
             watchdog: None,
+            no_watchdog: false,
+            liveness: None,
             encryption: None,
         }
+    }
+
+    /// How long one operation may take before its communicator is aborted
+    /// (the watchdog's timeout), which also bounds every wait of the
+    /// communicators (nonblocking creation, [`crate::synchronize`], drop).
+    /// Default: `NCCL_RS_TIMEOUT` (seconds) or 300 s.
+    pub fn op_timeout(mut self, timeout: Duration) -> Self {
+        self.op_timeout = Some(timeout);
+        self
+    }
+
+    /// No watchdog (it is on by default).
+    pub fn no_watchdog(mut self) -> Self {
+        self.no_watchdog = true;
+        self.watchdog = None;
+        self
+    }
+
+    /// Liveness settings, instead of the environment's.
+    pub fn liveness(mut self, options: LivenessOptions) -> Self {
+        self.liveness = Some(options);
+        self
     }
 
     /// Encrypt NCCL's socket traffic ([`nccl_safe::set_encryption`],
@@ -92,6 +130,7 @@ impl WorldOptions {
     /// environment says).
     pub fn watchdog(mut self, options: WatchdogOptions) -> Self {
         self.watchdog = Some(options);
+        self.no_watchdog = false;
         self
     }
 
@@ -108,11 +147,16 @@ impl WorldOptions {
         self
     }
 
-    /// The communicator configuration ([`default_config`] unless set).
-    /// A blocking configuration cannot be interrupted by a deadline or
-    /// the watchdog while NCCL blocks the calling thread.
+    /// The communicator configuration, instead of the default pair (a
+    /// nonblocking init, then a blocking communicator split from it): the
+    /// world's communicator is made by one `init_rank` with exactly this
+    /// configuration (its timeout is the operation timeout unless
+    /// [`WorldOptions::op_timeout`] is set). A blocking configuration
+    /// cannot be cut short while NCCL blocks the calling thread, in init
+    /// included; [`nonblocking_config`] is NCCL's nonblocking mode (every
+    /// call polled, about 10x the latency of small collectives).
     pub fn config(mut self, config: Config) -> Self {
-        self.config = config;
+        self.config = Some(config);
         self
     }
 
@@ -162,16 +206,88 @@ impl WorldOptions {
 /// where it sits in the launch.
 #[derive(Debug)]
 pub struct World {
+    /// First, so it drops first: the goodbye (or the loss report) goes out
+    /// before the communicators are torn down.
+    presence: Presence,
     comm: Comm,
+    /// The nonblocking communicator the blocking one was split from: the
+    /// parent of meshes, so that their creation can be cut short too.
+    control: Option<Comm>,
+    /// The configuration of children (meshes, axes): blocking, with the
+    /// signal and the operation timeout. `None`: children inherit.
+    child_config: Option<Config>,
     launch: Launch,
     watchdog: Option<Watchdog>,
+    signal: AbortSignal,
+}
+
+/// This rank's membership in the liveness channel. Dropped normally, it
+/// says goodbye; dropped while the thread panics, it reports this rank
+/// lost, so the peers stop waiting for it at once.
+#[derive(Debug)]
+struct Presence {
+    rank: usize,
+    liveness: Option<Liveness>,
+}
+
+impl Drop for Presence {
+    fn drop(&mut self) {
+        let Some(liveness) = self.liveness.take() else {
+            return;
+        };
+        if std::thread::panicking() {
+            liveness.report(PeerLoss {
+                rank: self.rank,
+                cause: LossCause::Panicked {
+                    message: "its thread unwound while it held its World".into(),
+                },
+                seen_by: self.rank,
+            });
+        } else {
+            liveness.leave();
+        }
+    }
 }
 
 /// The configuration `nccl-dist` uses unless told otherwise: NCCL's
-/// defaults, but nonblocking, so that every wait has a deadline and a stuck
-/// call can be aborted (`Config::new().blocking(false)`).
+/// defaults (blocking: no NCCL nonblocking group on the per-call path)
+/// with a [`DEFAULT_OP_TIMEOUT`] bound on our own waits.
 pub fn default_config() -> Config {
-    Config::new().blocking(false)
+    Config::new().timeout(DEFAULT_OP_TIMEOUT)
+}
+
+/// NCCL's nonblocking mode: every call returns at once and is polled
+/// against the timeout. NCCL runs each nonblocking group end on a new host
+/// thread, so a small collective costs tens of microseconds more; choose it
+/// only when a call must never hold the calling thread.
+pub fn nonblocking_config() -> Config {
+    default_config().blocking(false)
+}
+
+/// The operation timeout unless `NCCL_RS_TIMEOUT` or
+/// [`WorldOptions::op_timeout`] says otherwise: long, for training steps
+/// that take minutes (PyTorch's default is 10 minutes).
+pub const DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Environment variable with the operation timeout in seconds.
+pub const TIMEOUT_ENV: &str = "NCCL_RS_TIMEOUT";
+
+/// The operation timeout from the environment (`NCCL_RS_TIMEOUT`, seconds,
+/// at least 0.001), `None` when unset.
+pub fn op_timeout_from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Option<Duration>> {
+    let Some(v) = lookup(TIMEOUT_ENV) else {
+        return Ok(None);
+    };
+    let secs: f64 = v
+        .trim()
+        .parse()
+        .ok()
+        .filter(|s: &f64| s.is_finite() && *s >= 0.001 && *s < 1e9)
+        .ok_or_else(|| Error::InvalidArgument {
+            op: TIMEOUT_ENV,
+            reason: format!("{v:?} is not a number of seconds from 0.001 on"),
+        })?;
+    Ok(Some(Duration::from_secs_f64(secs)))
 }
 
 /// Environment variable: `psk` encrypts NCCL's sockets with the key in
@@ -214,13 +330,153 @@ fn apply_encryption(options: Option<&Encryption>) -> Result<()> {
     Ok(())
 }
 
-/// The watchdog `options` ask for, else the environment's; started.
-fn start_watchdog(options: Option<&WatchdogOptions>) -> Result<Option<Watchdog>> {
-    let options = match options {
-        Some(o) => Some(o.clone()),
-        None => WatchdogOptions::from_env()?,
-    };
-    options.map(Watchdog::start).transpose()
+/// What the options come to once the environment is read.
+struct Resolved {
+    op_timeout: Duration,
+    watchdog: Option<WatchdogOptions>,
+    liveness: LivenessOptions,
+    signal: AbortSignal,
+    /// The user's configuration, with the signal (and the operation
+    /// timeout when one was given) added.
+    user_config: Option<Config>,
+}
+
+impl Resolved {
+    fn new(options: &WorldOptions) -> Result<Resolved> {
+        let env = |k: &str| std::env::var(k).ok();
+        let op_timeout = match options.op_timeout {
+            Some(t) => t,
+            None => op_timeout_from_lookup(env)?.unwrap_or(DEFAULT_OP_TIMEOUT),
+        };
+        let watchdog = if options.no_watchdog {
+            None
+        } else {
+            match &options.watchdog {
+                Some(w) => Some(w.clone()),
+                None => WatchdogOptions::from_env()?.map(|w| {
+                    // A timeout given in code wins over the environment's.
+                    if options.op_timeout.is_some() {
+                        w.timeout(op_timeout)
+                    } else {
+                        w
+                    }
+                }),
+            }
+        };
+        let liveness = match &options.liveness {
+            Some(l) => l.clone(),
+            None => LivenessOptions::from_env()?,
+        };
+        let signal = AbortSignal::new();
+        let user_config = options.config.as_ref().map(|c| {
+            let c = c.clone().abort_signal(&signal);
+            match options.op_timeout {
+                Some(t) => c.timeout(t),
+                None => c,
+            }
+        });
+        Ok(Resolved {
+            op_timeout,
+            watchdog,
+            liveness,
+            signal,
+            user_config,
+        })
+    }
+
+    /// The configuration of the hot-path communicators: blocking.
+    fn data_config(&self) -> Config {
+        default_config()
+            .timeout(self.op_timeout)
+            .abort_signal(&self.signal)
+    }
+
+    /// The configuration of the init that the blocking communicator is
+    /// split from: nonblocking, so that a peer lost mid-init aborts it.
+    fn init_config(&self) -> Config {
+        self.data_config().blocking(false)
+    }
+
+    fn start_watchdog(&self) -> Result<Option<Watchdog>> {
+        self.watchdog.clone().map(Watchdog::start).transpose()
+    }
+
+    /// Makes this rank's communicators: with the user's configuration,
+    /// one `init_rank`; by default a nonblocking init (abortable while
+    /// peers are missing) and a blocking communicator split from it.
+    fn make_comms(
+        &self,
+        id: &UniqueId,
+        rank: usize,
+        size: usize,
+        device: usize,
+    ) -> Result<(Comm, Option<Comm>, Option<Config>)> {
+        let made = (|| {
+            if let Some(config) = &self.user_config {
+                let comm = Comm::init_rank(id, rank, size, device, config)?;
+                return Ok((comm, None, None));
+            }
+            let data = self.data_config();
+            if size == 1 {
+                return Ok((Comm::init_rank(id, rank, size, device, &data)?, None, None));
+            }
+            let control = Comm::init_rank(id, rank, size, device, &self.init_config())?;
+            let comm = control.split(Some(0), rank as i32, Some(&data))?.ok_or(
+                nccl_safe::Error::InvalidArgument {
+                    op: "ncclCommSplit",
+                    reason: "NCCL returned no communicator",
+                },
+            )?;
+            Ok((comm, Some(control), Some(data)))
+        })();
+        made.map_err(|e| lost_or(&self.signal, e))
+    }
+}
+
+/// A creation error as [`Error::PeerLost`] when the job's signal fired
+/// because a peer was lost (the communicators were aborted for it).
+fn lost_or(signal: &AbortSignal, err: nccl_safe::Error) -> Error {
+    match signal.cause() {
+        Some(AbortCause::PeerLost { rank, detail }) => {
+            let loss = PeerLoss {
+                rank,
+                cause: LossCause::Exited { reason: detail },
+                seen_by: rank,
+            };
+            let op = match &err {
+                nccl_safe::Error::Aborted { op, .. } | nccl_safe::Error::Timeout { op, .. } => op,
+                _ => "communicator creation",
+            };
+            Error::PeerLost(Box::new(crate::error::PeerLost {
+                rank,
+                loss: loss.clone(),
+                failure: crate::watchdog::Failure {
+                    comm: "world".into(),
+                    op,
+                    seq: 0,
+                    kind: FailureKind::PeerLost(loss),
+                    after: Duration::ZERO,
+                    history: Vec::new(),
+                },
+            }))
+        }
+        _ => Error::Nccl(err),
+    }
+}
+
+/// On a loss: every watched communicator fails with it (naming the
+/// operation it was at), and the signal aborts every communicator of the
+/// job, those still being made included. Never waits.
+fn abort_on_loss(liveness: &Liveness, watchdog: Option<Watchdog>, signal: AbortSignal) {
+    liveness.on_loss(Arc::new(move |loss: &PeerLoss| {
+        if let Some(w) = &watchdog {
+            w.peer_lost(loss);
+        }
+        signal.trigger(AbortCause::PeerLost {
+            rank: loss.rank,
+            detail: loss.to_string(),
+        });
+    }));
 }
 
 fn watched(comm: &Comm, watchdog: &Option<Watchdog>) {
@@ -275,8 +531,11 @@ impl World {
     }
 
     /// A process per GPU with the launch and options given: rank 0 makes the
-    /// unique id and hands it out (TCP or file), then every rank calls
-    /// `init_rank`. A one-rank world needs no rendezvous.
+    /// unique id and hands it out (TCP or file), then every rank makes its
+    /// communicators. A one-rank world needs no rendezvous. Over TCP the
+    /// rendezvous connections stay open as the liveness channel: a rank
+    /// that dies is named to every survivor, whose communicators are
+    /// aborted ([`Error::PeerLost`]).
     pub fn init_with(launch: Launch, options: &WorldOptions) -> Result<World> {
         let device = options.device.unwrap_or(launch.local_rank);
         let _span = tracing::debug_span!(
@@ -286,34 +545,51 @@ impl World {
             device
         )
         .entered();
+        let resolved = Resolved::new(options)?;
         apply_encryption(options.encryption.as_ref())?;
-        let id = if launch.world_size == 1 {
-            UniqueId::new()?
+        let (id, liveness) = if launch.world_size == 1 {
+            (UniqueId::new()?, None)
         } else {
             match &options.method {
-                RendezvousMethod::Tcp => World::exchange_tcp(&launch, options)?,
+                RendezvousMethod::Tcp => World::exchange_tcp(&launch, options, &resolved)?,
                 RendezvousMethod::File(path) => {
-                    if launch.rank == 0 {
+                    let id = if launch.rank == 0 {
                         let id = UniqueId::new()?;
                         rendezvous::publish_file(path, &id)?;
                         id
                     } else {
                         rendezvous::wait_file(path, options.timeout)?
-                    }
+                    };
+                    (id, None)
                 }
             }
         };
-        let watchdog = start_watchdog(options.watchdog.as_ref())?;
-        let comm = Comm::init_rank(&id, launch.rank, launch.world_size, device, &options.config)?;
+        let watchdog = resolved.start_watchdog()?;
+        if let Some(l) = &liveness {
+            abort_on_loss(l, watchdog.clone(), resolved.signal.clone());
+        }
+        let (comm, control, child_config) =
+            resolved.make_comms(&id, launch.rank, launch.world_size, device)?;
         watched(&comm, &watchdog);
         Ok(World {
+            presence: Presence {
+                rank: launch.rank,
+                liveness,
+            },
             comm,
+            control,
+            child_config,
             launch,
             watchdog,
+            signal: resolved.signal,
         })
     }
 
-    fn exchange_tcp(launch: &Launch, options: &WorldOptions) -> Result<UniqueId> {
+    fn exchange_tcp(
+        launch: &Launch,
+        options: &WorldOptions,
+        resolved: &Resolved,
+    ) -> Result<(UniqueId, Option<Liveness>)> {
         let from_env;
         let secret = match &options.secret {
             Some(s) => s,
@@ -324,14 +600,27 @@ impl World {
         };
         let port = options.rendezvous_port(launch)?;
         let host = launch.master_addr.as_str();
+        let live = resolved.liveness.is_enabled();
         if launch.rank != 0 {
-            return Ok(rendezvous::join(
+            if !live {
+                let id = rendezvous::join(
+                    (host, port),
+                    launch.rank,
+                    launch.world_size,
+                    secret,
+                    options.timeout,
+                )?;
+                return Ok((id, None));
+            }
+            let (id, liveness) = shim::join_live(
                 (host, port),
                 launch.rank,
                 launch.world_size,
                 secret,
                 options.timeout,
-            )?);
+                &resolved.liveness,
+            )?;
+            return Ok((id, Some(liveness)));
         }
         // Rank 0 listens on MASTER_ADDR when it is an address of this
         // machine, else on every interface (peers still need the secret).
@@ -342,12 +631,25 @@ impl World {
             .map_or_else(|| TcpListener::bind((Ipv4Addr::UNSPECIFIED, port)), Ok)
             .map_err(rendezvous::RendezvousError::Io)?;
         let id = UniqueId::new()?;
-        let refused =
-            rendezvous::serve(&listener, launch.world_size, secret, &id, options.timeout)?;
+        let (liveness, refused) = if live {
+            let (l, refused) = shim::serve_live(
+                &listener,
+                launch.world_size,
+                secret,
+                &id,
+                options.timeout,
+                &resolved.liveness,
+            )?;
+            (Some(l), refused)
+        } else {
+            let refused =
+                rendezvous::serve(&listener, launch.world_size, secret, &id, options.timeout)?;
+            (None, refused)
+        };
         for error in refused {
             tracing::warn!(%error, "rendezvous: refused a peer");
         }
-        Ok(id)
+        Ok((id, liveness))
     }
 
     /// One process, one thread driving `n` GPUs (devices `0..n`): see
@@ -359,39 +661,64 @@ impl World {
     /// One process, one thread driving `devices` (rank i on `devices[i]`),
     /// made together with `Comm::init_all`. Collectives on these worlds
     /// (and on meshes built from them) must be issued inside one group
-    /// ([`nccl_safe::group`]). The watchdog is as the environment says.
+    /// ([`nccl_safe::group`]). The watchdog is on unless the environment
+    /// turns it off; there is no peer to lose but this thread.
     pub fn local_with(devices: &[usize], config: &Config) -> Result<Vec<World>> {
         check_devices("World::local", devices)?;
         let n = devices.len();
-        let watchdog = start_watchdog(None)?;
+        let options = WorldOptions::new().config(config.clone());
+        let resolved = Resolved::new(&options)?;
+        let watchdog = resolved.start_watchdog()?;
         apply_encryption(None)?;
-        Ok(Comm::init_all(devices, config)?
+        let config = resolved
+            .user_config
+            .clone()
+            .unwrap_or_else(|| resolved.data_config());
+        Ok(Comm::init_all(devices, &config)?
             .into_iter()
             .enumerate()
             .map(|(rank, comm)| {
                 watched(&comm, &watchdog);
                 World {
+                    presence: Presence {
+                        rank,
+                        liveness: None,
+                    },
                     comm,
+                    control: None,
+                    child_config: None,
                     launch: local_launch(rank, n),
                     watchdog: watchdog.clone(),
+                    signal: resolved.signal.clone(),
                 }
             })
             .collect())
     }
 
-    /// One process, a thread per GPU (devices `0..n`): see
-    /// [`World::spawn_local_with`].
+    /// One process, a thread per GPU (devices `0..n`), default options:
+    /// see [`World::spawn_local_with_options`].
     pub fn spawn_local<R: Send>(n: usize, f: impl Fn(World) -> Result<R> + Sync) -> Result<Vec<R>> {
-        World::spawn_local_with(&(0..n).collect::<Vec<_>>(), &default_config(), f)
+        World::spawn_local_with_options(&(0..n).collect::<Vec<_>>(), &WorldOptions::new(), f)
+    }
+
+    /// As [`World::spawn_local_with_options`] with `config` as the
+    /// communicators' configuration ([`WorldOptions::config`]).
+    pub fn spawn_local_with<R: Send>(
+        devices: &[usize],
+        config: &Config,
+        f: impl Fn(World) -> Result<R> + Sync,
+    ) -> Result<Vec<R>> {
+        World::spawn_local_with_options(devices, &WorldOptions::new().config(config.clone()), f)
     }
 
     /// One process, a thread per device of `devices`: each thread joins
     /// rank i on `devices[i]` and runs `f` with its `World`. Returns every
     /// rank's result in rank order, or the first rank's error (a panic is
-    /// [`Error::RankPanicked`]). With a nonblocking `config` (as
-    /// [`default_config`]), a rank that fails before the others finish
-    /// `init_rank` makes its peers give up after the config's timeout
-    /// instead of waiting for it. The watchdog is as the environment says.
+    /// [`Error::RankPanicked`]). The rendezvous, secret, port and device
+    /// options do not apply. A rank whose thread panics (or fails to make
+    /// its communicators) is reported lost to the others at once: their
+    /// communicators are aborted and their operations answer
+    /// [`Error::PeerLost`] naming it.
     ///
     /// Dropping communicators (a [`crate::DeviceMesh`], a split) while
     /// another rank's thread has already launched its next collective can
@@ -400,29 +727,58 @@ impl World {
     /// which waits for the rank being torn down. Let the threads meet on the
     /// host (a `std::sync::Barrier`) after such drops. (Seen with NCCL
     /// 2.28.9 on 2 and 4 GPUs; one thread per process is not affected.)
-    pub fn spawn_local_with<R: Send>(
+    pub fn spawn_local_with_options<R: Send>(
         devices: &[usize],
-        config: &Config,
+        options: &WorldOptions,
         f: impl Fn(World) -> Result<R> + Sync,
     ) -> Result<Vec<R>> {
         check_devices("World::spawn_local", devices)?;
         let n = devices.len();
-        apply_encryption(None)?;
+        let resolved = Resolved::new(options)?;
+        apply_encryption(options.encryption.as_ref())?;
         let id = UniqueId::new()?;
-        let watchdog = start_watchdog(None)?;
-        let (id, f, watchdog) = (&id, &f, &watchdog);
+        let watchdog = resolved.start_watchdog()?;
+        let liveness = (resolved.liveness.is_enabled() && n > 1).then(|| Liveness::in_process(n));
+        if let Some(l) = &liveness {
+            abort_on_loss(l, watchdog.clone(), resolved.signal.clone());
+        }
+        let (id, f, watchdog, liveness, resolved) = (&id, &f, &watchdog, &liveness, &resolved);
         std::thread::scope(|scope| {
             let handles: Vec<_> = devices
                 .iter()
                 .enumerate()
                 .map(|(rank, &device)| {
                     scope.spawn(move || {
-                        let comm = Comm::init_rank(id, rank, n, device, config)?;
+                        let made = resolved.make_comms(id, rank, n, device);
+                        let (comm, control, child_config) = match made {
+                            Ok(m) => m,
+                            Err(e) => {
+                                if let Some(l) = liveness
+                                    && e.lost_rank().is_none()
+                                {
+                                    l.report(PeerLoss {
+                                        rank,
+                                        cause: LossCause::Exited {
+                                            reason: e.to_string(),
+                                        },
+                                        seen_by: rank,
+                                    });
+                                }
+                                return Err(e);
+                            }
+                        };
                         watched(&comm, watchdog);
                         f(World {
+                            presence: Presence {
+                                rank,
+                                liveness: liveness.clone(),
+                            },
                             comm,
+                            control,
+                            child_config,
                             launch: local_launch(rank, n),
                             watchdog: watchdog.clone(),
+                            signal: resolved.signal.clone(),
                         })
                     })
                 })
@@ -441,7 +797,11 @@ impl World {
                             .map(|s| s.to_string())
                             .or_else(|| panic.downcast_ref::<String>().cloned())
                             .unwrap_or_default();
-                        first_error.get_or_insert(Error::RankPanicked { rank, message });
+                        // A panic is the root cause; the others' PeerLost
+                        // errors follow from it.
+                        if first_error.as_ref().is_none_or(|e| e.lost_rank().is_some()) {
+                            first_error = Some(Error::RankPanicked { rank, message });
+                        }
                     }
                 }
             }
@@ -479,9 +839,42 @@ impl World {
         self.watchdog.as_ref()
     }
 
-    /// The communicator, giving up the rest.
+    /// The communicator, giving up the rest (this world's liveness ends
+    /// with a goodbye).
     pub fn into_comm(self) -> Comm {
         self.comm
+    }
+
+    /// The nonblocking communicator the world's was split from, if any:
+    /// the parent of meshes, so their creation can be cut short.
+    pub(crate) fn split_parent(&self) -> &Comm {
+        self.control.as_ref().unwrap_or(&self.comm)
+    }
+
+    /// The configuration for communicators split from this world.
+    pub(crate) fn child_config(&self) -> Option<&Config> {
+        self.child_config.as_ref()
+    }
+
+    /// An error of an operation on this world's communicators, as the
+    /// watchdog or the liveness channel explain it ([`Error::PeerLost`]
+    /// when a peer was lost).
+    pub fn explain(&self, err: nccl_safe::Error) -> Error {
+        match crate::watchdog::explain(&self.comm, err) {
+            Error::Nccl(e) => lost_or(&self.signal, e),
+            other => other,
+        }
+    }
+
+    /// The liveness channel, if this world has one.
+    pub fn liveness(&self) -> Option<&Liveness> {
+        self.presence.liveness.as_ref()
+    }
+
+    /// The signal that aborts every communicator of this world (and of
+    /// meshes made from it).
+    pub fn abort_signal(&self) -> &AbortSignal {
+        &self.signal
     }
 
     /// Global rank.
@@ -507,6 +900,65 @@ impl World {
     /// Where this rank's place in the job came from.
     pub fn launch(&self) -> &Launch {
         &self.launch
+    }
+}
+
+/// Stand-in for the liveness channel while it is being written (off).
+mod shim {
+    use std::net::{TcpListener, ToSocketAddrs};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use nccl_safe::UniqueId;
+
+    use crate::Result;
+    use crate::liveness::PeerLoss;
+    use crate::rendezvous::RendezvousError;
+    use crate::secret::Secret;
+
+    #[derive(Clone, Debug)]
+    pub struct Liveness;
+    #[derive(Clone, Debug)]
+    pub struct LivenessOptions;
+
+    impl LivenessOptions {
+        pub fn from_env() -> Result<LivenessOptions> {
+            Ok(LivenessOptions)
+        }
+        pub fn is_enabled(&self) -> bool {
+            false
+        }
+    }
+
+    impl Liveness {
+        pub fn in_process(_world: usize) -> Liveness {
+            Liveness
+        }
+        pub fn on_loss(&self, _hook: Arc<dyn Fn(&PeerLoss) + Send + Sync>) {}
+        pub fn report(&self, _loss: PeerLoss) {}
+        pub fn leave(&self) {}
+    }
+
+    pub fn serve_live(
+        _listener: &TcpListener,
+        _world: usize,
+        _secret: &Secret,
+        _id: &UniqueId,
+        _timeout: Duration,
+        _options: &LivenessOptions,
+    ) -> Result<(Liveness, Vec<RendezvousError>), RendezvousError> {
+        Err(RendezvousError::Malformed("liveness is not built yet"))
+    }
+
+    pub fn join_live(
+        _addr: impl ToSocketAddrs,
+        _rank: usize,
+        _world: usize,
+        _secret: &Secret,
+        _timeout: Duration,
+        _options: &LivenessOptions,
+    ) -> Result<(UniqueId, Liveness), RendezvousError> {
+        Err(RendezvousError::Malformed("liveness is not built yet"))
     }
 }
 

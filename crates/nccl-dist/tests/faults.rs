@@ -145,7 +145,7 @@ fn kind(e: &Error) -> String {
             format!("Watchdog: {what} of {} #{}", f.op, f.seq)
         }
         Error::Nccl(nccl_safe::Error::Timeout { op, .. }) => format!("Timeout({op})"),
-        Error::Nccl(nccl_safe::Error::Aborted { op }) => format!("Aborted({op})"),
+        Error::Nccl(nccl_safe::Error::Aborted { op, .. }) => format!("Aborted({op})"),
         Error::Nccl(nccl_safe::Error::Nccl { code, op, .. }) => format!("Nccl({op}: {code:?})"),
         other => format!("{other}"),
     }
