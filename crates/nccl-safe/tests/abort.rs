@@ -1,0 +1,219 @@
+//! GPU regression tests of the abort and teardown paths: each would crash,
+//! hang or free memory under NCCL before the fix it guards. `#[ignore]`d:
+//! `cargo xtask gpu-test` runs them (target `nccl-safe-abort`, once per
+//! world size; those that need two GPUs pass at once on one).
+//!
+//! Each test makes its own communicators in this process and leaves a
+//! kernel stuck on purpose (a collective that the other rank never joins),
+//! so every test ends by aborting what it made.
+
+use std::error::Error as StdError;
+use std::time::{Duration, Instant};
+
+use nccl_safe::cudarc::driver::CudaContext;
+use nccl_safe::{
+    AbortCause, AbortSignal, Comm, Config, Error, GroupGuard, NcclMemory, ReduceOp, UniqueId,
+};
+
+type TestResult<T = ()> = Result<T, Box<dyn StdError + Send + Sync>>;
+
+/// GPUs this run may use: `NCCL_SAFE_TEST_WORLD`, else every visible one.
+fn gpus() -> usize {
+    let visible = CudaContext::device_count().unwrap_or(0) as usize;
+    let wanted = std::env::var("NCCL_SAFE_TEST_WORLD")
+        .ok()
+        .and_then(|w| w.parse().ok())
+        .unwrap_or(visible);
+    assert!(
+        wanted >= 1 && wanted <= visible,
+        "asked for {wanted} GPUs, {visible} visible"
+    );
+    wanted
+}
+
+fn check(result: TestResult) {
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
+
+/// Two blocking communicators (devices 0 and 1) driven by this thread.
+fn pair(timeout: Duration) -> TestResult<Vec<Comm>> {
+    Ok(Comm::init_all(&[0, 1], &Config::new().timeout(timeout))?)
+}
+
+/// Aborts every communicator (the end of each test: a kernel is stuck).
+fn abort_all(comms: Vec<Comm>) {
+    for c in comms {
+        let _ = c.abort();
+    }
+}
+
+/// Aborting from another thread while this thread has a group open that
+/// holds a call on the communicator used to free it under `ncclGroupEnd`
+/// (SIGSEGV). Now the abort is deferred to the group's end: `abort`
+/// returns at once, the group ends without a crash, and the communicator
+/// is aborted after it with the cause given.
+#[test]
+#[ignore = "needs 2 GPUs: cargo xtask gpu-test"]
+fn abort_from_another_thread_while_a_group_is_open_waits_for_its_end() {
+    if gpus() < 2 {
+        eprintln!("needs 2 GPUs; nothing to do on one");
+        return;
+    }
+    check((|| {
+        let comms = pair(Duration::from_secs(20))?;
+        let mut buf = comms[0].stream().alloc_zeros::<f32>(1 << 16)?;
+        let handle = comms[0].abort_handle();
+        let group = GroupGuard::start()?;
+        // Only rank 0 joins: its kernel will wait for rank 1 forever.
+        group
+            .on(&comms[0])
+            .all_reduce_in_place(&mut buf, ReduceOp::Sum)?;
+        let aborter = std::thread::spawn(move || {
+            let started = Instant::now();
+            let now = handle.request_abort(AbortCause::Other("test abort".into()));
+            let blocking = handle.abort();
+            (
+                now,
+                blocking.is_ok(),
+                handle.is_aborted(),
+                started.elapsed(),
+            )
+        });
+        let (done_at_once, abort_ok, flagged, took) =
+            aborter.join().map_err(|_| "the aborting thread panicked")?;
+        if done_at_once {
+            return Err("the abort happened while the group still referred to the comm".into());
+        }
+        if !abort_ok || !flagged || took > Duration::from_secs(1) {
+            return Err(format!(
+                "abort from the other thread: ok {abort_ok}, flagged {flagged}, took {took:?}"
+            )
+            .into());
+        }
+        // The group ends (launching the work) and the abort follows.
+        let ended = group.end();
+        eprintln!("group end after a deferred abort: {ended:?}");
+        match comms[0].status() {
+            Err(Error::Aborted {
+                cause: AbortCause::Other(why),
+                ..
+            }) if why == "test abort" => {}
+            other => return Err(format!("after the group: {other:?}").into()),
+        }
+        // The aborted kernel stopped: the stream drains.
+        comms[0].stream().synchronize()?;
+        drop(buf);
+        abort_all(comms);
+        Ok(())
+    })());
+}
+
+/// A nonblocking init that a peer never joins is cut short by the job's
+/// signal, with the cause (a lost peer) in the error. One GPU suffices.
+#[test]
+#[ignore = "needs a GPU: cargo xtask gpu-test"]
+fn a_signal_aborts_a_nonblocking_init_that_a_peer_never_joins() {
+    gpus();
+    check((|| {
+        let signal = AbortSignal::new();
+        let config = Config::new()
+            .blocking(false)
+            .timeout(Duration::from_secs(60))
+            .abort_signal(&signal);
+        let trigger = signal.clone();
+        let fired = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(500));
+            trigger.trigger(AbortCause::PeerLost {
+                rank: 1,
+                detail: "test".into(),
+            });
+            Instant::now()
+        });
+        let id = UniqueId::new()?;
+        let result = Comm::init_rank(&id, 0, 2, 0, &config);
+        let returned = Instant::now();
+        let fired_at = fired.join().map_err(|_| "trigger thread panicked")?;
+        let after = returned.saturating_duration_since(fired_at);
+        match result {
+            Err(Error::Aborted {
+                cause: AbortCause::PeerLost { rank: 1, .. },
+                ..
+            }) if after < Duration::from_secs(2) => Ok(()),
+            other => Err(format!("init returned {other:?}, {after:?} after the signal").into()),
+        }
+    })());
+}
+
+/// Dropping a blocking communicator with a collective that never finishes
+/// used to finalize with no deadline (90 s seen). Now the drop waits at
+/// most the communicator's timeout for the work, then aborts.
+#[test]
+#[ignore = "needs 2 GPUs: cargo xtask gpu-test"]
+fn drop_of_a_blocking_comm_with_unfinished_work_is_bounded() {
+    if gpus() < 2 {
+        eprintln!("needs 2 GPUs; nothing to do on one");
+        return;
+    }
+    check((|| {
+        let timeout = Duration::from_secs(3);
+        let comms = pair(timeout)?;
+        let mut buf = comms[0].stream().alloc_zeros::<f32>(1 << 16)?;
+        let group = GroupGuard::start()?;
+        group
+            .on(&comms[0])
+            .all_reduce_in_place(&mut buf, ReduceOp::Sum)?;
+        group.end()?;
+        let started = Instant::now();
+        drop(comms);
+        let took = started.elapsed();
+        eprintln!("drop took {took:?} (timeout {timeout:?})");
+        if took > timeout + Duration::from_secs(3) {
+            return Err(format!("drop took {took:?}").into());
+        }
+        // The stuck kernel was aborted: the buffer's stream drains.
+        buf.stream().synchronize()?;
+        drop(buf);
+        Ok(())
+    })());
+}
+
+/// `NcclMemory`'s drop used to synchronize the whole context, so it hung
+/// behind a stuck kernel. Now it waits for its communicator's stream only,
+/// for at most the communicator's timeout, and leaks the memory when the
+/// work does not finish.
+#[test]
+#[ignore = "needs 2 GPUs: cargo xtask gpu-test"]
+fn nccl_memory_drop_behind_a_stuck_kernel_is_bounded() {
+    if gpus() < 2 {
+        eprintln!("needs 2 GPUs; nothing to do on one");
+        return;
+    }
+    check((|| {
+        let timeout = Duration::from_secs(2);
+        let comms = pair(timeout)?;
+        let mut memory = match NcclMemory::<f32>::alloc(&comms[0], 1 << 16) {
+            Ok(m) => m,
+            Err(Error::Unsupported { .. }) => {
+                abort_all(comms);
+                return Ok(());
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let group = GroupGuard::start()?;
+        group
+            .on(&comms[0])
+            .all_reduce_in_place(&mut memory, ReduceOp::Sum)?;
+        group.end()?;
+        let started = Instant::now();
+        drop(memory);
+        let took = started.elapsed();
+        eprintln!("NcclMemory drop took {took:?} (timeout {timeout:?})");
+        abort_all(comms);
+        if took > timeout + Duration::from_secs(2) {
+            return Err(format!("NcclMemory drop took {took:?}").into());
+        }
+        Ok(())
+    })());
+}
