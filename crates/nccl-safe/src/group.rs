@@ -79,7 +79,7 @@ pub(crate) fn defer_observed(pending: Pending) {
 /// Reports the calls of the group that just ended to their observers; a
 /// failed group reports nothing.
 fn report_observed(launched: bool) {
-    let observed = GROUP.with(|g| {
+    let mut observed = GROUP.with(|g| {
         let mut g = g.borrow_mut();
         if g.depth == 0 {
             std::mem::take(&mut g.observed)
@@ -88,10 +88,19 @@ fn report_observed(launched: bool) {
         }
     });
     if launched {
-        for p in observed {
+        for p in observed.drain(..) {
             p.observer.issued(&p.info, p.stream);
         }
     }
+    // Give the emptied vector back, so the next group with an observer
+    // (a watchdog) reuses it instead of allocating.
+    observed.clear();
+    let _ = GROUP.try_with(|g| {
+        let mut g = g.borrow_mut();
+        if g.observed.capacity() == 0 {
+            g.observed = observed;
+        }
+    });
 }
 
 /// Records that a communicator is used in the open group (before the call:
