@@ -922,24 +922,24 @@ mod shim {
     pub struct LivenessOptions;
 
     impl LivenessOptions {
-        pub fn from_env() -> Result<LivenessOptions> {
+        pub(crate) fn from_env() -> Result<LivenessOptions> {
             Ok(LivenessOptions)
         }
-        pub fn is_enabled(&self) -> bool {
+        pub(crate) fn is_enabled(&self) -> bool {
             false
         }
     }
 
     impl Liveness {
-        pub fn in_process(_world: usize) -> Liveness {
+        pub(crate) fn in_process(_world: usize) -> Liveness {
             Liveness
         }
-        pub fn on_loss(&self, _hook: Arc<dyn Fn(&PeerLoss) + Send + Sync>) {}
-        pub fn report(&self, _loss: PeerLoss) {}
-        pub fn leave(&self) {}
+        pub(crate) fn on_loss(&self, _hook: Arc<dyn Fn(&PeerLoss) + Send + Sync>) {}
+        pub(crate) fn report(&self, _loss: PeerLoss) {}
+        pub(crate) fn leave(&self) {}
     }
 
-    pub fn serve_live(
+    pub(crate) fn serve_live(
         _listener: &TcpListener,
         _world: usize,
         _secret: &Secret,
@@ -950,7 +950,7 @@ mod shim {
         Err(RendezvousError::Malformed("liveness is not built yet"))
     }
 
-    pub fn join_live(
+    pub(crate) fn join_live(
         _addr: impl ToSocketAddrs,
         _rank: usize,
         _world: usize,

@@ -121,7 +121,37 @@ const NOTHING_TO_REFUSE: &[(&str, &str)] = &[
         "WorldOptions::new secret timeout config method device port watchdog encryption",
         "builders; checked when init uses them (World rows)",
     ),
-    ("nccl_dist::default_config", "constructor"),
+    (
+        "nccl_dist::default_config nonblocking_config",
+        "constructor",
+    ),
+    (
+        "WorldOptions::op_timeout no_watchdog liveness",
+        "builders; every value is valid (a zero timeout fails the first wait, typed)",
+    ),
+    (
+        "World::explain abort_signal liveness spawn_local_with_options",
+        "maps an error / accessor / as spawn_local (its rows)",
+    ),
+    ("Error::lost_rank", "accessor"),
+    (
+        "Watchdog::peer_lost",
+        "every loss is valid input; it fails the watched communicators",
+    ),
+    (
+        "AbortHandle::request_abort abort_with try_status cause",
+        "as abort and status: every cause is valid; misuse in a group is refused (abort rows)",
+    ),
+    (
+        "AbortSignal::new trigger is_triggered cause",
+        "every cause is valid; triggering twice keeps the first",
+    ),
+    ("AbortCause::lost_rank", "accessor"),
+    (
+        "Config::abort_signal get_abort_signal",
+        "every signal is valid",
+    ),
+    ("OpObserver::unfinished", "a query an observer answers"),
     (
         "Secret::random bytes to_env_value",
         "constructor / accessor",
@@ -636,6 +666,26 @@ fn table_without_a_gpu() {
         "WatchdogOptions::from_env",
         "environment",
         WatchdogOptions::from_lookup(lookup(&[("NCCL_RS_FLIGHT_RECORDER", "0")])),
+        |e| matches!(e, Error::InvalidArgument { .. }),
+    );
+    case(
+        "nccl_dist::op_timeout_from_lookup",
+        "environment",
+        nccl_dist::op_timeout_from_lookup(lookup(&[("NCCL_RS_TIMEOUT", "soon")])),
+        |e| {
+            matches!(
+                e,
+                Error::InvalidArgument {
+                    op: "NCCL_RS_TIMEOUT",
+                    ..
+                }
+            )
+        },
+    );
+    case(
+        "WatchdogOptions::from_lookup",
+        "environment (operation timeout)",
+        WatchdogOptions::from_lookup(lookup(&[("NCCL_RS_TIMEOUT", "0")])),
         |e| matches!(e, Error::InvalidArgument { .. }),
     );
     case(
