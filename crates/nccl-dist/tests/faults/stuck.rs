@@ -1,0 +1,334 @@
+//! Cases where every process lives but work gets stuck or is cut short:
+//! mismatched collectives, an abort from another thread (while waiting,
+//! and while a group is open), a drop with work in flight, and fifty
+//! abort-and-rebuild cycles. All but the last run in both modes.
+
+use std::time::{Duration, Instant};
+
+use nccl_dist::nccl_safe::{self, AbortCause, GroupGuard, ReduceOp};
+use nccl_dist::{Error, FailureKind, Launch, World};
+
+use crate::hardware::{gpu_used_mib, host_barrier, open_fds, threads};
+use crate::{
+    OP_TIMEOUT, Rank, TestResult, checked_all_reduce, cuda, env, expect_error, kernel_runs, kind,
+    options, run, run_process,
+};
+
+/// Elements of the mismatch cases' collectives.
+const N: usize = 1 << 20;
+
+/// The mismatch cases: `warm` runs on every rank (the operations both
+/// sides of the mismatch use, so that no blocking enqueue waits in NCCL's
+/// connection set-up), then every rank runs `op` (the victim differs),
+/// then a one-element all-reduce as a barrier; the first error ends it.
+/// Every rank must see an error within two operation timeouts (the op,
+/// then the barrier a faster rank got to), never hang; nobody is lost.
+fn mismatch(
+    r: &mut Rank,
+    world: World,
+    warm: impl Fn(&World) -> TestResult,
+    op: impl FnOnce(&World, bool) -> Result<(), Error>,
+) -> TestResult {
+    checked_all_reduce(&world, 1024)?;
+    warm(&world)?;
+    let since = Instant::now();
+    let comm = world.comm();
+    let waited = op(&world, r.is_victim())
+        .and_then(|()| nccl_dist::synchronize(comm, comm.stream()))
+        .and_then(|()| {
+            let mut token = comm.stream().alloc_zeros::<i32>(1).map_err(cuda)?;
+            comm.all_reduce_in_place(&mut token, ReduceOp::Sum)
+                .map_err(|e| world.explain(e))?;
+            nccl_dist::synchronize(comm, comm.stream())
+        });
+    let e = expect_error(r, waited, since, 2 * OP_TIMEOUT + Duration::from_secs(2))?;
+    if let Error::PeerLost(_) = e {
+        return Err(format!("a mismatch reported a lost peer: {e}").into());
+    }
+    drop(world);
+    kernel_runs(r.rank)?;
+    r.note("kernel", "ok")
+}
+
+/// An all-reduce of `n` zeros of `T` whose buffer outlives the call:
+/// after a mismatch NCCL may still use it until the communicator is gone,
+/// so it is leaked.
+fn leaked_all_reduce<T>(world: &World, n: usize) -> Result<(), Error>
+where
+    T: nccl_safe::NcclType
+        + nccl_safe::cudarc::driver::ValidAsZeroBits
+        + nccl_safe::cudarc::driver::DeviceRepr,
+{
+    let mut buf = world.comm().stream().alloc_zeros::<T>(n).map_err(cuda)?;
+    let issued = world.comm().all_reduce_in_place(&mut buf, ReduceOp::Sum);
+    std::mem::forget(buf);
+    issued.map_err(|e| world.explain(e))
+}
+
+/// Runs `op` on every rank and waits for it (the warm-up of a mismatch).
+fn together(world: &World, op: impl FnOnce(&World) -> Result<(), Error>) -> TestResult {
+    op(world)?;
+    nccl_dist::synchronize(world.comm(), world.comm().stream())?;
+    Ok(())
+}
+
+/// (c1) The victim all-reduces N elements, the others 2N.
+#[test]
+#[ignore]
+fn c1_mismatched_count() {
+    run("c1_mismatched_count", |r, world| {
+        mismatch(
+            r,
+            world,
+            |w| {
+                together(w, |w| leaked_all_reduce::<f32>(w, N))?;
+                together(w, |w| leaked_all_reduce::<f32>(w, 2 * N))
+            },
+            |w, odd| leaked_all_reduce::<f32>(w, if odd { N } else { 2 * N }),
+        )
+    });
+}
+
+/// (c2) The victim all-reduces f32, the others f64, same count.
+#[test]
+#[ignore]
+fn c2_mismatched_dtype() {
+    run("c2_mismatched_dtype", |r, world| {
+        mismatch(
+            r,
+            world,
+            |w| {
+                together(w, |w| leaked_all_reduce::<f32>(w, N))?;
+                together(w, |w| leaked_all_reduce::<f64>(w, N))
+            },
+            |w, odd| match odd {
+                true => leaked_all_reduce::<f32>(w, N),
+                false => leaked_all_reduce::<f64>(w, N),
+            },
+        )
+    });
+}
+
+/// A broadcast of `N` zeros from rank 0, its buffer leaked as above.
+fn leaked_broadcast(world: &World) -> Result<(), Error> {
+    let mut buf = world.comm().stream().alloc_zeros::<f32>(N).map_err(cuda)?;
+    let issued = world.comm().broadcast_in_place(&mut buf, 0);
+    std::mem::forget(buf);
+    issued.map_err(|e| world.explain(e))
+}
+
+/// (c3) The victim runs an all-reduce then a broadcast; the others the
+/// other way round.
+#[test]
+#[ignore]
+fn c3_mismatched_order() {
+    run("c3_mismatched_order", |r, world| {
+        mismatch(
+            r,
+            world,
+            |w| {
+                together(w, |w| leaked_all_reduce::<f32>(w, N))?;
+                together(w, leaked_broadcast)
+            },
+            |w, odd| match odd {
+                true => leaked_all_reduce::<f32>(w, N).and_then(|()| leaked_broadcast(w)),
+                false => leaked_broadcast(w).and_then(|()| leaked_all_reduce::<f32>(w, N)),
+            },
+        )
+    });
+}
+
+/// Whether `e` is the abort that this rank asked for (directly, or as the
+/// watchdog saw it: the communicator aborted under unfinished work).
+fn is_requested_abort(e: &Error) -> bool {
+    match e {
+        Error::Nccl(nccl_safe::Error::Aborted { cause, .. }) => *cause == AbortCause::Requested,
+        Error::Watchdog(f) => f.kind == FailureKind::Aborted,
+        _ => false,
+    }
+}
+
+/// (d) The victim never joins an all-reduce (it waits 3 s, then drops its
+/// world); on the others a second thread aborts the communicator after
+/// 1 s while the first waits in `synchronize`: the waiter wakes with the
+/// abort (`Aborted`, or the watchdog's account of it) within 2 s of it,
+/// and the communicator says `Aborted`.
+#[test]
+#[ignore]
+fn d_abort_from_another_thread() {
+    run("d_abort_from_another_thread", |r, world| {
+        checked_all_reduce(&world, N)?;
+        if r.is_victim() {
+            std::thread::sleep(Duration::from_secs(3));
+            let started = Instant::now();
+            drop(world);
+            r.note("victim_drop_ms", started.elapsed().as_millis())?;
+            kernel_runs(r.rank)?;
+            return r.note("kernel", "ok");
+        }
+        let comm = world.comm();
+        let mut buf = comm.stream().alloc_zeros::<f32>(N)?;
+        comm.all_reduce_in_place(&mut buf, ReduceOp::Sum)?;
+        let handle = comm.abort_handle();
+        let since = Instant::now();
+        let aborter = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_secs(1));
+            let at = Instant::now();
+            let result = handle.abort();
+            (at, at.elapsed(), result)
+        });
+        let waited = nccl_dist::synchronize(comm, comm.stream());
+        let woke = Instant::now();
+        let (aborted_at, abort_took, abort_result) =
+            aborter.join().map_err(|_| "aborter panicked")?;
+        abort_result?;
+        r.note("abort_call_ms", abort_took.as_millis())?;
+        r.note(
+            "wake_after_abort_ms",
+            woke.saturating_duration_since(aborted_at).as_millis(),
+        )?;
+        let e = expect_error(r, waited, since, Duration::from_secs(3))?;
+        if !is_requested_abort(&e) {
+            return Err(format!("the waiter woke with {}, not the abort", kind(&e)).into());
+        }
+        if !matches!(comm.status(), Err(nccl_safe::Error::Aborted { .. })) {
+            return Err("the communicator does not say Aborted".into());
+        }
+        drop(buf);
+        drop(world);
+        kernel_runs(r.rank)?;
+        r.note("kernel", "ok")
+    });
+}
+
+/// (e) On a blocking communicator (the default), the victim never joins
+/// an all-reduce; the others drop their world with it in flight. The drop
+/// waits at most the operation timeout for the work, then aborts: it must
+/// return within the timeout + 5 s, and a kernel must run after it.
+#[test]
+#[ignore]
+fn e_drop_with_work_in_flight() {
+    run("e_drop_with_work_in_flight", |r, world| {
+        checked_all_reduce(&world, N)?;
+        if r.is_victim() {
+            std::thread::sleep(Duration::from_secs(2));
+            drop(world);
+            kernel_runs(r.rank)?;
+            return r.note("kernel", "ok");
+        }
+        let comm = world.comm();
+        let mut buf = comm.stream().alloc_zeros::<f32>(N)?;
+        comm.all_reduce_in_place(&mut buf, ReduceOp::Sum)?;
+        let limit = OP_TIMEOUT + Duration::from_secs(5);
+        let started = Instant::now();
+        drop(world);
+        let took = started.elapsed();
+        r.note("drop_ms", took.as_millis())?;
+        r.note("deadline_ms", limit.as_millis())?;
+        r.note(
+            "outcome",
+            "dropped (work unfinished: bounded wait, then abort)",
+        )?;
+        if took > limit {
+            return Err(format!("drop took {took:?}, beyond {limit:?}").into());
+        }
+        // The buffer outlived the aborted communicator's work.
+        drop(buf);
+        kernel_runs(r.rank)?;
+        r.note("kernel", "ok")
+    });
+}
+
+/// (i) Every rank opens a group and enqueues an all-reduce in it; before
+/// the group ends, another thread aborts the communicator through its
+/// abort handle. The abort must not wait for the group (it is deferred to
+/// its end, never freeing what the group refers to), the group's end may
+/// return an error or Ok, and afterwards the communicator and every later
+/// call say `Aborted`; the process must not crash.
+#[test]
+#[ignore]
+fn i_abort_while_group_open() {
+    run("i_abort_while_group_open", |r, world| {
+        const M: usize = 1 << 16;
+        checked_all_reduce(&world, M)?;
+        let comm = world.comm();
+        let mut buf = comm.stream().alloc_zeros::<f32>(M)?;
+        let handle = comm.abort_handle();
+        let since = Instant::now();
+        let group = GroupGuard::start()?;
+        group
+            .on(comm)
+            .all_reduce_in_place(&mut buf, ReduceOp::Sum)?;
+        let aborter = std::thread::spawn(move || {
+            let at = Instant::now();
+            let result = handle.abort();
+            (at.elapsed(), result, handle.is_aborted())
+        });
+        let (took, aborted, flagged) = aborter.join().map_err(|_| "aborter panicked")?;
+        r.note("abort_call_ms", took.as_millis())?;
+        r.note("abort_result", format!("{aborted:?}"))?;
+        if took > Duration::from_secs(2) {
+            return Err(format!("the abort waited {took:?} for the open group").into());
+        }
+        if !flagged {
+            return Err("the abort handle does not say aborted".into());
+        }
+        let ended = group.end();
+        r.note("group_end", format!("{ended:?}"))?;
+        r.note("error_after_ms", since.elapsed().as_millis())?;
+        r.note("deadline_ms", 2000)?;
+        match comm.status() {
+            Err(nccl_safe::Error::Aborted { .. }) => {}
+            other => return Err(format!("after the group: status {other:?}").into()),
+        }
+        let later = comm.all_reduce_in_place(&mut buf, ReduceOp::Sum);
+        r.note("outcome", format!("later call: {later:?}"))?;
+        if !matches!(later, Err(nccl_safe::Error::Aborted { .. })) {
+            return Err(format!("a call after the abort returned {later:?}").into());
+        }
+        drop(buf);
+        drop(world);
+        kernel_runs(r.rank)?;
+        r.note("kernel", "ok")
+    });
+}
+
+/// (r) Recovery: 50 cycles of (new world, checked all-reduce, abort). Open
+/// fds, threads and device memory after cycle 10 and cycle 50, sampled
+/// once every rank has aborted, must match (small slack for the
+/// allocator).
+#[test]
+#[ignore]
+fn r_fifty_abort_rebuild_cycles() {
+    run_process("r_fifty_abort_rebuild_cycles", |r| {
+        let port: u16 = env("NCCL_RS_FAULT_PORT2")?.parse()?;
+        let mut samples = Vec::new();
+        let started = Instant::now();
+        for cycle in 1..=50 {
+            let launch = Launch::explicit(r.rank, r.size, r.rank, r.size, "127.0.0.1", port)?;
+            let world = World::init_with(launch, &options())?;
+            checked_all_reduce(&world, 1 << 20)?;
+            world.into_comm().abort()?;
+            if [1, 10, 25, 50].contains(&cycle) {
+                // GPU memory is counted for the whole device, and a peer
+                // that has not aborted yet still holds this GPU's buffers it
+                // imported: sample once every rank has aborted.
+                host_barrier(r, port)?;
+                let s = (cycle, open_fds(), threads(), gpu_used_mib(r.rank)?);
+                r.note(
+                    &format!("cycle{cycle}"),
+                    format!("fds={} threads={} gpu_used_mib={}", s.1, s.2, s.3),
+                )?;
+                samples.push(s);
+            }
+        }
+        r.note("total_s", format!("{:.1}", started.elapsed().as_secs_f64()))?;
+        let (at10, at50) = (samples[1], samples[3]);
+        if at50.1 > at10.1 + 2 || at50.2 > at10.2 + 1 || at50.3 > at10.3 + 64 {
+            return Err(
+                format!("resources grew from cycle 10 {at10:?} to cycle 50 {at50:?}").into(),
+            );
+        }
+        r.note("outcome", "flat")
+    });
+}
