@@ -1,9 +1,136 @@
-//! Liveness: who in the job is still there.
+//! Liveness: who in the job is still there, and telling every survivor
+//! at once when a rank is lost.
 //!
-//! (Being written: the types below are the contract the rest of the crate
-//! builds on.)
+//! This module owns the liveness channel: the [`Liveness`] handle every
+//! rank holds, its background thread (named `nccl-liveness`, one per
+//! process), the [`LivenessOptions`] and the authenticated messages on the
+//! wire. [`crate::rendezvous::serve_live`] and
+//! [`crate::rendezvous::join_live`] make the channel out of the
+//! rendezvous connections; [`Liveness::in_process`] makes one for a thread
+//! per GPU in one process, with no sockets.
+//!
+//! # Topology
+//!
+//! Rank 0 is the hub: every other rank (a member) keeps its authenticated
+//! rendezvous connection to it open. The hub learns of a member's loss
+//! when that connection closes without a goodbye (the kernel closes the
+//! socket of a killed process at once), when a valid frame is followed by
+//! garbage, or when nothing arrives for the silence limit (a stopped
+//! process), and sends `Lost { rank, cause }` to every other member.
+//! Members learn of the hub's loss from their own connection. Both sides
+//! send heartbeats every [`LivenessOptions::heartbeat`] so silence is
+//! noticed. Each survivor runs its hooks ([`Liveness::on_loss`]) once per
+//! lost rank, typically a few milliseconds after the death.
+//!
+//! # Wire protocol
+//!
+//! After the rendezvous handshake (see [`crate::rendezvous`]; its bytes
+//! are unchanged, protocol version 1), both sides derive a session key
+//!
+//! `K = HMAC-SHA256(secret, "nccl-rs liveness key" ‖ nonce_s ‖ nonce_c ‖ rank ‖ world)`
+//!
+//! (fresh for every connection, because both nonces are). Every later
+//! frame has the rendezvous framing (`NCRV`, version, kind, length, at most
+//! 1 KiB of payload) with the payload `counter u64 ‖ body ‖ tag`, where
+//! `tag = HMAC-SHA256(K, "nccl-rs liveness frame" ‖ direction ‖ kind ‖ counter ‖ body)`,
+//! `direction` is 0 from the hub and 1 to it, and each direction's counter
+//! starts at 0 and goes up by one per frame. A receiver accepts exactly the
+//! next counter: replays, reordering and gaps are refused, as are unknown
+//! kinds and kinds that do not belong to that direction.
+//!
+//! | kind | name      | direction | body |
+//! |------|-----------|-----------|------|
+//! | 16   | Attach    | member → hub | none: keep this connection as my liveness channel |
+//! | 17   | Attached  | hub → member | none: kept |
+//! | 18   | Heartbeat | both      | none |
+//! | 19   | Lost      | hub → member | a loss |
+//! | 20   | Report    | member → hub | a loss found by the member (its own panic) |
+//! | 21   | Goodbye   | both      | none: a clean end, the close that follows is not a loss |
+//!
+//! A loss is `rank u32 ‖ seen_by u32 ‖ cause u8 ‖ detail`: cause 0 (the
+//! connection closed, no detail), 1 (silent; milliseconds as u64), 2
+//! (panicked; UTF-8 text) or 3 (exited; UTF-8 text), text cut to 512 bytes.
+//!
+//! # Trust
+//!
+//! Only a peer that proved it knows the secret in the handshake ever gets
+//! a session; a stranger is refused there and cannot make anyone count as
+//! lost. On an authenticated connection a frame that fails its check can
+//! only come from someone in the middle: the connection is closed and its
+//! peer counted as lost, with the reason, since the channel to it can no
+//! longer be trusted.
 
 use std::time::Duration;
+
+mod engine;
+mod options;
+pub(crate) mod wire;
+
+pub use engine::Liveness;
+pub(crate) use engine::{Link, start_hub, start_member};
+pub use options::{HEARTBEAT_ENV, LIVENESS_ENV, LIVENESS_TIMEOUT_ENV, LivenessOptions};
+
+/// Why a liveness frame or session was refused.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LivenessError {
+    /// The frame's MAC is wrong: not from the peer of this session.
+    #[error("liveness frame of kind {kind} failed authentication")]
+    BadTag {
+        /// The kind in the frame's header.
+        kind: u8,
+    },
+    /// A replayed, reordered or dropped frame.
+    #[error("liveness frame out of order: expected counter {expected}, got {got}")]
+    OutOfOrder {
+        /// The counter that was due.
+        expected: u64,
+        /// The counter that came.
+        got: u64,
+    },
+    /// A kind this protocol does not have.
+    #[error("unknown liveness frame kind {kind}")]
+    UnknownKind {
+        /// The kind.
+        kind: u8,
+    },
+    /// A kind that does not travel this way (a reflected frame).
+    #[error("liveness frame of kind {kind} in the wrong direction")]
+    WrongDirection {
+        /// The kind.
+        kind: u8,
+    },
+    /// A rank outside the world in a loss.
+    #[error("rank {rank} is out of range for a world of {world}")]
+    RankOutOfRange {
+        /// The rank.
+        rank: usize,
+        /// The world size.
+        world: usize,
+    },
+    /// Bytes that are not a liveness frame.
+    #[error("malformed liveness frame: {0}")]
+    Malformed(&'static str),
+    /// Another protocol version.
+    #[error("liveness frame of protocol version {got}")]
+    Version {
+        /// Theirs.
+        got: u16,
+    },
+    /// The MAC could not be keyed (cannot happen with HMAC).
+    #[error("the liveness MAC could not be keyed")]
+    Crypto,
+    /// The rendezvous succeeded but the other side did not keep the
+    /// connection as a liveness channel (liveness is off there, or the
+    /// connection broke right after the handshake).
+    #[error("rank {rank}: no liveness channel after the rendezvous: {detail}")]
+    NotAttached {
+        /// The member's rank.
+        rank: usize,
+        /// What happened instead.
+        detail: String,
+    },
+}
 
 /// Why a rank counts as lost.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -29,6 +29,8 @@ use hmac::{Hmac, Mac};
 use nccl_safe::UniqueId;
 use sha2::Sha256;
 
+use crate::liveness::wire::{Dir, Msg, Opener, Sealer, session_key};
+use crate::liveness::{Link, Liveness, LivenessError, LivenessOptions, start_hub, start_member};
 use crate::secret::Secret;
 
 /// Protocol version on the wire.
@@ -93,6 +95,9 @@ pub enum RendezvousError {
     /// A socket or file error.
     #[error("rendezvous I/O: {0}")]
     Io(#[from] std::io::Error),
+    /// Keeping the connection as the liveness channel failed.
+    #[error(transparent)]
+    Liveness(#[from] LivenessError),
 }
 
 type Result<T, E = RendezvousError> = std::result::Result<T, E>;
@@ -174,10 +179,21 @@ fn read_frame(
     phase: &str,
     started: Instant,
 ) -> Result<(Kind, Vec<u8>)> {
+    let (kind, payload) = read_raw_frame(stream, until, phase, started)?;
+    let kind = Kind::from_u8(kind).ok_or(RendezvousError::Malformed("unknown frame kind"))?;
+    Ok((kind, payload))
+}
+
+/// One frame of any kind (the liveness kinds included).
+fn read_raw_frame(
+    stream: &mut TcpStream,
+    until: Instant,
+    phase: &str,
+    started: Instant,
+) -> Result<(u8, Vec<u8>)> {
     let mut header = [0u8; 11];
     read_exact_by(stream, &mut header, until, phase, started)?;
     let (kind, len) = decode_header(&header)?;
-    let kind = Kind::from_u8(kind).ok_or(RendezvousError::Malformed("unknown frame kind"))?;
     let mut payload = vec![0u8; len as usize];
     read_exact_by(stream, &mut payload, until, phase, started)?;
     Ok((kind, payload))
@@ -216,13 +232,15 @@ fn write_frame(stream: &mut TcpStream, kind: Kind, payload: &[u8]) -> Result<()>
     Ok(())
 }
 
-fn mac(secret: &Secret, parts: &[&[u8]]) -> Hmac<Sha256> {
-    let mut m = <Hmac<Sha256> as Mac>::new_from_slice(secret.bytes())
-        .expect("HMAC-SHA256 accepts keys of any length");
+fn mac(secret: &Secret, parts: &[&[u8]]) -> Result<Hmac<Sha256>> {
+    // HMAC-SHA256 accepts keys of any length; the error is carried rather
+    // than unwrapped all the same.
+    let mut m =
+        <Hmac<Sha256> as Mac>::new_from_slice(secret.bytes()).map_err(|_| LivenessError::Crypto)?;
     for p in parts {
         m.update(p);
     }
-    m
+    Ok(m)
 }
 
 fn nonce() -> Result<[u8; NONCE]> {
@@ -247,6 +265,74 @@ pub fn serve(
     secret: &Secret,
     id: &UniqueId,
     timeout: Duration,
+) -> Result<Vec<RendezvousError>> {
+    serve_with(listener, world, secret, id, timeout, |_, _, _| None)
+}
+
+/// Rank 0's side with the liveness channel: as [`serve`], and every
+/// served rank's connection stays open as its liveness connection (see
+/// [`crate::liveness`]). The returned [`Liveness`] watches them from the
+/// start, so a rank that dies while others are still joining is already
+/// reported. A served rank whose connection could not be kept (liveness
+/// off on its side) has the id but is not watched; its error is in the
+/// returned list. On an error, the ranks already attached see rank 0 as
+/// lost. With `options` disabled this is [`serve`] plus a channel that
+/// only knows local reports.
+pub fn serve_live(
+    listener: &TcpListener,
+    world: usize,
+    secret: &Secret,
+    id: &UniqueId,
+    timeout: Duration,
+    options: &LivenessOptions,
+) -> Result<(Liveness, Vec<RendezvousError>)> {
+    if !options.is_enabled() {
+        let refused = serve(listener, world, secret, id, timeout)?;
+        return Ok((Liveness::off(world, 0), refused));
+    }
+    let live = start_hub(world, options)?;
+    let outcome = serve_with(
+        listener,
+        world,
+        secret,
+        id,
+        timeout,
+        |stream, served, until| match attach_member(stream, served, world, secret, until) {
+            Ok(link) => {
+                live.add_link(link);
+                None
+            }
+            Err(e) => Some(e),
+        },
+    );
+    match outcome {
+        Ok(refused) => {
+            live.done_accepting();
+            Ok((live, refused))
+        }
+        Err(e) => {
+            live.abandon();
+            Err(e)
+        }
+    }
+}
+
+/// What rank 0 knows of a rank it served.
+struct Served {
+    rank: usize,
+    nonce_c: Vec<u8>,
+    nonce_s: [u8; NONCE],
+}
+
+/// The accept loop; `keep` gets each served rank's connection and returns
+/// an error to list (the rank stays served: it has the id).
+fn serve_with(
+    listener: &TcpListener,
+    world: usize,
+    secret: &Secret,
+    id: &UniqueId,
+    timeout: Duration,
+    mut keep: impl FnMut(TcpStream, Served, Instant) -> Option<RendezvousError>,
 ) -> Result<Vec<RendezvousError>> {
     let started = Instant::now();
     let deadline = started + timeout;
@@ -284,8 +370,12 @@ pub fn serve(
             peer_deadline,
             started,
         ) {
-            Ok(rank) => {
-                served.insert(rank);
+            Ok(who) => {
+                served.insert(who.rank);
+                if let Some(e) = keep(stream, who, peer_deadline) {
+                    tracing::debug!(error = %e, "rendezvous: no liveness connection");
+                    refused.push(e);
+                }
             }
             Err(e) => {
                 let _ = write_frame(&mut stream, Kind::Reject, e.to_string().as_bytes());
@@ -297,6 +387,31 @@ pub fn serve(
     Ok(refused)
 }
 
+/// Rank 0: waits for a served rank's `Attach` and answers `Attached`.
+fn attach_member(
+    mut stream: TcpStream,
+    served: Served,
+    world: usize,
+    secret: &Secret,
+    until: Instant,
+) -> Result<Link> {
+    let rank = served.rank;
+    let key = session_key(secret, &served.nonce_s, &served.nonce_c, rank, world)?;
+    let mut opener = Opener::new(key.clone(), Dir::Up, world);
+    let mut sealer = Sealer::new(key, Dir::Down);
+    let started = Instant::now();
+    let not_attached = |detail: String| LivenessError::NotAttached { rank, detail };
+    let (kind, payload) = read_raw_frame(&mut stream, until, "waiting for an attach", started)
+        .map_err(|e| not_attached(e.to_string()))?;
+    match opener.open(kind, &payload)? {
+        Msg::Attach => {}
+        _ => return Err(not_attached("the first frame was not an attach".into()).into()),
+    }
+    stream.set_write_timeout(Some(PEER_TIMEOUT))?;
+    stream.write_all(&sealer.seal(&Msg::Attached)?)?;
+    Ok(Link::new(rank, stream, sealer, opener)?)
+}
+
 fn handshake_server(
     stream: &mut TcpStream,
     world: usize,
@@ -305,7 +420,7 @@ fn handshake_server(
     served: &BTreeSet<usize>,
     until: Instant,
     started: Instant,
-) -> Result<usize> {
+) -> Result<Served> {
     let (kind, hello) = read_frame(stream, until, "reading a peer's hello", started)?;
     if kind != Kind::Hello || hello.len() != 8 + NONCE {
         return Err(RendezvousError::Malformed("expected a hello"));
@@ -328,7 +443,7 @@ fn handshake_server(
             &hello[..4],
             &hello[4..8],
         ],
-    )
+    )?
     .verify_slice(&proof)
     .map_err(|_| RendezvousError::BadSecret)?;
     // Authenticated: now the claims may be trusted enough to answer them.
@@ -344,13 +459,17 @@ fn handshake_server(
     if served.contains(&rank) {
         return Err(RendezvousError::DuplicateRank { rank });
     }
-    let tag = mac(secret, &[b"nccl-rs id", nonce_c, id.as_bytes()])
+    let tag = mac(secret, &[b"nccl-rs id", nonce_c, id.as_bytes()])?
         .finalize()
         .into_bytes();
     let mut payload = id.as_bytes().to_vec();
     payload.extend_from_slice(&tag);
     write_frame(stream, Kind::Id, &payload)?;
-    Ok(rank)
+    Ok(Served {
+        rank,
+        nonce_c: nonce_c.to_vec(),
+        nonce_s,
+    })
 }
 
 /// A joining rank's side: connects to `addr` (retrying until `timeout`),
@@ -362,7 +481,80 @@ pub fn join(
     secret: &Secret,
     timeout: Duration,
 ) -> Result<UniqueId> {
+    join_stream(addr, rank, world, secret, Instant::now(), timeout).map(|j| j.id)
+}
+
+/// A joining rank's side with the liveness channel: as [`join`], then
+/// the connection stays open as this rank's liveness connection to rank 0
+/// (see [`crate::liveness`]). Fails with [`LivenessError::NotAttached`]
+/// when rank 0 does not keep it (liveness off there). With `options`
+/// disabled this is [`join`] plus a channel that only knows local reports.
+pub fn join_live(
+    addr: impl ToSocketAddrs,
+    rank: usize,
+    world: usize,
+    secret: &Secret,
+    timeout: Duration,
+    options: &LivenessOptions,
+) -> Result<(UniqueId, Liveness)> {
     let started = Instant::now();
+    if !options.is_enabled() {
+        let id = join(addr, rank, world, secret, timeout)?;
+        return Ok((id, Liveness::off(world, rank)));
+    }
+    let Joined {
+        id,
+        mut stream,
+        nonce_c,
+        nonce_s,
+    } = join_stream(addr, rank, world, secret, started, timeout)?;
+    let key = session_key(secret, &nonce_s, &nonce_c, rank, world)?;
+    let mut sealer = Sealer::new(key.clone(), Dir::Up);
+    let mut opener = Opener::new(key, Dir::Down, world);
+    let not_attached = |detail: String| LivenessError::NotAttached { rank, detail };
+    stream.set_write_timeout(Some(PEER_TIMEOUT))?;
+    stream
+        .write_all(&sealer.seal(&Msg::Attach)?)
+        .map_err(|e| not_attached(format!("sending the attach: {e}")))?;
+    // Rank 0 answers at once; no retry from here on: it handed out the id.
+    let until = (started + timeout).min(Instant::now() + PEER_TIMEOUT);
+    let (kind, payload) =
+        read_raw_frame(&mut stream, until, "waiting for rank 0's attached", started).map_err(
+            |e| {
+                not_attached(format!(
+                    "rank 0 did not keep the connection (liveness off there?): {e}"
+                ))
+            },
+        )?;
+    match opener.open(kind, &payload)? {
+        Msg::Attached => {}
+        _ => {
+            return Err(
+                not_attached("rank 0 answered the attach with something else".into()).into(),
+            );
+        }
+    }
+    let link = Link::new(0, stream, sealer, opener)?;
+    let live = start_member(world, rank, link, options)?;
+    Ok((id, live))
+}
+
+/// What a joining rank takes from a finished handshake.
+struct Joined {
+    id: UniqueId,
+    stream: TcpStream,
+    nonce_c: [u8; NONCE],
+    nonce_s: Vec<u8>,
+}
+
+fn join_stream(
+    addr: impl ToSocketAddrs,
+    rank: usize,
+    world: usize,
+    secret: &Secret,
+    started: Instant,
+    timeout: Duration,
+) -> Result<Joined> {
     let deadline = started + timeout;
     if rank == 0 || rank >= world {
         return Err(RendezvousError::RankOutOfRange { rank, world });
@@ -377,7 +569,14 @@ pub fn join(
             .find_map(|a| TcpStream::connect_timeout(a, left.min(Duration::from_secs(2))).ok());
         let outcome = match connected {
             Some(mut stream) => {
-                handshake_client(&mut stream, rank, world, secret, deadline, started)
+                handshake_client(&mut stream, rank, world, secret, deadline, started).map(
+                    |(id, nonce_c, nonce_s)| Joined {
+                        id,
+                        stream,
+                        nonce_c,
+                        nonce_s,
+                    },
+                )
             }
             None => Err(RendezvousError::Io(
                 std::io::ErrorKind::ConnectionRefused.into(),
@@ -418,7 +617,7 @@ fn handshake_client(
     secret: &Secret,
     deadline: Instant,
     started: Instant,
-) -> Result<UniqueId> {
+) -> Result<(UniqueId, [u8; NONCE], Vec<u8>)> {
     let nonce_c = nonce()?;
     let mut hello = be32(rank).to_vec();
     hello.extend_from_slice(&be32(world));
@@ -444,7 +643,7 @@ fn handshake_client(
             &be32(rank),
             &be32(world),
         ],
-    )
+    )?
     .finalize()
     .into_bytes();
     write_frame(stream, Kind::Proof, &proof)?;
@@ -452,12 +651,12 @@ fn handshake_client(
     match kind {
         Kind::Id if answer.len() == UniqueId::BYTES + TAG => {
             let (id_bytes, tag) = answer.split_at(UniqueId::BYTES);
-            mac(secret, &[b"nccl-rs id", &nonce_c, id_bytes])
+            mac(secret, &[b"nccl-rs id", &nonce_c, id_bytes])?
                 .verify_slice(tag)
                 .map_err(|_| RendezvousError::BadSecret)?;
             let mut bytes = [0u8; UniqueId::BYTES];
             bytes.copy_from_slice(id_bytes);
-            Ok(UniqueId::from_bytes(bytes))
+            Ok((UniqueId::from_bytes(bytes), nonce_c, challenge))
         }
         Kind::Reject => Err(RendezvousError::Rejected(
             String::from_utf8_lossy(&answer).into_owned(),

@@ -1,0 +1,713 @@
+//! The [`Liveness`] handle, the state its clones share, and the one
+//! background thread per process (`nccl-liveness`) that watches the
+//! connections: it waits in `poll(2)` for any of them to become readable or
+//! for the next heartbeat to be due, so it never spins.
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use super::wire::{FrameBuf, MAX_FRAME, Msg, Opener, Sealer};
+use super::{LivenessError, LivenessOptions, LossCause, PeerLoss};
+
+/// What runs on a loss.
+type Hook = Arc<dyn Fn(&PeerLoss) + Send + Sync>;
+
+/// How long a rank that left keeps reading its connections, so the peer's
+/// last frames are consumed and the close stays a clean one.
+const DRAIN: Duration = Duration::from_secs(1);
+/// A guard on reads the thread makes only after `poll` said "readable".
+const READ_GUARD: Duration = Duration::from_millis(100);
+/// How long a write of one small frame may block (the peer stopped
+/// reading and its buffers are full: it will be found silent anyway).
+const WRITE_GUARD: Duration = Duration::from_secs(1);
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A hook that panicked cannot leave this state half-written (hooks run
+    // with no lock held), so a poisoned lock is still consistent.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    /// Threads of one process; no sockets.
+    InProcess,
+    /// Rank 0 of a process job.
+    Hub,
+    /// Any other rank of a process job.
+    Member,
+    /// Liveness turned off: only local reports.
+    Off,
+}
+
+#[derive(Default)]
+struct State {
+    losses: Vec<PeerLoss>,
+    hooks: Vec<Hook>,
+    /// This rank said goodbye or gave up: closes are no longer losses.
+    left: bool,
+    /// The hub told this rank that it counts as lost.
+    excluded: bool,
+    /// After leaving, when the thread stops draining.
+    stop_by: Option<Instant>,
+}
+
+/// One authenticated liveness connection, to the hub or to a member.
+pub(crate) struct Link {
+    peer: usize,
+    stream: TcpStream,
+    sealer: Mutex<Sealer>,
+    rx: Mutex<Rx>,
+    goodbye: AtomicBool,
+}
+
+struct Rx {
+    opener: Opener,
+    buf: FrameBuf,
+    last_heard: Instant,
+}
+
+impl Link {
+    /// A link to `peer` over `stream`, whose handshake and attach are done.
+    pub(crate) fn new(
+        peer: usize,
+        stream: TcpStream,
+        sealer: Sealer,
+        opener: Opener,
+    ) -> std::io::Result<Link> {
+        // Losses are tiny frames that must not wait for an acknowledgement.
+        stream.set_nodelay(true)?;
+        stream.set_read_timeout(Some(READ_GUARD))?;
+        stream.set_write_timeout(Some(WRITE_GUARD))?;
+        Ok(Link {
+            peer,
+            stream,
+            sealer: Mutex::new(sealer),
+            rx: Mutex::new(Rx {
+                opener,
+                buf: FrameBuf::default(),
+                last_heard: Instant::now(),
+            }),
+            goodbye: AtomicBool::new(false),
+        })
+    }
+
+    /// Seals and writes one message; false when it could not be sent (the
+    /// reading side finds out why).
+    fn send(&self, msg: &Msg) -> bool {
+        // The sealer's lock is held across the write so counters reach the
+        // wire in order whichever thread sends.
+        let mut sealer = lock(&self.sealer);
+        match sealer.seal(msg) {
+            Ok(frame) => (&self.stream).write_all(&frame).is_ok(),
+            Err(_) => false,
+        }
+    }
+
+    fn last_heard(&self) -> Instant {
+        lock(&self.rx).last_heard
+    }
+
+    fn shut(&self) {
+        let _ = self.stream.shutdown(Shutdown::Both);
+    }
+}
+
+/// What every clone of a [`Liveness`] and its thread share.
+struct Shared {
+    world: usize,
+    rank: Option<usize>,
+    role: Role,
+    heartbeat: Duration,
+    silence: Duration,
+    state: Mutex<State>,
+    links: Mutex<Vec<Arc<Link>>>,
+    /// The hub is still adding members (the rendezvous runs).
+    accepting: AtomicBool,
+    /// Set when the thread has ended (or never ran), for `leave` to wait.
+    ended: Mutex<bool>,
+    ended_cv: Condvar,
+}
+
+impl Shared {
+    fn new(world: usize, rank: Option<usize>, role: Role, options: &LivenessOptions) -> Shared {
+        Shared {
+            world,
+            rank,
+            role,
+            heartbeat: options.heartbeat_interval(),
+            silence: options.silence(),
+            state: Mutex::new(State::default()),
+            links: Mutex::new(Vec::new()),
+            accepting: AtomicBool::new(false),
+            ended: Mutex::new(true),
+            ended_cv: Condvar::new(),
+        }
+    }
+
+    /// Waits (at most [`DRAIN`]) for the thread to end, unless this is the
+    /// thread itself (a hook that leaves).
+    fn wait_ended(&self) {
+        if std::thread::current().name() == Some(THREAD_NAME) {
+            return;
+        }
+        let ended = lock(&self.ended);
+        let _ = self
+            .ended_cv
+            .wait_timeout_while(ended, DRAIN, |ended| !*ended);
+    }
+
+    fn links(&self) -> Vec<Arc<Link>> {
+        lock(&self.links).clone()
+    }
+
+    /// Removes `link`; false when it was already gone.
+    fn remove(&self, link: &Arc<Link>) -> bool {
+        let mut links = lock(&self.links);
+        let before = links.len();
+        links.retain(|l| !Arc::ptr_eq(l, link));
+        links.len() != before
+    }
+
+    /// Adds `loss` unless its rank is already lost; the hooks to run.
+    fn record(&self, loss: &PeerLoss) -> Option<Vec<Hook>> {
+        let mut st = lock(&self.state);
+        if st.losses.iter().any(|l| l.rank == loss.rank) {
+            return None;
+        }
+        tracing::warn!(%loss, "liveness: a rank was lost");
+        st.losses.push(loss.clone());
+        Some(st.hooks.clone())
+    }
+
+    fn run_hooks(hooks: Vec<Hook>, loss: &PeerLoss) {
+        for hook in hooks {
+            // A hook that panics must not take the liveness thread (and so
+            // every later loss) down with it.
+            if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| hook(loss))).is_err() {
+                tracing::error!(%loss, "liveness: a loss hook panicked");
+            }
+        }
+    }
+
+    /// A loss known here only: record it, run the hooks.
+    fn local(&self, loss: &PeerLoss) {
+        if let Some(hooks) = self.record(loss) {
+            Self::run_hooks(hooks, loss);
+        }
+    }
+
+    /// The hub's verdict: record it, tell every member, drop the lost
+    /// rank's connection, run the hooks.
+    fn declare(&self, loss: &PeerLoss) {
+        let Some(hooks) = self.record(loss) else {
+            return;
+        };
+        let msg = Msg::Lost(loss.clone());
+        for link in self.links() {
+            // The lost rank hears it too: if it still runs (silent, or it
+            // reported itself), it learns that the job gave up on it.
+            link.send(&msg);
+            if link.peer == loss.rank && self.remove(&link) {
+                link.shut();
+            }
+        }
+        Self::run_hooks(hooks, loss);
+    }
+
+    fn report(&self, loss: PeerLoss) {
+        if loss.rank >= self.world {
+            tracing::warn!(%loss, world = self.world, "liveness: a report of a rank outside the world was ignored");
+            return;
+        }
+        match self.role {
+            Role::Hub => self.declare(&loss),
+            Role::Member => {
+                let msg = Msg::Report(loss.clone());
+                for link in self.links() {
+                    link.send(&msg);
+                }
+                self.local(&loss);
+            }
+            Role::InProcess | Role::Off => self.local(&loss),
+        }
+    }
+
+    fn leave(&self) {
+        if matches!(self.role, Role::InProcess | Role::Off) {
+            return;
+        }
+        {
+            let mut st = lock(&self.state);
+            if st.left {
+                return;
+            }
+            st.left = true;
+            st.stop_by = Some(Instant::now() + DRAIN);
+        }
+        self.accepting.store(false, Ordering::Release);
+        for link in self.links() {
+            link.send(&Msg::Goodbye);
+            // Only our half: the thread keeps reading until the peer closes
+            // (or the drain ends), so nothing unread turns the close into a
+            // reset.
+            let _ = link.stream.shutdown(Shutdown::Write);
+        }
+        // The peers close on the goodbye; once the thread has read those
+        // closes, the process may exit without a reset reaching anyone.
+        self.wait_ended();
+    }
+
+    /// Gives up without a goodbye: the peers count this rank as lost.
+    fn abandon(&self) {
+        {
+            let mut st = lock(&self.state);
+            st.left = true;
+            st.stop_by = Some(Instant::now());
+        }
+        self.accepting.store(false, Ordering::Release);
+        for link in std::mem::take(&mut *lock(&self.links)) {
+            link.shut();
+        }
+    }
+
+    fn quiet(&self) -> bool {
+        let st = lock(&self.state);
+        st.left || st.excluded
+    }
+
+    /// `link` is gone for `cause`: a loss unless it said goodbye or this
+    /// rank is ending anyway.
+    fn link_lost(&self, link: &Arc<Link>, cause: LossCause) {
+        if !self.remove(link) {
+            return;
+        }
+        link.shut();
+        if link.goodbye.load(Ordering::Acquire) || self.quiet() {
+            return;
+        }
+        let seen_by = self.rank.unwrap_or(0);
+        let loss = PeerLoss {
+            rank: link.peer,
+            cause,
+            seen_by,
+        };
+        match self.role {
+            Role::Hub => self.declare(&loss),
+            _ => self.local(&loss),
+        }
+    }
+
+    fn link_failed(&self, link: &Arc<Link>, error: &LivenessError) {
+        tracing::warn!(peer = link.peer, %error, "liveness: a frame failed its check; closing");
+        self.link_lost(
+            link,
+            LossCause::Exited {
+                reason: format!(
+                    "its liveness connection was closed after a frame that failed the check \
+                     ({error}): someone may be in the middle"
+                ),
+            },
+        );
+    }
+
+    fn handle(&self, link: &Arc<Link>, msg: Msg) {
+        match (self.role, msg) {
+            (_, Msg::Heartbeat) => {}
+            (_, Msg::Goodbye) => {
+                link.goodbye.store(true, Ordering::Release);
+                self.link_lost(link, LossCause::ConnectionClosed);
+            }
+            (Role::Hub, Msg::Report(loss)) => self.declare(&loss),
+            (Role::Member, Msg::Lost(loss)) => {
+                if Some(loss.rank) == self.rank {
+                    lock(&self.state).excluded = true;
+                }
+                self.local(&loss);
+            }
+            _ => self.link_failed(
+                link,
+                &LivenessError::Malformed("a message out of place in a running session"),
+            ),
+        }
+    }
+
+    /// Reads what `poll` said is there and acts on every whole frame.
+    fn service(&self, link: &Arc<Link>, chunk: &mut [u8]) {
+        let n = match (&link.stream).read(chunk) {
+            Ok(0) => return self.link_lost(link, LossCause::ConnectionClosed),
+            Ok(n) => n,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock
+                        | std::io::ErrorKind::TimedOut
+                        | std::io::ErrorKind::Interrupted
+                ) =>
+            {
+                return;
+            }
+            Err(_) => return self.link_lost(link, LossCause::ConnectionClosed),
+        };
+        let (msgs, bad) = {
+            let mut rx = lock(&link.rx);
+            rx.buf.push(&chunk[..n]);
+            let mut msgs = Vec::new();
+            let mut bad = None;
+            loop {
+                let frame = match rx.buf.next_frame() {
+                    Ok(Some(f)) => f,
+                    Ok(None) => break,
+                    Err(e) => {
+                        bad = Some(e);
+                        break;
+                    }
+                };
+                match rx.opener.open(frame.0, &frame.1) {
+                    Ok(m) => {
+                        rx.last_heard = Instant::now();
+                        msgs.push(m);
+                    }
+                    Err(e) => {
+                        bad = Some(e);
+                        break;
+                    }
+                }
+            }
+            (msgs, bad)
+        };
+        for m in msgs {
+            self.handle(link, m);
+        }
+        if let Some(e) = bad {
+            self.link_failed(link, &e);
+        }
+    }
+}
+
+/// Sleeps until one of `fds` is readable (or hung up) or `wait` passes.
+fn wait_readable(fds: &mut [libc::pollfd], wait: Duration) {
+    let ms = wait.as_millis().clamp(1, i32::MAX as u128) as libc::c_int;
+    // SAFETY: `fds` is a live, exclusively borrowed slice of `pollfd`
+    // whose length is passed with it; poll(2) only writes the `revents`
+    // fields inside it, and the descriptors stay open (their links are
+    // held by the caller) for the whole call.
+    let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+    if rc < 0 {
+        for f in fds.iter_mut() {
+            f.revents = 0;
+        }
+        // Anything but a signal would repeat at once: wait instead of
+        // spinning.
+        if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+            std::thread::sleep(wait);
+        }
+    }
+}
+
+/// The thread: heartbeats, silence, and every readable connection.
+fn run(shared: Arc<Shared>) {
+    let mut next_beat = Instant::now();
+    let mut chunk = vec![0u8; 2 * MAX_FRAME];
+    let mut fds: Vec<libc::pollfd> = Vec::new();
+    loop {
+        let (ending, stop_by) = {
+            let st = lock(&shared.state);
+            (st.left || st.excluded, st.stop_by)
+        };
+        let now = Instant::now();
+        if ending {
+            let drained = shared.links().is_empty() || stop_by.is_none_or(|t| now >= t);
+            if drained {
+                break;
+            }
+        } else {
+            if shared.links().is_empty() && !shared.accepting.load(Ordering::Acquire) {
+                break;
+            }
+            if now >= next_beat {
+                for link in shared.links() {
+                    // A failed write shows up on the reading side as EOF or
+                    // a reset, with the right cause.
+                    link.send(&Msg::Heartbeat);
+                }
+                next_beat = now + shared.heartbeat;
+            }
+            for link in shared.links() {
+                let quiet = now.saturating_duration_since(link.last_heard());
+                if quiet >= shared.silence {
+                    shared.link_lost(&link, LossCause::Silent { for_: quiet });
+                }
+            }
+        }
+        let wait = if ending {
+            Duration::from_millis(20)
+        } else {
+            next_beat.saturating_duration_since(Instant::now())
+        };
+        let links = shared.links();
+        fds.clear();
+        fds.extend(links.iter().map(|l| libc::pollfd {
+            fd: l.stream.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        }));
+        wait_readable(&mut fds, wait);
+        for (link, fd) in links.iter().zip(&fds) {
+            if fd.revents != 0 {
+                shared.service(link, &mut chunk);
+            }
+        }
+    }
+    for link in std::mem::take(&mut *lock(&shared.links)) {
+        link.shut();
+    }
+    *lock(&shared.ended) = true;
+    shared.ended_cv.notify_all();
+}
+
+/// The handle every clone points at; its drop is the clean goodbye.
+struct Handle {
+    shared: Arc<Shared>,
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        self.shared.leave();
+    }
+}
+
+/// This rank's view of who in the job is still there: the losses seen so
+/// far, hooks to run on the next ones, and (in a process job) the
+/// connection(s) and thread that find them. Cheap to clone; the last clone
+/// dropped says goodbye like [`Liveness::leave`].
+#[derive(Clone)]
+pub struct Liveness {
+    handle: Arc<Handle>,
+}
+
+impl std::fmt::Debug for Liveness {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = &self.handle.shared;
+        f.debug_struct("Liveness")
+            .field("world", &s.world)
+            .field("rank", &s.rank)
+            .field("role", &s.role)
+            .field("links", &lock(&s.links).len())
+            .field("losses", &lock(&s.state).losses)
+            .finish()
+    }
+}
+
+/// The name of the background thread.
+const THREAD_NAME: &str = "nccl-liveness";
+
+fn spawn(shared: &Arc<Shared>) -> std::io::Result<()> {
+    let s = Arc::clone(shared);
+    *lock(&shared.ended) = false;
+    std::thread::Builder::new()
+        .name(THREAD_NAME.into())
+        .spawn(move || run(s))
+        .map(drop)
+        .inspect_err(|_| *lock(&shared.ended) = true)
+}
+
+impl Liveness {
+    fn from_shared(shared: Shared) -> Liveness {
+        Liveness {
+            handle: Arc::new(Handle {
+                shared: Arc::new(shared),
+            }),
+        }
+    }
+
+    fn shared(&self) -> &Arc<Shared> {
+        &self.handle.shared
+    }
+
+    /// The channel of `world` ranks run as threads of this process: no
+    /// sockets and no thread; a [`Liveness::report`] from any rank's thread
+    /// reaches every hook at once, on the reporter's thread.
+    /// [`Liveness::leave`] does nothing here (one rank ending cleanly does
+    /// not end the others' channel).
+    pub fn in_process(world: usize) -> Liveness {
+        Liveness::from_shared(Shared::new(
+            world,
+            None,
+            Role::InProcess,
+            &LivenessOptions::default(),
+        ))
+    }
+
+    /// A channel with no connections for `rank` of a process job whose
+    /// liveness is off: local reports and hooks only.
+    pub(crate) fn off(world: usize, rank: usize) -> Liveness {
+        Liveness::from_shared(Shared::new(
+            world,
+            Some(rank),
+            Role::Off,
+            &LivenessOptions::default(),
+        ))
+    }
+
+    /// This rank, in a process job; `None` for [`Liveness::in_process`].
+    pub fn rank(&self) -> Option<usize> {
+        self.shared().rank
+    }
+
+    /// The number of ranks in the job.
+    pub fn world(&self) -> usize {
+        self.shared().world
+    }
+
+    /// Reports a loss found here: a rank's thread panicked or ended with
+    /// an error (in one process), or this rank found it otherwise (its own
+    /// thread unwinding, say). Recorded once per rank, and passed on: by
+    /// rank 0 to every member, by a member to rank 0, which passes it on.
+    /// A rank outside the world is ignored (logged).
+    pub fn report(&self, loss: PeerLoss) {
+        self.shared().report(loss);
+    }
+
+    /// Runs `hook` once for every lost rank: at once (on this thread) for
+    /// those already lost, later on the thread that learns of the loss
+    /// (the liveness thread, or a reporter's). Hooks must not block; one
+    /// that panics is logged and skipped.
+    pub fn on_loss(&self, hook: Arc<dyn Fn(&PeerLoss) + Send + Sync>) {
+        let past = {
+            let mut st = lock(&self.shared().state);
+            st.hooks.push(Arc::clone(&hook));
+            st.losses.clone()
+        };
+        for loss in &past {
+            Shared::run_hooks(vec![Arc::clone(&hook)], loss);
+        }
+    }
+
+    /// Every loss so far, in the order this rank learned them.
+    pub fn losses(&self) -> Vec<PeerLoss> {
+        lock(&self.shared().state).losses.clone()
+    }
+
+    /// The first loss this rank learned of, if any.
+    pub fn first_loss(&self) -> Option<PeerLoss> {
+        lock(&self.shared().state).losses.first().cloned()
+    }
+
+    /// Whether `rank` counts as lost here.
+    pub fn is_lost(&self, rank: usize) -> bool {
+        lock(&self.shared().state)
+            .losses
+            .iter()
+            .any(|l| l.rank == rank)
+    }
+
+    /// A clean goodbye: this rank ends normally, so the close of its
+    /// connection that follows is not a loss. Later losses are no longer
+    /// watched for. Waits (at most a second, usually well under a
+    /// millisecond) for the peers to close their side, so the process may
+    /// exit right after. Idempotent; also what dropping the last clone
+    /// does.
+    pub fn leave(&self) {
+        self.shared().leave();
+    }
+
+    /// Gives up without a goodbye (a failed rendezvous): the members
+    /// already attached count this rank as lost, as if it had died.
+    pub(crate) fn abandon(&self) {
+        self.shared().abandon();
+    }
+
+    /// Rank 0: a member finished its handshake and attach; watch it, and
+    /// tell it of the losses it missed.
+    pub(crate) fn add_link(&self, link: Link) {
+        let link = Arc::new(link);
+        let past = self.losses();
+        lock(&self.shared().links).push(Arc::clone(&link));
+        for loss in past {
+            link.send(&Msg::Lost(loss));
+        }
+    }
+
+    /// Rank 0: the rendezvous is over; no more members will come.
+    pub(crate) fn done_accepting(&self) {
+        self.shared().accepting.store(false, Ordering::Release);
+    }
+}
+
+/// Rank 0's channel, its thread started, ready for members.
+pub(crate) fn start_hub(world: usize, options: &LivenessOptions) -> std::io::Result<Liveness> {
+    let shared = Shared::new(world, Some(0), Role::Hub, options);
+    shared.accepting.store(true, Ordering::Release);
+    let live = Liveness::from_shared(shared);
+    spawn(live.shared())?;
+    Ok(live)
+}
+
+/// A member's channel over its attached link to rank 0, thread started.
+pub(crate) fn start_member(
+    world: usize,
+    rank: usize,
+    link: Link,
+    options: &LivenessOptions,
+) -> std::io::Result<Liveness> {
+    let shared = Shared::new(world, Some(rank), Role::Member, options);
+    lock(&shared.links).push(Arc::new(link));
+    let live = Liveness::from_shared(shared);
+    spawn(live.shared())?;
+    Ok(live)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn in_process_reports_reach_every_hook_once_and_late_hooks_catch_up() {
+        let live = Liveness::in_process(4);
+        assert_eq!(live.rank(), None);
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let s = Arc::clone(&seen);
+        live.on_loss(Arc::new(move |l: &PeerLoss| lock(&s).push(l.rank)));
+        let loss = PeerLoss {
+            rank: 2,
+            cause: LossCause::Panicked {
+                message: "boom".into(),
+            },
+            seen_by: 2,
+        };
+        let other = live.clone();
+        std::thread::spawn(move || other.report(loss.clone()))
+            .join()
+            .unwrap();
+        live.report(PeerLoss {
+            rank: 2,
+            cause: LossCause::ConnectionClosed,
+            seen_by: 1,
+        });
+        live.report(PeerLoss {
+            rank: 9,
+            cause: LossCause::ConnectionClosed,
+            seen_by: 1,
+        });
+        assert_eq!(*lock(&seen), vec![2]);
+        let late = Arc::new(Mutex::new(Vec::new()));
+        let l2 = Arc::clone(&late);
+        live.on_loss(Arc::new(move |l: &PeerLoss| lock(&l2).push(l.rank)));
+        assert_eq!(*lock(&late), vec![2]);
+        assert_eq!(live.first_loss().map(|l| l.rank), Some(2));
+        assert!(live.is_lost(2) && !live.is_lost(1));
+        // A panicking hook does not stop the others.
+        live.on_loss(Arc::new(|_: &PeerLoss| panic!("a bad hook")));
+        live.report(PeerLoss {
+            rank: 3,
+            cause: LossCause::ConnectionClosed,
+            seen_by: 0,
+        });
+        assert_eq!(*lock(&seen), vec![2, 3]);
+        assert_eq!(*lock(&late), vec![2, 3]);
+    }
+}

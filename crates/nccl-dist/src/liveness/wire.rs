@@ -1,0 +1,525 @@
+//! The liveness messages on the wire: the session key, sealing and
+//! opening frames (MAC and per-direction counter), and cutting frames out
+//! of a byte stream. Pure functions and small state machines, no sockets.
+
+use std::time::Duration;
+
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+
+use super::{LivenessError, LossCause, PeerLoss};
+use crate::rendezvous::{MAX_PAYLOAD, RendezvousError, decode_header, encode_frame};
+use crate::secret::Secret;
+
+/// Bytes of a MAC tag (HMAC-SHA256, untruncated).
+const TAG: usize = 32;
+/// Bytes of the counter in front of every body.
+const COUNTER: usize = 8;
+/// Bytes of a frame header (magic, version, kind, length).
+pub(crate) const HEADER: usize = 11;
+/// Longest text a loss carries on the wire (cut at a character boundary),
+/// so a `Lost` frame always fits [`MAX_PAYLOAD`].
+const MAX_TEXT: usize = 512;
+
+/// Which way a frame travels; part of every MAC, so a frame cannot be
+/// reflected back to its sender.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum Dir {
+    /// Hub to member.
+    Down = 0,
+    /// Member to hub.
+    Up = 1,
+}
+
+/// Frame kinds of the liveness phase (the handshake uses 1 to 5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum Kind {
+    Attach = 16,
+    Attached = 17,
+    Heartbeat = 18,
+    Lost = 19,
+    Report = 20,
+    Goodbye = 21,
+}
+
+impl Kind {
+    fn from_u8(v: u8) -> Option<Kind> {
+        Some(match v {
+            16 => Kind::Attach,
+            17 => Kind::Attached,
+            18 => Kind::Heartbeat,
+            19 => Kind::Lost,
+            20 => Kind::Report,
+            21 => Kind::Goodbye,
+            _ => return None,
+        })
+    }
+
+    /// Whether this kind may travel in `dir`.
+    fn allowed(self, dir: Dir) -> bool {
+        match self {
+            Kind::Heartbeat | Kind::Goodbye => true,
+            Kind::Attach | Kind::Report => dir == Dir::Up,
+            Kind::Attached | Kind::Lost => dir == Dir::Down,
+        }
+    }
+}
+
+/// One liveness message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Msg {
+    /// Member: "keep this connection as my liveness channel".
+    Attach,
+    /// Hub: "kept".
+    Attached,
+    /// Either side: still here.
+    Heartbeat,
+    /// Hub: this rank was lost.
+    Lost(PeerLoss),
+    /// Member: this rank found a loss (its own thread, or a peer).
+    Report(PeerLoss),
+    /// Either side: a clean end; the close that follows is not a loss.
+    Goodbye,
+}
+
+impl Msg {
+    fn kind(&self) -> Kind {
+        match self {
+            Msg::Attach => Kind::Attach,
+            Msg::Attached => Kind::Attached,
+            Msg::Heartbeat => Kind::Heartbeat,
+            Msg::Lost(_) => Kind::Lost,
+            Msg::Report(_) => Kind::Report,
+            Msg::Goodbye => Kind::Goodbye,
+        }
+    }
+}
+
+/// The per-connection key: both nonces make it fresh for every connection,
+/// the label keeps it apart from the handshake's MACs.
+#[derive(Clone)]
+pub(crate) struct SessionKey([u8; 32]);
+
+impl std::fmt::Debug for SessionKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SessionKey(..)")
+    }
+}
+
+fn keyed(key: &[u8]) -> Result<Hmac<Sha256>, LivenessError> {
+    // HMAC takes keys of any length; the error cannot happen, but is
+    // carried rather than unwrapped.
+    <Hmac<Sha256> as Mac>::new_from_slice(key).map_err(|_| LivenessError::Crypto)
+}
+
+/// `HMAC-SHA256(secret, "nccl-rs liveness key" ‖ nonce_s ‖ nonce_c ‖ rank ‖ world)`.
+pub(crate) fn session_key(
+    secret: &Secret,
+    nonce_s: &[u8],
+    nonce_c: &[u8],
+    rank: usize,
+    world: usize,
+) -> Result<SessionKey, LivenessError> {
+    let mut m = keyed(secret.bytes())?;
+    m.update(b"nccl-rs liveness key");
+    m.update(nonce_s);
+    m.update(nonce_c);
+    m.update(&(rank as u32).to_be_bytes());
+    m.update(&(world as u32).to_be_bytes());
+    let mut key = [0u8; 32];
+    key.copy_from_slice(&m.finalize().into_bytes());
+    Ok(SessionKey(key))
+}
+
+fn tag(
+    key: &SessionKey,
+    dir: Dir,
+    kind: u8,
+    counter: &[u8],
+    body: &[u8],
+) -> Result<Hmac<Sha256>, LivenessError> {
+    let mut m = keyed(&key.0)?;
+    m.update(b"nccl-rs liveness frame");
+    m.update(&[dir as u8, kind]);
+    m.update(counter);
+    m.update(body);
+    Ok(m)
+}
+
+/// Seals outgoing frames of one direction of one connection.
+#[derive(Debug)]
+pub(crate) struct Sealer {
+    key: SessionKey,
+    dir: Dir,
+    next: u64,
+}
+
+impl Sealer {
+    pub(crate) fn new(key: SessionKey, dir: Dir) -> Sealer {
+        Sealer { key, dir, next: 0 }
+    }
+
+    /// The whole frame for `msg`, header included; the counter advances.
+    pub(crate) fn seal(&mut self, msg: &Msg) -> Result<Vec<u8>, LivenessError> {
+        let body = match msg {
+            Msg::Lost(loss) | Msg::Report(loss) => encode_loss(loss),
+            _ => Vec::new(),
+        };
+        let kind = msg.kind() as u8;
+        let counter = self.next.to_be_bytes();
+        let t = tag(&self.key, self.dir, kind, &counter, &body)?
+            .finalize()
+            .into_bytes();
+        let mut payload = Vec::with_capacity(COUNTER + body.len() + TAG);
+        payload.extend_from_slice(&counter);
+        payload.extend_from_slice(&body);
+        payload.extend_from_slice(&t);
+        self.next = self.next.wrapping_add(1);
+        Ok(encode_frame(kind, &payload))
+    }
+}
+
+/// Opens incoming frames of one direction of one connection: checks the
+/// kind, the MAC and that the counter is exactly the next one (no replay,
+/// no reordering, no gap).
+#[derive(Debug)]
+pub(crate) struct Opener {
+    key: SessionKey,
+    dir: Dir,
+    next: u64,
+    world: usize,
+}
+
+impl Opener {
+    pub(crate) fn new(key: SessionKey, dir: Dir, world: usize) -> Opener {
+        Opener {
+            key,
+            dir,
+            next: 0,
+            world,
+        }
+    }
+
+    /// The message in one frame's kind and payload.
+    pub(crate) fn open(&mut self, kind: u8, payload: &[u8]) -> Result<Msg, LivenessError> {
+        let k = Kind::from_u8(kind).ok_or(LivenessError::UnknownKind { kind })?;
+        if !k.allowed(self.dir) {
+            return Err(LivenessError::WrongDirection { kind });
+        }
+        if payload.len() < COUNTER + TAG {
+            return Err(LivenessError::Malformed(
+                "a liveness frame shorter than its counter and tag",
+            ));
+        }
+        let (counter, rest) = payload.split_at(COUNTER);
+        let (body, t) = rest.split_at(rest.len() - TAG);
+        // The MAC first: nothing of an unauthenticated frame is believed,
+        // its counter included.
+        tag(&self.key, self.dir, kind, counter, body)?
+            .verify_slice(t)
+            .map_err(|_| LivenessError::BadTag { kind })?;
+        let mut c = [0u8; COUNTER];
+        c.copy_from_slice(counter);
+        let got = u64::from_be_bytes(c);
+        if got != self.next {
+            return Err(LivenessError::OutOfOrder {
+                expected: self.next,
+                got,
+            });
+        }
+        self.next = self.next.wrapping_add(1);
+        let msg = match k {
+            Kind::Attach => Msg::Attach,
+            Kind::Attached => Msg::Attached,
+            Kind::Heartbeat => Msg::Heartbeat,
+            Kind::Goodbye => Msg::Goodbye,
+            Kind::Lost => Msg::Lost(decode_loss(body, self.world)?),
+            Kind::Report => Msg::Report(decode_loss(body, self.world)?),
+        };
+        if !matches!(msg, Msg::Lost(_) | Msg::Report(_)) && !body.is_empty() {
+            return Err(LivenessError::Malformed(
+                "a body on a message that has none",
+            ));
+        }
+        Ok(msg)
+    }
+}
+
+fn cut(text: &str) -> &str {
+    if text.len() <= MAX_TEXT {
+        return text;
+    }
+    let mut end = MAX_TEXT;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+/// `rank u32 ‖ seen_by u32 ‖ cause u8 ‖ detail`: nothing for a closed
+/// connection, milliseconds (u64) for silence, UTF-8 text otherwise.
+fn encode_loss(loss: &PeerLoss) -> Vec<u8> {
+    let mut out = Vec::with_capacity(16);
+    out.extend_from_slice(&(loss.rank as u32).to_be_bytes());
+    out.extend_from_slice(&(loss.seen_by as u32).to_be_bytes());
+    match &loss.cause {
+        LossCause::ConnectionClosed => out.push(0),
+        LossCause::Silent { for_ } => {
+            out.push(1);
+            let ms = u64::try_from(for_.as_millis()).unwrap_or(u64::MAX);
+            out.extend_from_slice(&ms.to_be_bytes());
+        }
+        LossCause::Panicked { message } => {
+            out.push(2);
+            out.extend_from_slice(cut(message).as_bytes());
+        }
+        LossCause::Exited { reason } => {
+            out.push(3);
+            out.extend_from_slice(cut(reason).as_bytes());
+        }
+    }
+    out
+}
+
+fn decode_loss(body: &[u8], world: usize) -> Result<PeerLoss, LivenessError> {
+    if body.len() < 9 {
+        return Err(LivenessError::Malformed("a loss shorter than its fields"));
+    }
+    let rank = u32::from_be_bytes([body[0], body[1], body[2], body[3]]) as usize;
+    let seen_by = u32::from_be_bytes([body[4], body[5], body[6], body[7]]) as usize;
+    for r in [rank, seen_by] {
+        if r >= world {
+            return Err(LivenessError::RankOutOfRange { rank: r, world });
+        }
+    }
+    let detail = &body[9..];
+    let text = || {
+        std::str::from_utf8(detail)
+            .map(str::to_string)
+            .map_err(|_| LivenessError::Malformed("loss text that is not UTF-8"))
+    };
+    let cause = match body[8] {
+        0 if detail.is_empty() => LossCause::ConnectionClosed,
+        1 if detail.len() == 8 => {
+            let mut ms = [0u8; 8];
+            ms.copy_from_slice(detail);
+            LossCause::Silent {
+                for_: Duration::from_millis(u64::from_be_bytes(ms)),
+            }
+        }
+        2 => LossCause::Panicked { message: text()? },
+        3 => LossCause::Exited { reason: text()? },
+        _ => return Err(LivenessError::Malformed("an unknown loss cause")),
+    };
+    Ok(PeerLoss {
+        rank,
+        cause,
+        seen_by,
+    })
+}
+
+/// Bytes read from a connection, cut into frames. Holds at most one
+/// partial frame beyond what was last read, so it stays bounded.
+#[derive(Debug, Default)]
+pub(crate) struct FrameBuf {
+    buf: Vec<u8>,
+}
+
+impl FrameBuf {
+    /// Appends bytes read from the connection.
+    pub(crate) fn push(&mut self, bytes: &[u8]) {
+        self.buf.extend_from_slice(bytes);
+    }
+
+    /// The next whole frame (kind, payload), if one has arrived.
+    pub(crate) fn next_frame(&mut self) -> Result<Option<(u8, Vec<u8>)>, LivenessError> {
+        if self.buf.len() < HEADER {
+            return Ok(None);
+        }
+        let (kind, len) = decode_header(&self.buf[..HEADER]).map_err(|e| match e {
+            RendezvousError::Malformed(what) => LivenessError::Malformed(what),
+            RendezvousError::Version { got } => LivenessError::Version { got },
+            _ => LivenessError::Malformed("bad frame header"),
+        })?;
+        let end = HEADER + len as usize;
+        if self.buf.len() < end {
+            return Ok(None);
+        }
+        let payload = self.buf[HEADER..end].to_vec();
+        self.buf.drain(..end);
+        Ok(Some((kind, payload)))
+    }
+}
+
+/// The largest frame there is, header included.
+pub(crate) const MAX_FRAME: usize = HEADER + MAX_PAYLOAD as usize;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(n: u8) -> SessionKey {
+        let s = Secret::from_bytes(b"a secret for the unit tests".to_vec(), "test").unwrap();
+        session_key(&s, &[n; 32], &[2; 32], 1, 4).unwrap()
+    }
+
+    fn frames(bytes: &[u8]) -> Vec<(u8, Vec<u8>)> {
+        let mut fb = FrameBuf::default();
+        let mut out = Vec::new();
+        // One byte at a time: frames are cut right whatever the reads.
+        for b in bytes {
+            fb.push(&[*b]);
+            while let Some(f) = fb.next_frame().unwrap() {
+                out.push(f);
+            }
+        }
+        out
+    }
+
+    fn loss(cause: LossCause) -> PeerLoss {
+        PeerLoss {
+            rank: 3,
+            cause,
+            seen_by: 0,
+        }
+    }
+
+    #[test]
+    fn every_message_round_trips_in_order() {
+        let mut tx = Sealer::new(key(1), Dir::Down);
+        let mut rx = Opener::new(key(1), Dir::Down, 4);
+        let msgs = [
+            Msg::Attached,
+            Msg::Heartbeat,
+            Msg::Lost(loss(LossCause::ConnectionClosed)),
+            Msg::Lost(loss(LossCause::Silent {
+                for_: Duration::from_millis(10_250),
+            })),
+            Msg::Lost(loss(LossCause::Panicked {
+                message: "boom ✓".into(),
+            })),
+            Msg::Lost(loss(LossCause::Exited {
+                reason: "x".repeat(5000),
+            })),
+            Msg::Goodbye,
+        ];
+        let mut wire = Vec::new();
+        for m in &msgs {
+            wire.extend(tx.seal(m).unwrap());
+        }
+        let got: Vec<Msg> = frames(&wire)
+            .into_iter()
+            .map(|(k, p)| rx.open(k, &p).unwrap())
+            .collect();
+        assert_eq!(got.len(), msgs.len());
+        assert_eq!(&got[..5], &msgs[..5]);
+        // Long text is cut to a bounded frame.
+        match &got[5] {
+            Msg::Lost(PeerLoss {
+                cause: LossCause::Exited { reason },
+                ..
+            }) => assert_eq!(reason.len(), MAX_TEXT),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(got[6], Msg::Goodbye);
+    }
+
+    #[test]
+    fn replays_reordering_and_gaps_are_refused() {
+        let mut tx = Sealer::new(key(1), Dir::Up);
+        let f0 = tx.seal(&Msg::Heartbeat).unwrap();
+        let f1 = tx.seal(&Msg::Heartbeat).unwrap();
+        let f2 = tx.seal(&Msg::Heartbeat).unwrap();
+        let open = |rx: &mut Opener, f: &[u8]| {
+            let (k, p) = frames(f).pop().unwrap();
+            rx.open(k, &p)
+        };
+        let mut rx = Opener::new(key(1), Dir::Up, 4);
+        open(&mut rx, &f0).unwrap();
+        assert!(matches!(
+            open(&mut rx, &f0),
+            Err(LivenessError::OutOfOrder {
+                expected: 1,
+                got: 0
+            })
+        ));
+        let mut rx = Opener::new(key(1), Dir::Up, 4);
+        open(&mut rx, &f0).unwrap();
+        assert!(matches!(
+            open(&mut rx, &f2),
+            Err(LivenessError::OutOfOrder { .. })
+        ));
+        open(&mut rx, &f1).unwrap();
+    }
+
+    #[test]
+    fn forged_reflected_and_unknown_frames_are_refused() {
+        let mut tx = Sealer::new(key(1), Dir::Down);
+        let good = tx
+            .seal(&Msg::Lost(loss(LossCause::ConnectionClosed)))
+            .unwrap();
+        let (k, p) = frames(&good).pop().unwrap();
+        // Another connection's key.
+        let mut other = Opener::new(key(9), Dir::Down, 4);
+        assert!(matches!(
+            other.open(k, &p),
+            Err(LivenessError::BadTag { .. })
+        ));
+        // Any flipped bit.
+        for i in 0..p.len() {
+            let mut bad = p.clone();
+            bad[i] ^= 1;
+            let mut rx = Opener::new(key(1), Dir::Down, 4);
+            assert!(rx.open(k, &bad).is_err(), "byte {i}");
+        }
+        // Reflected: a hub frame presented as a member's.
+        let mut up = Opener::new(key(1), Dir::Up, 4);
+        assert!(matches!(
+            up.open(k, &p),
+            Err(LivenessError::WrongDirection { .. })
+        ));
+        let mut tx_up = Sealer::new(key(1), Dir::Up);
+        let (k, p) = frames(&tx_up.seal(&Msg::Heartbeat).unwrap()).pop().unwrap();
+        let mut down = Opener::new(key(1), Dir::Down, 4);
+        assert!(matches!(
+            down.open(k, &p),
+            Err(LivenessError::BadTag { .. })
+        ));
+        let mut rx = Opener::new(key(1), Dir::Down, 4);
+        assert!(matches!(
+            rx.open(99, &p),
+            Err(LivenessError::UnknownKind { kind: 99 })
+        ));
+        assert!(rx.open(Kind::Heartbeat as u8, &[0; 3]).is_err());
+        // A rank outside the world, even when authenticated.
+        let mut tx = Sealer::new(key(1), Dir::Down);
+        let far = tx
+            .seal(&Msg::Lost(PeerLoss {
+                rank: 7,
+                cause: LossCause::ConnectionClosed,
+                seen_by: 0,
+            }))
+            .unwrap();
+        let (k, p) = frames(&far).pop().unwrap();
+        let mut rx = Opener::new(key(1), Dir::Down, 4);
+        assert!(matches!(
+            rx.open(k, &p),
+            Err(LivenessError::RankOutOfRange { rank: 7, world: 4 })
+        ));
+    }
+
+    #[test]
+    fn frame_buffer_refuses_garbage_and_oversized_frames() {
+        let mut fb = FrameBuf::default();
+        fb.push(b"GET / HTTP/1.1\r\n");
+        assert!(fb.next_frame().is_err());
+        let mut fb = FrameBuf::default();
+        let mut big = encode_frame(Kind::Heartbeat as u8, &[]);
+        big[7..11].copy_from_slice(&(MAX_PAYLOAD + 1).to_be_bytes());
+        fb.push(&big);
+        assert!(fb.next_frame().is_err());
+        assert_eq!(MAX_FRAME, 1035);
+    }
+}
