@@ -1,9 +1,12 @@
-//! A global allocator that counts, per thread, how many times memory was
-//! asked for, so the bench can report heap allocations per collective
-//! call on the thread that issued it.
+//! A global allocator that counts how many times memory was asked for:
+//! per thread, and in the whole process. The bench reports the process
+//! count over its timed windows, so work that the library does on its own
+//! threads for each call (the watchdog's, the liveness channel's) is
+//! counted too, not only the calling thread's.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The system allocator, counting.
 pub struct Counting;
@@ -14,17 +17,28 @@ thread_local! {
     static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
 }
 
+/// Every allocation of every thread (a relaxed atomic add: the bench only
+/// needs counts read after the threads met on a barrier, which orders them).
+static PROCESS: AtomicU64 = AtomicU64::new(0);
+
 fn bump() {
+    PROCESS.fetch_add(1, Ordering::Relaxed);
     let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
 }
 
 /// Allocations (including reallocations) made by this thread so far.
-pub fn allocations() -> u64 {
+pub fn thread() -> u64 {
     ALLOCATIONS.try_with(Cell::get).unwrap_or(0)
 }
 
+/// Allocations (including reallocations) made by any thread of this
+/// process so far.
+pub fn process() -> u64 {
+    PROCESS.load(Ordering::Relaxed)
+}
+
 // SAFETY: every method forwards to `System` with the caller's arguments;
-// the counter is a thread-local `Cell` that never allocates.
+// the counters are an atomic and a thread-local `Cell`, neither allocates.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         bump();

@@ -16,9 +16,13 @@ What to run:
   -g, --gpus N                     GPUs to use, devices 0..N (single/threads) [all]
   --ops LIST                       all_reduce,all_gather,reduce_scatter,broadcast,
                                    reduce,all_to_all,send_recv or `all` [all]
-  --layers LIST                    raw,safe,dist or `all` [all]: raw calls nccl-sys
-                                   directly, safe the typed nccl-safe API, dist
-                                   nccl-dist's `dyn Communicator` (not in single mode)
+  --layers LIST                    raw,safe,dist,safe_wd or `all` (raw,safe,dist) [all]:
+                                   raw calls nccl-sys directly and safe the typed
+                                   nccl-safe API, both on a blocking communicator
+                                   without watchdog; dist nccl-dist's `dyn
+                                   Communicator` on the world made with default
+                                   options (not in single mode); safe_wd is safe
+                                   with a watchdog observing the same communicator
   -b, --min-bytes SIZE             smallest size (K, M, G suffixes) [8]
   -e, --max-bytes SIZE             largest size [2G]
   -f, --step-factor N              size multiplier between steps [4]
@@ -40,14 +44,19 @@ What to run:
                                    blocks above [sampled]
   --cudarc-events                  leave cudarc's per-buffer event tracking on
                                    (it costs CUDA calls on every use of a buffer)
-  --nonblocking                    nonblocking communicators (nccl-dist's default,
-                                   for deadlines on init and enqueue); NCCL then
-                                   launches each group from a new thread
-                                   [blocking, as nccl-tests]
+  --nonblocking                    nonblocking communicators (nonblocking_config(),
+                                   for every layer); NCCL then launches each group
+                                   from a new thread [blocking, as nccl-tests and
+                                   nccl-dist's defaults]
   --timeout SECS                   deadline for every wait on the GPUs [120]
   --setup                          time communicator init, DeviceMesh 2x2 creation
                                    and the first all_reduce on each axis instead
   --setup-reps N                   set-up repetitions (the first is cold) [3]
+  --step                           time a training-like step over a 2-D DeviceMesh
+                                   (dp x tp) with default options against the same
+                                   step in raw nccl-sys calls, interleaved (-n steps
+                                   per measurement, -w warm-up steps, --rounds);
+                                   threads or processes mode
   --json PATH                      write every result as JSON
   -q, --quiet                      no progress lines on stderr
   -h, --help                       this text";
@@ -102,6 +111,7 @@ pub struct Opts {
     pub timeout: Duration,
     pub setup: bool,
     pub setup_reps: usize,
+    pub step_phase: bool,
     pub json: Option<PathBuf>,
     pub quiet: bool,
 }
@@ -133,6 +143,7 @@ impl Default for Opts {
             timeout: Duration::from_secs(120),
             setup: false,
             setup_reps: 3,
+            step_phase: false,
             json: None,
             quiet: false,
         }
@@ -244,6 +255,7 @@ pub fn parse(args: &[String]) -> Result<Option<Opts>, String> {
             }
             "--setup" => o.setup = true,
             "--setup-reps" => o.setup_reps = number(flag, value()?)?,
+            "--step" => o.step_phase = true,
             "--json" => o.json = Some(PathBuf::from(value()?)),
             "-q" | "--quiet" => o.quiet = true,
             other => return Err(format!("unknown flag `{other}`")),
@@ -262,6 +274,9 @@ pub fn parse(args: &[String]) -> Result<Option<Opts>, String> {
         return Err(
             "--iters, --rounds, --graph-launches and --setup-reps must be at least 1".into(),
         );
+    }
+    if o.setup && o.step_phase {
+        return Err("--setup and --step are separate runs".into());
     }
     if o.gpus == Some(0) {
         return Err("--gpus must be at least 1".into());

@@ -115,23 +115,32 @@ pub enum Layer {
     Raw,
     /// nccl-safe's typed, validated API on cudarc buffers.
     Safe,
-    /// nccl-dist's `dyn Communicator` on raw device pointers.
+    /// nccl-dist's `dyn Communicator` on raw device pointers, on the
+    /// world's communicator as `World` makes it by default (watchdog on).
     Dist,
+    /// `Safe` on the same communicator with a watchdog observing it: the
+    /// observer is set for this layer's measurements only, so `SafeWd −
+    /// Safe` is the watchdog's cost per call.
+    SafeWd,
 }
 
 impl Layer {
+    /// What `--layers all` means.
     pub const ALL: [Layer; 3] = [Layer::Raw, Layer::Safe, Layer::Dist];
+    /// Every layer `--layers` knows.
+    pub const KNOWN: [Layer; 4] = [Layer::Raw, Layer::Safe, Layer::Dist, Layer::SafeWd];
 
     pub fn name(self) -> &'static str {
         match self {
             Layer::Raw => "raw",
             Layer::Safe => "safe",
             Layer::Dist => "dist",
+            Layer::SafeWd => "safe_wd",
         }
     }
 
     pub fn parse(text: &str) -> Option<Layer> {
-        Layer::ALL.into_iter().find(|l| l.name() == text)
+        Layer::KNOWN.into_iter().find(|l| l.name() == text)
     }
 }
 

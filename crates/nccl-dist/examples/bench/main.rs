@@ -3,6 +3,21 @@
 //! typed API) and `dist` (nccl-dist's `dyn Communicator`), so the cost of
 //! each layer is a ratio measured on one machine at one time.
 //!
+//! Communicators: `raw` and `safe` run on a blocking communicator with no
+//! watchdog (split from the world's with NCCL's default configuration);
+//! `dist` runs on the world's own communicator made with default options
+//! (`World::spawn_local_with_options`/`World::init_with` with
+//! `WorldOptions::new()`: blocking, split from a nonblocking init, the
+//! watchdog on unless `NCCL_RS_WATCHDOG=0`, liveness as the defaults have
+//! it), which is what a user gets. `--nonblocking` makes both nonblocking
+//! (`nonblocking_config()`). The optional layer `safe_wd` is `safe` with a
+//! watchdog observing the same communicator, set between rounds, so
+//! `safe_wd − safe` is the watchdog's cost per call.
+//!
+//! `--step` times a training-like step over a 2-D `DeviceMesh` instead
+//! (see `step.rs` for the exact operations), through the mesh with
+//! default options and through raw nccl-sys calls, interleaved.
+//!
 //! ```text
 //! cargo run --release --example bench -- --mode threads -b 8 -e 2G
 //! cargo run --release --example bench -- --mode single --graph --ops all_reduce -e 8
@@ -17,27 +32,32 @@
 //! × nccl-tests' factor (2(n-1)/n for all_reduce; (n-1)/n for all_gather,
 //! reduce_scatter and all_to_all; 1 otherwise), and #wrong, the elements
 //! that differ from the expected result in a check run after the timing.
-//! Two more: the layer, and heap allocations per call on the calling
-//! thread, counted by this binary's global allocator.
+//! Two more: the layer, and heap allocations per call: every allocation of
+//! any thread of the process (the watchdog's and liveness threads
+//! included) during the timed calls, over the calls the process issued,
+//! counted by this binary's global allocator.
 
 mod alloc;
 mod cli;
 mod coll;
 mod run;
 mod setup;
+mod step;
 
 use std::io::Write;
 use std::process::ExitCode;
 use std::time::Instant;
 
+use std::sync::Arc;
+
 use nccl_dist::nccl_safe::cudarc::driver::CudaContext;
-use nccl_dist::nccl_safe::{Comm, Config, Library, ReduceOp};
-use nccl_dist::{Launch, World, WorldOptions, default_config};
+use nccl_dist::nccl_safe::{Comm, Config, Library, OpObserver, ReduceOp};
+use nccl_dist::{Launch, Watchdog, WatchdogOptions, World, WorldOptions, nonblocking_config};
 use serde_json::{Value, json};
 
 use cli::{Mode, Opts};
 use coll::{Coll, Elem, Layer};
-use run::{Driver, Result, Spec};
+use run::{Driver, HostBarrier, RankComms, Result, Spec};
 
 #[global_allocator]
 static ALLOCATOR: alloc::Counting = alloc::Counting;
@@ -96,13 +116,67 @@ fn gpus_present() -> std::result::Result<(), String> {
     }
 }
 
-/// The communicator configuration: NCCL's blocking default, or nccl-dist's
-/// nonblocking one.
+/// The configuration of the raw and safe layers' communicators: NCCL's
+/// blocking default, or NCCL's nonblocking mode with `--nonblocking`.
 pub fn config(opts: &Opts) -> Config {
     if opts.nonblocking {
-        default_config()
+        nonblocking_config()
     } else {
         Config::new()
+    }
+}
+
+/// The options of the world (the dist layer, the step's mesh): the
+/// defaults, or the defaults with a nonblocking configuration.
+pub fn world_options(opts: &Opts) -> WorldOptions {
+    if opts.nonblocking {
+        WorldOptions::new().config(nonblocking_config())
+    } else {
+        WorldOptions::new()
+    }
+}
+
+/// The raw and safe layers' communicator for one rank: split from the
+/// world's, with `config(opts)` and no observer (so no watchdog).
+pub fn bare_comm(world: &World, opts: &Opts) -> Result<Comm> {
+    let comm = world
+        .comm()
+        .split(Some(0), world.rank() as i32, Some(&config(opts)))?
+        .ok_or("ncclCommSplit gave no communicator")?;
+    // Only `World` and `DeviceMesh` set observers; make sure.
+    comm.set_observer(None);
+    Ok(comm)
+}
+
+/// A watchdog observer for `comm` when the `safe_wd` layer is measured:
+/// the world's watchdog (or a new one, where the environment turned it
+/// off), set on `comm` and taken off again, for `Driver` to toggle.
+fn watch_for(
+    comm: &Comm,
+    watchdog: Option<&Watchdog>,
+    opts: &Opts,
+) -> Result<Option<Arc<dyn OpObserver>>> {
+    if !opts.layers.contains(&Layer::SafeWd) {
+        return Ok(None);
+    }
+    let started;
+    let watchdog = match watchdog {
+        Some(w) => w,
+        None => {
+            started = Watchdog::start(WatchdogOptions::new())?;
+            &started
+        }
+    };
+    let _watched = watchdog.watch(comm, format!("bench/safe[{}]", comm.rank()));
+    let observer = comm.observer().ok_or("the watchdog set no observer")?;
+    comm.set_observer(None);
+    Ok(Some(observer))
+}
+
+fn to_dist(e: run::BoxError) -> nccl_dist::Error {
+    nccl_dist::Error::InvalidArgument {
+        op: "bench",
+        reason: e.to_string(),
     }
 }
 
@@ -121,6 +195,9 @@ fn main_typed<T: Elem>(opts: &Opts) -> Result<()> {
     if opts.setup {
         return setup::run(opts);
     }
+    if opts.step_phase {
+        return step::run(opts);
+    }
     let mut opts = opts.clone();
     if opts.mode == Mode::Single && opts.layers.contains(&Layer::Dist) {
         opts.layers.retain(|l| *l != Layer::Dist);
@@ -136,20 +213,45 @@ fn main_typed<T: Elem>(opts: &Opts) -> Result<()> {
     let started = Instant::now();
     match opts.mode {
         Mode::Single => {
-            let worlds = World::local_with(&devices(&opts)?, &config(&opts))?;
-            let comms: Vec<&Comm> = worlds.iter().map(World::comm).collect();
-            sweep::<T>(&comms, &opts, op, started)
+            // No World: one thread, no dist layer; the safe_wd layer gets
+            // a watchdog of its own.
+            let comms = Comm::init_all(&devices(&opts)?, &config(&opts))?;
+            let host = HostBarrier::new(1, opts.timeout);
+            let watchdog = Watchdog::start(WatchdogOptions::new())?;
+            let ranks = comms
+                .iter()
+                .map(|comm| {
+                    Ok(RankComms {
+                        comm,
+                        dist: None,
+                        watch: watch_for(comm, Some(&watchdog), &opts)?,
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            sweep::<T>(ranks, &host, &opts, op, started, None)
         }
         Mode::Threads => {
             let devices = devices(&opts)?;
             let o = &opts;
-            World::spawn_local_with(&devices, &config(o), |world| {
-                sweep::<T>(&[world.comm()], o, op, started).map_err(|e| {
-                    nccl_dist::Error::InvalidArgument {
-                        op: "bench",
-                        reason: e.to_string(),
-                    }
-                })
+            let host = HostBarrier::new(devices.len(), opts.timeout);
+            let host = &host;
+            World::spawn_local_with_options(&devices, &world_options(o), |world| {
+                let run = || -> Result<()> {
+                    let bare = bare_comm(&world, o)?;
+                    let watch = watch_for(&bare, world.watchdog(), o)?;
+                    let ranks = vec![RankComms {
+                        comm: &bare,
+                        dist: Some(world.comm()),
+                        watch,
+                    }];
+                    let swept = sweep::<T>(ranks, host, o, op, started, world.watchdog());
+                    // The threads meet before any communicator is dropped
+                    // (see `World::spawn_local_with_options`).
+                    let met = host.wait();
+                    swept?;
+                    met
+                };
+                run().map_err(to_dist)
             })?;
             Ok(())
         }
@@ -159,15 +261,32 @@ fn main_typed<T: Elem>(opts: &Opts) -> Result<()> {
                     "--mode processes needs a launcher ({e}); try `cargo xtask launch -n 4 --example bench -- --mode processes`"
                 )
             })?;
-            let world = World::init_with(launch, &WorldOptions::new().config(config(&opts)))?;
-            sweep::<T>(&[world.comm()], &opts, op, started)
+            let world = World::init_with(launch, &world_options(&opts))?;
+            let bare = bare_comm(&world, &opts)?;
+            let host = HostBarrier::new(1, opts.timeout);
+            let ranks = vec![RankComms {
+                comm: &bare,
+                dist: Some(world.comm()),
+                watch: watch_for(&bare, world.watchdog(), &opts)?,
+            }];
+            sweep::<T>(ranks, &host, &opts, op, started, world.watchdog())
         }
     }
 }
 
 /// The whole sweep on this thread's ranks; global rank 0 prints and writes.
-fn sweep<T: Elem>(comms: &[&Comm], opts: &Opts, op: ReduceOp, started: Instant) -> Result<()> {
-    let mut d = Driver::<T>::new(comms, opts)?;
+fn sweep<T: Elem>(
+    ranks: Vec<RankComms<'_>>,
+    host: &HostBarrier,
+    opts: &Opts,
+    op: ReduceOp,
+    started: Instant,
+    dist_watchdog: Option<&Watchdog>,
+) -> Result<()> {
+    let comms: Vec<&Comm> = ranks.iter().map(|r| r.comm).collect();
+    let comms = &comms[..];
+    let dist_watchdog = dist_watchdog.is_some();
+    let mut d = Driver::<T>::new(ranks, host, opts)?;
     let n = d.size();
     let leader = comms[0].rank() == 0;
     let sizes = cli::sizes(opts);
@@ -212,12 +331,13 @@ fn sweep<T: Elem>(comms: &[&Comm], opts: &Opts, op: ReduceOp, started: Instant) 
                     root: opts.root.min(n - 1),
                 };
                 let mut times: Vec<Vec<f64>> = vec![Vec::new(); rows.len()];
-                let mut allocs = vec![0f64; rows.len()];
+                let mut allocs = vec![(0f64, 0f64); rows.len()];
                 for _ in 0..opts.rounds {
                     for (i, row) in rows.iter().enumerate() {
                         let s = d.measure(row.layer, &spec, opts.graph)?;
                         times[i].push(s.seconds);
-                        allocs[i] = allocs[i].max(s.allocs_per_call);
+                        allocs[i].0 = allocs[i].0.max(s.allocs_per_call);
+                        allocs[i].1 = allocs[i].1.max(s.allocs_per_call_thread);
                     }
                 }
                 for (i, row) in rows.iter_mut().enumerate() {
@@ -225,7 +345,8 @@ fn sweep<T: Elem>(comms: &[&Comm], opts: &Opts, op: ReduceOp, started: Instant) 
                     let result = Measured {
                         seconds: median(&mut times[i]),
                         wrong,
-                        allocs_per_call: allocs[i],
+                        allocs_per_call: allocs[i].0,
+                        allocs_per_call_thread: allocs[i].1,
                     };
                     records.push(record::<T>(opts, n, &spec, row.layer, &result));
                     row.set(in_place, result);
@@ -246,7 +367,7 @@ fn sweep<T: Elem>(comms: &[&Comm], opts: &Opts, op: ReduceOp, started: Instant) 
         println!("# wrong elements in total: {wrong}");
         if let Some(path) = &opts.json {
             let doc = json!({
-                "meta": meta::<T>(opts, comms, n)?,
+                "meta": meta::<T>(opts, comms, n, dist_watchdog)?,
                 "results": records,
             });
             std::fs::write(path, serde_json::to_string_pretty(&doc)?)
@@ -272,6 +393,7 @@ struct Measured {
     seconds: f64,
     wrong: Option<u64>,
     allocs_per_call: f64,
+    allocs_per_call_thread: f64,
 }
 
 impl Row {
@@ -448,10 +570,11 @@ fn record<T: Elem>(opts: &Opts, n: usize, spec: &Spec, layer: Layer, m: &Measure
         "busbw_gbs": algbw * spec.coll.bus_factor(n),
         "wrong": m.wrong,
         "allocs_per_call": m.allocs_per_call,
+        "allocs_per_call_thread": m.allocs_per_call_thread,
     })
 }
 
-fn meta<T: Elem>(opts: &Opts, comms: &[&Comm], n: usize) -> Result<Value> {
+fn meta<T: Elem>(opts: &Opts, comms: &[&Comm], n: usize, dist_watchdog: bool) -> Result<Value> {
     let lib = Library::get()?;
     let gpus: Vec<String> = comms
         .iter()
@@ -473,5 +596,10 @@ fn meta<T: Elem>(opts: &Opts, comms: &[&Comm], n: usize) -> Result<Value> {
         "graph_launches": opts.graph_launches,
         "cudarc_events": opts.cudarc_events,
         "check": format!("{:?}", opts.check).to_lowercase(),
+        "layers": opts.layers.iter().map(|l| l.name()).collect::<Vec<_>>(),
+        "raw_safe_comm": if opts.nonblocking { "nonblocking_config(), no watchdog" } else { "Config::new() (NCCL's blocking defaults), no watchdog" },
+        "dist_comm": if opts.nonblocking { "World with WorldOptions::new().config(nonblocking_config())" } else { "World with WorldOptions::new() (defaults)" },
+        "dist_watchdog": dist_watchdog,
+        "allocs_counted_on": "every thread of the process",
     }))
 }

@@ -1,9 +1,16 @@
 //! One thread's share of a run: the ranks it drives (every GPU in single
 //! mode, one otherwise), their buffers, and how an operation is issued,
 //! timed and checked through each layer.
+//!
+//! Each rank has two communicators over the same ranks: `comm`, blocking
+//! and unwatched, for the raw and safe layers (what a C program and a
+//! careful nccl-safe user have), and `dist`, the world's communicator as
+//! `World` makes it by default (watchdog on), for the dist layer. Every
+//! layer queues on one stream per rank, the dist communicator's own (the
+//! dist layer passes no stream, so no wrapper is made per call).
 
 use std::ffi::c_void;
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use nccl_dist::Communicator;
@@ -12,7 +19,7 @@ use nccl_dist::nccl_safe::cudarc::driver::{
     CudaGraph, CudaSlice, CudaStream, DevicePtr, result as cuda, sys,
 };
 use nccl_dist::nccl_safe::nccl_sys::{cudaStream_t, ncclComm_t, ncclResult_t, pfn};
-use nccl_dist::nccl_safe::{Comm, GroupGuard, Library, OnStream, ReduceOp};
+use nccl_dist::nccl_safe::{Comm, GroupGuard, Library, OnStream, OpObserver, ReduceOp};
 
 use crate::alloc;
 use crate::cli::{Check, Opts};
@@ -65,9 +72,80 @@ impl Fns {
     }
 }
 
+/// The communicators of one rank that this thread drives.
+pub struct RankComms<'c> {
+    /// Blocking, unwatched: the raw and safe layers.
+    pub comm: &'c Comm,
+    /// The world's communicator with default options (single mode: none).
+    pub dist: Option<&'c Comm>,
+    /// A watchdog's observer for `comm`, set only while the `safe_wd`
+    /// layer is measured.
+    pub watch: Option<Arc<dyn OpObserver>>,
+}
+
+/// A barrier for the threads of this process that drive ranks (one in
+/// single and processes mode, one per GPU in threads mode), with a
+/// deadline, so a thread that failed makes the others fail instead of
+/// hang. Waiting allocates nothing.
+pub struct HostBarrier {
+    n: usize,
+    state: Mutex<(usize, u64)>,
+    turned: Condvar,
+    timeout: Duration,
+}
+
+impl HostBarrier {
+    pub fn new(n: usize, timeout: Duration) -> HostBarrier {
+        HostBarrier {
+            n,
+            state: Mutex::new((0, 0)),
+            turned: Condvar::new(),
+            timeout,
+        }
+    }
+
+    /// Threads of this process driving ranks.
+    pub fn threads(&self) -> usize {
+        self.n
+    }
+
+    pub fn wait(&self) -> Result<()> {
+        if self.n == 1 {
+            return Ok(());
+        }
+        let deadline = Instant::now() + self.timeout;
+        let mut st = self.state.lock().map_err(|_| "host barrier poisoned")?;
+        let generation = st.1;
+        st.0 += 1;
+        if st.0 == self.n {
+            *st = (0, generation + 1);
+            self.turned.notify_all();
+            return Ok(());
+        }
+        while st.1 == generation {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(format!(
+                    "the other threads of this process did not reach the host barrier within {:?} (one of them failed?)",
+                    self.timeout
+                )
+                .into());
+            }
+            st = self
+                .turned
+                .wait_timeout(st, left)
+                .map_err(|_| "host barrier poisoned")?
+                .0;
+        }
+        Ok(())
+    }
+}
+
 /// A rank this thread drives, with the buffers of the current shape.
 struct Rank<'c, T> {
     comm: &'c Comm,
+    dist: Option<&'c Comm>,
+    watch: Option<Arc<dyn OpObserver>>,
     stream: Arc<CudaStream>,
     raw_comm: ncclComm_t,
     raw_stream: cudaStream_t,
@@ -82,11 +160,16 @@ struct Rank<'c, T> {
 #[derive(Debug, Clone, Copy)]
 pub struct Sample {
     pub seconds: f64,
+    /// Allocations by every thread of the process during the timed
+    /// window, per call this process issued (the most of any process).
     pub allocs_per_call: f64,
+    /// Allocations by the issuing thread alone, per call.
+    pub allocs_per_call_thread: f64,
 }
 
 pub struct Driver<'c, T> {
     ranks: Vec<Rank<'c, T>>,
+    host: &'c HostBarrier,
     /// Ranks in the communicator (all threads, all processes).
     size: usize,
     fns: Fns,
@@ -103,11 +186,23 @@ fn cuda_err(what: &'static str) -> impl Fn(cuda::DriverError) -> BoxError {
 }
 
 impl<'c, T: Elem> Driver<'c, T> {
-    pub fn new(comms: &[&'c Comm], opts: &Opts) -> Result<Driver<'c, T>> {
+    pub fn new(
+        comms: Vec<RankComms<'c>>,
+        host: &'c HostBarrier,
+        opts: &Opts,
+    ) -> Result<Driver<'c, T>> {
+        let size = comms.first().ok_or("no rank to drive")?.comm.size();
         let ranks = comms
-            .iter()
-            .map(|&comm| {
-                let stream = Arc::clone(comm.stream());
+            .into_iter()
+            .map(|RankComms { comm, dist, watch }| {
+                if let Some(d) = dist
+                    && (d.rank() != comm.rank() || d.size() != comm.size())
+                {
+                    return Err(BoxError::from(
+                        "the dist communicator does not match the raw one",
+                    ));
+                }
+                let stream = Arc::clone(dist.unwrap_or(comm).stream());
                 if !opts.cudarc_events {
                     // SAFETY: the bench's buffers are used on this one
                     // stream only (collectives, fills and read-backs), so
@@ -120,6 +215,8 @@ impl<'c, T: Elem> Driver<'c, T> {
                 let raw_stream = stream.cu_stream() as cudaStream_t;
                 Ok(Rank {
                     comm,
+                    dist,
+                    watch,
                     stream,
                     raw_comm,
                     raw_stream,
@@ -131,8 +228,9 @@ impl<'c, T: Elem> Driver<'c, T> {
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(Driver {
-            size: comms[0].size(),
+            size,
             ranks,
+            host,
             fns: Fns::load()?,
             timeout: opts.timeout,
             check: opts.check,
@@ -221,7 +319,7 @@ impl<'c, T: Elem> Driver<'c, T> {
             .stream
             .clone_htod(values)
             .map_err(cuda_err("uploading results"))?;
-        r.comm.all_reduce_in_place(&mut buf, op)?;
+        r.comm.on(&r.stream).all_reduce_in_place(&mut buf, op)?;
         r.comm.synchronize(&r.stream)?;
         r.stream
             .clone_dtoh(&buf)
@@ -238,9 +336,24 @@ impl<'c, T: Elem> Driver<'c, T> {
     pub fn issue(&mut self, layer: Layer, spec: &Spec) -> Result<()> {
         match layer {
             Layer::Raw => self.issue_raw(spec),
-            Layer::Safe => self.issue_safe(spec),
+            Layer::Safe | Layer::SafeWd => self.issue_safe(spec),
             Layer::Dist => self.issue_dist(spec),
         }
+    }
+
+    /// Sets the watchdog's observer on every rank's safe communicator
+    /// (`on`) or removes it: between measurements, never inside one.
+    fn watchdog(&self, on: bool) -> Result<()> {
+        for r in &self.ranks {
+            match (&r.watch, on) {
+                (Some(w), true) => r.comm.set_observer(Some(Arc::clone(w))),
+                (_, false) => r.comm.set_observer(None),
+                (None, true) => {
+                    return Err("the safe_wd layer needs a watchdog observer on every rank".into());
+                }
+            }
+        }
+        Ok(())
     }
 
     fn issue_raw(&self, spec: &Spec) -> Result<()> {
@@ -292,14 +405,27 @@ impl<'c, T: Elem> Driver<'c, T> {
         if self.grouped(spec) {
             let group = GroupGuard::start()?;
             for r in &mut self.ranks {
-                let comm = r.comm;
-                issue_safe(group.on(comm), r, spec, n)?;
+                let Rank {
+                    comm,
+                    stream,
+                    send,
+                    recv,
+                    ..
+                } = r;
+                let me = comm.rank();
+                issue_safe(group.on_stream(comm, stream), send, recv, spec, me, n)?;
             }
             group.end()?;
         } else {
-            let r = &mut self.ranks[0];
-            let stream = Arc::clone(&r.stream);
-            issue_safe(r.comm.on(&stream), r, spec, n)?;
+            let Rank {
+                comm,
+                stream,
+                send,
+                recv,
+                ..
+            } = &mut self.ranks[0];
+            let me = comm.rank();
+            issue_safe(comm.on(stream), send, recv, spec, me, n)?;
         }
         Ok(())
     }
@@ -309,7 +435,7 @@ impl<'c, T: Elem> Driver<'c, T> {
             return Err("the dist layer needs a thread or process per rank".into());
         }
         let r = &self.ranks[0];
-        let c: &dyn Communicator = r.comm;
+        let c: &dyn Communicator = r.dist.ok_or("the dist layer needs a World")?;
         let (sp, rp, count) = (r.sp, r.rp, spec.shape.count);
         let (dt, op, root) = (DType::of::<T>(), spec.op, spec.root);
         let slot = (r.comm.rank() * count * std::mem::size_of::<T>()) as u64;
@@ -317,7 +443,7 @@ impl<'c, T: Elem> Driver<'c, T> {
         let ip = spec.in_place;
         // SAFETY: the buffers of `prepare` hold the shape's elements on
         // this rank's device and stay allocated until `wait`; the
-        // communicator's own stream is used.
+        // communicator's own stream is used, which is `r.stream`.
         unsafe {
             match spec.coll {
                 Coll::AllReduce if ip => c.all_reduce(rp, rp, count, dt, op, None),
@@ -344,6 +470,40 @@ impl<'c, T: Elem> Driver<'c, T> {
     /// Warm-up, then `iters` timed calls (or, with `graph`, `iters` calls
     /// captured once and the graph replayed), slowest rank's time per call.
     pub fn measure(&mut self, layer: Layer, spec: &Spec, graph: bool) -> Result<Sample> {
+        let wd = layer == Layer::SafeWd;
+        if wd {
+            self.watchdog(true)?;
+        }
+        let sample = self.measure_on(layer, spec, graph);
+        // Off again even after a failure: the next layer is measured bare.
+        let off = if wd { self.watchdog(false) } else { Ok(()) };
+        let sample = sample?;
+        off?;
+        Ok(sample)
+    }
+
+    /// Opens the allocation window: every thread of this process has
+    /// finished what came before (B1), reads the counters, and none starts
+    /// issuing before all have read them (B2). Returns (process, thread).
+    fn window_open(&self) -> Result<(u64, u64)> {
+        self.host.wait()?;
+        let counts = (alloc::process(), alloc::thread());
+        self.host.wait()?;
+        Ok(counts)
+    }
+
+    /// Closes it once every thread of this process has issued its calls:
+    /// (process, thread) allocations since `open`.
+    fn window_close(&self, open: (u64, u64)) -> Result<(u64, u64)> {
+        let thread = alloc::thread() - open.1;
+        self.host.wait()?;
+        let process = alloc::process() - open.0;
+        // Nobody moves on (and allocates) before every thread has read.
+        self.host.wait()?;
+        Ok((process, thread))
+    }
+
+    fn measure_on(&mut self, layer: Layer, spec: &Spec, graph: bool) -> Result<Sample> {
         self.barrier()?;
         let t0 = Instant::now();
         for _ in 0..self.warmup {
@@ -358,28 +518,44 @@ impl<'c, T: Elem> Driver<'c, T> {
             let want = (self.min_seconds / per_call).ceil().min(1e6);
             iters = iters.max(self.over_ranks(&[want], ReduceOp::Max)?[0] as usize);
         }
-        let calls = (iters * self.ranks.len()) as f64;
-        let (seconds, allocs) = if graph {
+        let (seconds, calls, allocs) = if graph {
             self.measure_graph(layer, spec)?
         } else {
             self.barrier()?;
-            let a0 = alloc::allocations();
+            let open = self.window_open()?;
             let t0 = Instant::now();
+            let mut issued = Ok(());
             for _ in 0..iters {
-                self.issue(layer, spec)?;
+                issued = self.issue(layer, spec);
+                if issued.is_err() {
+                    break;
+                }
             }
-            let allocs = alloc::allocations() - a0;
+            // Every thread closes the window, even after a failure, so
+            // none waits for it until the deadline.
+            let allocs = self.window_close(open)?;
+            issued?;
             self.wait()?;
-            (t0.elapsed().as_secs_f64() / iters as f64, allocs)
+            (t0.elapsed().as_secs_f64() / iters as f64, iters, allocs)
         };
-        let worst = self.over_ranks(&[seconds, allocs as f64 / calls], ReduceOp::Max)?;
+        // Calls this process issued in the window: `calls` on each rank of
+        // each of its threads.
+        let mine = (calls * self.ranks.len()) as f64;
+        let process = (calls * self.ranks.len() * self.host.threads()) as f64;
+        let worst = self.over_ranks(
+            &[seconds, allocs.0 as f64 / process, allocs.1 as f64 / mine],
+            ReduceOp::Max,
+        )?;
         Ok(Sample {
             seconds: worst[0],
             allocs_per_call: worst[1],
+            allocs_per_call_thread: worst[2],
         })
     }
 
-    fn measure_graph(&mut self, layer: Layer, spec: &Spec) -> Result<(f64, u64)> {
+    /// (seconds per call, calls captured per rank, allocations while
+    /// capturing).
+    fn measure_graph(&mut self, layer: Layer, spec: &Spec) -> Result<(f64, usize, (u64, u64))> {
         self.wait()?;
         let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
         for r in &self.ranks {
@@ -387,7 +563,7 @@ impl<'c, T: Elem> Driver<'c, T> {
                 .begin_capture(mode)
                 .map_err(cuda_err("beginning a capture"))?;
         }
-        let a0 = alloc::allocations();
+        let open = self.window_open()?;
         let mut issued = Ok(());
         for _ in 0..self.iters {
             issued = self.issue(layer, spec);
@@ -395,7 +571,7 @@ impl<'c, T: Elem> Driver<'c, T> {
                 break;
             }
         }
-        let allocs = alloc::allocations() - a0;
+        let allocs = self.window_close(open)?;
         // Every capture is ended, even after a failure, so no stream is
         // left capturing.
         let graphs: Vec<Result<Option<CudaGraph>, cuda::DriverError>> = self
@@ -424,7 +600,7 @@ impl<'c, T: Elem> Driver<'c, T> {
         }
         self.wait()?;
         let calls = (self.iters * self.graph_launches) as f64;
-        Ok((t0.elapsed().as_secs_f64() / calls, allocs))
+        Ok((t0.elapsed().as_secs_f64() / calls, self.iters, allocs))
     }
 
     /// Fills the inputs with known values, runs `spec` once through
@@ -444,7 +620,14 @@ impl<'c, T: Elem> Driver<'c, T> {
             }
         }
         self.wait()?;
-        self.issue(layer, spec)?;
+        let wd = layer == Layer::SafeWd;
+        if wd {
+            self.watchdog(true)?;
+        }
+        let issued = self.issue(layer, spec);
+        let off = if wd { self.watchdog(false) } else { Ok(()) };
+        issued?;
+        off?;
         self.wait()?;
         let mut wrong = 0u64;
         for i in 0..self.ranks.len() {
@@ -524,13 +707,14 @@ impl<T: Elem> Rank<'_, T> {
 /// `spec` on one rank through the typed API.
 fn issue_safe<'g, T: Elem>(
     on: OnStream<'_, 'g>,
-    r: &'g mut Rank<'_, T>,
+    send: &'g mut Option<CudaSlice<T>>,
+    recv: &'g mut Option<CudaSlice<T>>,
     spec: &Spec,
+    me: usize,
     n: usize,
 ) -> nccl_dist::nccl_safe::Result<()> {
-    let me = r.comm.rank();
     let (op, root) = (spec.op, spec.root);
-    let (Some(send), Some(recv)) = (r.send.as_mut(), r.recv.as_mut()) else {
+    let (Some(send), Some(recv)) = (send.as_mut(), recv.as_mut()) else {
         return Err(nccl_dist::nccl_safe::Error::InvalidArgument {
             op: "bench",
             reason: "no buffers prepared",

@@ -3,11 +3,16 @@
 //! (`dp` × `tp`, 2 × 2 on 4 GPUs) and a first one-element all-reduce on
 //! each axis; the first repetition also pays for CUDA context creation
 //! (cold), the later ones do not (warm). Times are the slowest rank's.
+//!
+//! The worlds are made with default options (`WorldOptions::new()`;
+//! `World::local`'s configuration in single mode), as a user gets them:
+//! a nonblocking init, the blocking communicator split from it, the
+//! watchdog on. `--nonblocking` passes `nonblocking_config()` instead.
 
 use std::time::Instant;
 
 use nccl_dist::nccl_safe::{Comm, Config, Library, ReduceOp, group};
-use nccl_dist::{DeviceMesh, Launch, World, WorldOptions};
+use nccl_dist::{DeviceMesh, Launch, World, default_config, nonblocking_config};
 use serde_json::json;
 
 use crate::cli::{Mode, Opts};
@@ -133,7 +138,12 @@ pub fn run(opts: &Opts) -> Result<()> {
             Mode::Single => {
                 let devices = crate::devices(opts)?;
                 n = devices.len();
-                single(&devices, &crate::config(opts))?
+                let config = if opts.nonblocking {
+                    nonblocking_config()
+                } else {
+                    default_config()
+                };
+                single(&devices, &config)?
             }
             Mode::Threads => {
                 let devices = crate::devices(opts)?;
@@ -142,7 +152,8 @@ pub fn run(opts: &Opts) -> Result<()> {
                 // With a thread per GPU the threads meet on the host after
                 // dropping their meshes (see `World::spawn_local_with`).
                 let dropped = std::sync::Barrier::new(n);
-                let out = World::spawn_local_with(&devices, &crate::config(opts), |world| {
+                let options = crate::world_options(opts);
+                let out = World::spawn_local_with_options(&devices, &options, |world| {
                     let p = Phases {
                         world: ms(t),
                         ..Phases::default()
@@ -166,8 +177,7 @@ pub fn run(opts: &Opts) -> Result<()> {
                 // The first world counts from process start: what a job
                 // pays before its first collective.
                 let t = if rep == 0 { started } else { Instant::now() };
-                let options = WorldOptions::new().config(crate::config(opts));
-                let world = World::init_with(launch, &options)?;
+                let world = World::init_with(launch, &crate::world_options(opts))?;
                 n = world.size();
                 let p = Phases {
                     world: ms(t),

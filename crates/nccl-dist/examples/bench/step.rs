@@ -1,0 +1,948 @@
+//! `--step`: a training-like step over a 2-D `DeviceMesh`, through the
+//! mesh with default options against the same step in raw nccl-sys calls,
+//! in the same run, interleaved.
+//!
+//! The mesh is `dp` × `tp`: 2 × 1 on 2 GPUs, 2 × 2 on 4, `n/2` × 2 on an
+//! even `n` ≥ 4, `n` × 1 otherwise, in rank order (rank = dp index × tp +
+//! tp index). One step is, in this order, on one stream per rank:
+//!
+//! | # | operation | axis | type | bytes per rank | NCCL call |
+//! |---|---|---|---|---|---|
+//! | 1 | broadcast from tp rank 0, in place | tp | f32 | 8 B (2 elements) | `ncclBroadcast` |
+//! | 2 | all_reduce sum, out of place | tp | bf16 | 64 KiB (32768) | `ncclAllReduce` |
+//! | 3 | all_to_all | dp | bf16 | 16 KiB (8192, 8192/dp per peer) | `ncclAlltoAll` (grouped send/recv before 2.28) |
+//! | 4 | reduce_scatter sum | dp | bf16 | 1 MiB in (524288), 1 MiB/dp out | `ncclReduceScatter` |
+//! | 5 | all_gather of 4's shard | dp | bf16 | 1 MiB/dp in, 1 MiB out | `ncclAllGather` |
+//! | 6 | ring: send to dp+1, receive from dp−1, one group | dp | f32 | 4 KiB (1024) each way | `ncclSend` + `ncclRecv` in `ncclGroupStart/End` |
+//! | 7 | average: all_reduce with PreMulSum(1/dp) | dp | f32 | 256 KiB (65536) | `ncclAllReduce` with `ncclRedOpCreatePreMulSum` (host scalar, made once) |
+//! | 8 | all_reduce sum (a loss), out of place | dp | f32 | 8 B (2) | `ncclAllReduce` |
+//!
+//! Every operation but the broadcast is out of place and no operation
+//! writes a buffer that an earlier one of the same step reads, so a step
+//! gives the same bytes however often it runs.
+//!
+//! - `default`: `World` with `WorldOptions::new()` (`--nonblocking`: with
+//!   `nonblocking_config()`), `DeviceMesh::new(&world, ..)`, the axis
+//!   communicators from `mesh.axis(..)` with nccl-safe's typed calls on
+//!   the whole-mesh communicator's stream, `nccl_safe::group` for the
+//!   ring and `PreMulSum::host` for the average: watchdog and liveness as
+//!   the defaults have them.
+//! - `raw`: communicators split from the world's with NCCL's blocking
+//!   defaults (`Config::new()`, no watchdog) with the mesh's colors and
+//!   keys, driven through their raw handles with nccl-sys function
+//!   pointers, on the raw whole communicator's stream.
+//!
+//! Each round times `-n` steps of each side after `-w` warm-up steps
+//! (sides alternate which goes first); the time of a round is the slowest
+//! rank's; the report takes the median over `--rounds`. Inputs are small
+//! integers (1 to 5, by rank, buffer and element), so every sum and the
+//! average by a power of two are exact in bf16 and f32. After the timing
+//! both sides run one more step on fresh inputs; their outputs are copied
+//! back and compared with the expected values and with each other, bit
+//! for bit.
+
+use std::ffi::c_void;
+use std::sync::Arc;
+use std::time::Instant;
+
+use half::bf16;
+use nccl_dist::nccl_safe::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr, sys};
+use nccl_dist::nccl_safe::nccl_sys::{
+    cudaStream_t, ncclComm_t, ncclRedOp_t, ncclResult_t, ncclScalarResidence_t, pfn,
+};
+use nccl_dist::nccl_safe::{Comm, Library, NcclType, PreMulSum, ReduceOp, group};
+use nccl_dist::{DeviceMesh, Launch, World};
+use serde_json::{Value, json};
+
+use crate::alloc;
+use crate::cli::{Mode, Opts};
+use crate::run::{BoxError, HostBarrier, Result};
+
+/// Elements of each buffer at `dp` ranks along dp.
+#[derive(Debug, Clone, Copy)]
+struct Layout {
+    dp: usize,
+    tp: usize,
+    bcast: usize,
+    tp_sum: usize,
+    /// all_to_all elements per peer.
+    a2a: usize,
+    /// reduce_scatter output (all_gather input) elements.
+    shard: usize,
+    ring: usize,
+    avg: usize,
+    loss: usize,
+}
+
+impl Layout {
+    fn new(dp: usize, tp: usize) -> Layout {
+        Layout {
+            dp,
+            tp,
+            bcast: 2,
+            tp_sum: 32 << 10,
+            a2a: (8 << 10) / dp,
+            shard: (512 << 10) / dp,
+            ring: 1 << 10,
+            avg: 64 << 10,
+            loss: 2,
+        }
+    }
+
+    /// The table of the module docs, for the JSON.
+    fn describe(&self) -> Value {
+        let op = |n: usize, name: &str, axis: &str, dtype: &str, bytes: usize, call: &str| json!({"n": n, "op": name, "axis": axis, "dtype": dtype, "bytes": bytes, "nccl": call});
+        json!([
+            op(
+                1,
+                "broadcast in place, root 0",
+                "tp",
+                "f32",
+                self.bcast * 4,
+                "ncclBroadcast"
+            ),
+            op(
+                2,
+                "all_reduce sum",
+                "tp",
+                "bf16",
+                self.tp_sum * 2,
+                "ncclAllReduce"
+            ),
+            op(
+                3,
+                "all_to_all",
+                "dp",
+                "bf16",
+                self.a2a * self.dp * 2,
+                "ncclAlltoAll"
+            ),
+            op(
+                4,
+                "reduce_scatter sum",
+                "dp",
+                "bf16",
+                self.shard * self.dp * 2,
+                "ncclReduceScatter"
+            ),
+            op(
+                5,
+                "all_gather",
+                "dp",
+                "bf16",
+                self.shard * self.dp * 2,
+                "ncclAllGather"
+            ),
+            op(
+                6,
+                "ring send+recv, one group",
+                "dp",
+                "f32",
+                self.ring * 4,
+                "ncclSend+ncclRecv"
+            ),
+            op(
+                7,
+                "all_reduce PreMulSum(1/dp)",
+                "dp",
+                "f32",
+                self.avg * 4,
+                "ncclAllReduce"
+            ),
+            op(
+                8,
+                "all_reduce sum",
+                "dp",
+                "f32",
+                self.loss * 4,
+                "ncclAllReduce"
+            ),
+        ])
+    }
+}
+
+/// NCCL calls in one step (the ring is two).
+const CALLS_PER_STEP: usize = 9;
+
+/// `dp` × `tp` for `n` ranks.
+fn axes(n: usize) -> (usize, usize) {
+    let tp = if n >= 4 && n.is_multiple_of(2) { 2 } else { 1 };
+    (n / tp, tp)
+}
+
+/// The value of element `i` of input buffer `buf` on world rank `rank`.
+fn value(rank: usize, buf: usize, i: usize) -> f64 {
+    (1 + (rank * 7 + buf * 3 + i) % 5) as f64
+}
+
+// Input buffer numbers, for `value`.
+const B_BCAST: usize = 0;
+const B_TP: usize = 1;
+const B_A2A: usize = 2;
+const B_GRAD: usize = 3;
+const B_RING: usize = 4;
+const B_AVG: usize = 5;
+const B_LOSS: usize = 6;
+
+/// One side's buffers on one rank.
+struct Bufs {
+    bcast: CudaSlice<f32>,
+    tp_in: CudaSlice<bf16>,
+    tp_out: CudaSlice<bf16>,
+    a2a_in: CudaSlice<bf16>,
+    a2a_out: CudaSlice<bf16>,
+    grad: CudaSlice<bf16>,
+    shard: CudaSlice<bf16>,
+    full: CudaSlice<bf16>,
+    ring_send: CudaSlice<f32>,
+    ring_recv: CudaSlice<f32>,
+    avg_in: CudaSlice<f32>,
+    avg_out: CudaSlice<f32>,
+    loss_in: CudaSlice<f32>,
+    loss_out: CudaSlice<f32>,
+}
+
+fn host<T: Copy>(len: usize, f: impl Fn(usize) -> f64, from: impl Fn(f64) -> T) -> Vec<T> {
+    (0..len).map(|i| from(f(i))).collect()
+}
+
+impl Bufs {
+    fn new(s: &Arc<CudaStream>, l: &Layout) -> Result<Bufs> {
+        let z16 = |n: usize| s.alloc_zeros::<bf16>(n);
+        let z32 = |n: usize| s.alloc_zeros::<f32>(n);
+        Ok(Bufs {
+            bcast: z32(l.bcast)?,
+            tp_in: z16(l.tp_sum)?,
+            tp_out: z16(l.tp_sum)?,
+            a2a_in: z16(l.a2a * l.dp)?,
+            a2a_out: z16(l.a2a * l.dp)?,
+            grad: z16(l.shard * l.dp)?,
+            shard: z16(l.shard)?,
+            full: z16(l.shard * l.dp)?,
+            ring_send: z32(l.ring)?,
+            ring_recv: z32(l.ring)?,
+            avg_in: z32(l.avg)?,
+            avg_out: z32(l.avg)?,
+            loss_in: z32(l.loss)?,
+            loss_out: z32(l.loss)?,
+        })
+    }
+
+    /// Fresh inputs for world rank `me`, zeroed outputs; waits for it.
+    fn reset(&mut self, s: &Arc<CudaStream>, l: &Layout, me: usize) -> Result<()> {
+        let b16 = bf16::from_f64;
+        let f = |v: f64| v as f32;
+        s.memcpy_htod(
+            &host(l.bcast, |i| value(me, B_BCAST, i), f),
+            &mut self.bcast,
+        )?;
+        s.memcpy_htod(
+            &host(l.tp_sum, |i| value(me, B_TP, i), b16),
+            &mut self.tp_in,
+        )?;
+        let a2a = l.a2a * l.dp;
+        s.memcpy_htod(&host(a2a, |i| value(me, B_A2A, i), b16), &mut self.a2a_in)?;
+        let grad = l.shard * l.dp;
+        s.memcpy_htod(&host(grad, |i| value(me, B_GRAD, i), b16), &mut self.grad)?;
+        s.memcpy_htod(
+            &host(l.ring, |i| value(me, B_RING, i), f),
+            &mut self.ring_send,
+        )?;
+        s.memcpy_htod(&host(l.avg, |i| value(me, B_AVG, i), f), &mut self.avg_in)?;
+        s.memcpy_htod(
+            &host(l.loss, |i| value(me, B_LOSS, i), f),
+            &mut self.loss_in,
+        )?;
+        s.memset_zeros(&mut self.tp_out)?;
+        s.memset_zeros(&mut self.a2a_out)?;
+        s.memset_zeros(&mut self.shard)?;
+        s.memset_zeros(&mut self.full)?;
+        s.memset_zeros(&mut self.ring_recv)?;
+        s.memset_zeros(&mut self.avg_out)?;
+        s.memset_zeros(&mut self.loss_out)?;
+        s.synchronize()?;
+        Ok(())
+    }
+
+    /// Every output copied back, in step order, as (name, values in f64,
+    /// bit patterns).
+    fn outputs(&self, s: &Arc<CudaStream>) -> Result<Vec<Output>> {
+        fn out<T: DeviceRepr + Copy>(
+            s: &Arc<CudaStream>,
+            name: &'static str,
+            b: &CudaSlice<T>,
+            conv: impl Fn(T) -> (f64, u32),
+        ) -> Result<Output> {
+            let (values, bits) = s.clone_dtoh(b)?.into_iter().map(conv).unzip();
+            Ok(Output { name, values, bits })
+        }
+        let h = |v: bf16| (f64::from(v), u32::from(v.to_bits()));
+        let f = |v: f32| (f64::from(v), v.to_bits());
+        Ok(vec![
+            out(s, "broadcast", &self.bcast, f)?,
+            out(s, "all_reduce_tp", &self.tp_out, h)?,
+            out(s, "all_to_all", &self.a2a_out, h)?,
+            out(s, "reduce_scatter", &self.shard, h)?,
+            out(s, "all_gather", &self.full, h)?,
+            out(s, "ring_recv", &self.ring_recv, f)?,
+            out(s, "premul_avg", &self.avg_out, f)?,
+            out(s, "loss", &self.loss_out, f)?,
+        ])
+    }
+}
+
+struct Output {
+    name: &'static str,
+    values: Vec<f64>,
+    bits: Vec<u32>,
+}
+
+/// Where this rank sits: its dp and tp index and the world rank at any
+/// (dp, tp) coordinate.
+struct Place {
+    d: usize,
+    t: usize,
+    ranks: Vec<Vec<usize>>,
+}
+
+impl Place {
+    fn at(&self, d: usize, t: usize) -> usize {
+        self.ranks[d][t]
+    }
+}
+
+/// What every output of rank `p` must hold, in `Bufs::outputs` order.
+fn expected(l: &Layout, p: &Place) -> Vec<Vec<f64>> {
+    let (dp, tp) = (l.dp, l.tp);
+    let (d, t) = (p.d, p.t);
+    let sum_dp = |buf: usize, i: usize| (0..dp).map(|q| value(p.at(q, t), buf, i)).sum::<f64>();
+    vec![
+        (0..l.bcast)
+            .map(|i| value(p.at(d, 0), B_BCAST, i))
+            .collect(),
+        (0..l.tp_sum)
+            .map(|i| (0..tp).map(|j| value(p.at(d, j), B_TP, i)).sum())
+            .collect(),
+        (0..l.a2a * dp)
+            .map(|i| value(p.at(i / l.a2a, t), B_A2A, d * l.a2a + i % l.a2a))
+            .collect(),
+        (0..l.shard)
+            .map(|k| sum_dp(B_GRAD, d * l.shard + k))
+            .collect(),
+        (0..l.shard * dp).map(|i| sum_dp(B_GRAD, i)).collect(),
+        (0..l.ring)
+            .map(|i| value(p.at((d + dp - 1) % dp, t), B_RING, i))
+            .collect(),
+        (0..l.avg)
+            .map(|i| {
+                (0..dp)
+                    .map(|q| value(p.at(q, t), B_AVG, i) * f64::from(1.0f32 / dp as f32))
+                    .sum()
+            })
+            .collect(),
+        (0..l.loss).map(|i| sum_dp(B_LOSS, i)).collect(),
+    ]
+}
+
+/// The default side: the mesh's communicators as `World` and
+/// `DeviceMesh` make them.
+struct DefaultSide<'m> {
+    stream: Arc<CudaStream>,
+    dp: &'m Comm,
+    tp: &'m Comm,
+    avg: PreMulSum<'m, f32>,
+    next: usize,
+    prev: usize,
+}
+
+impl DefaultSide<'_> {
+    fn step(&self, b: &mut Bufs) -> Result<()> {
+        let s = &self.stream;
+        self.tp.on(s).broadcast_in_place(&mut b.bcast, 0)?;
+        self.tp
+            .on(s)
+            .all_reduce(&b.tp_in, &mut b.tp_out, ReduceOp::Sum)?;
+        self.dp.on(s).all_to_all(&b.a2a_in, &mut b.a2a_out)?;
+        self.dp
+            .on(s)
+            .reduce_scatter(&b.grad, &mut b.shard, ReduceOp::Sum)?;
+        self.dp.on(s).all_gather(&b.shard, &mut b.full)?;
+        group(|g| {
+            g.on_stream(self.dp, s).send(&b.ring_send, self.next)?;
+            g.on_stream(self.dp, s).recv(&mut b.ring_recv, self.prev)
+        })?;
+        self.dp
+            .on(s)
+            .all_reduce(&b.avg_in, &mut b.avg_out, &self.avg)?;
+        self.dp
+            .on(s)
+            .all_reduce(&b.loss_in, &mut b.loss_out, ReduceOp::Sum)?;
+        Ok(())
+    }
+}
+
+/// The nccl-sys entry points of the raw step.
+struct Fns {
+    all_reduce: pfn::ncclAllReduce,
+    all_gather: pfn::ncclAllGather,
+    reduce_scatter: pfn::ncclReduceScatter,
+    broadcast: pfn::ncclBroadcast,
+    all_to_all: Option<pfn::ncclAlltoAll>,
+    send: pfn::ncclSend,
+    recv: pfn::ncclRecv,
+    group_start: pfn::ncclGroupStart,
+    group_end: pfn::ncclGroupEnd,
+    premul_create: pfn::ncclRedOpCreatePreMulSum,
+    premul_destroy: pfn::ncclRedOpDestroy,
+}
+
+impl Fns {
+    fn load() -> Result<Fns> {
+        let raw = Library::get()?.raw();
+        Ok(Fns {
+            all_reduce: raw.ncclAllReduce()?,
+            all_gather: raw.ncclAllGather()?,
+            reduce_scatter: raw.ncclReduceScatter()?,
+            broadcast: raw.ncclBroadcast()?,
+            all_to_all: raw.ncclAlltoAll().ok(),
+            send: raw.ncclSend()?,
+            recv: raw.ncclRecv()?,
+            group_start: raw.ncclGroupStart()?,
+            group_end: raw.ncclGroupEnd()?,
+            premul_create: raw.ncclRedOpCreatePreMulSum()?,
+            premul_destroy: raw.ncclRedOpDestroy()?,
+        })
+    }
+}
+
+fn ok(what: &str, code: ncclResult_t) -> Result<()> {
+    if code == ncclResult_t::ncclSuccess {
+        Ok(())
+    } else {
+        Err(format!("{what} returned {code:?}").into())
+    }
+}
+
+/// Device addresses of a side's buffers, read once.
+struct Ptrs {
+    bcast: u64,
+    tp_in: u64,
+    tp_out: u64,
+    a2a_in: u64,
+    a2a_out: u64,
+    grad: u64,
+    shard: u64,
+    full: u64,
+    ring_send: u64,
+    ring_recv: u64,
+    avg_in: u64,
+    avg_out: u64,
+    loss_in: u64,
+    loss_out: u64,
+}
+
+impl Ptrs {
+    fn of(b: &Bufs, s: &Arc<CudaStream>) -> Ptrs {
+        fn p<T>(b: &CudaSlice<T>, s: &Arc<CudaStream>) -> u64 {
+            b.device_ptr(s).0
+        }
+        Ptrs {
+            bcast: p(&b.bcast, s),
+            tp_in: p(&b.tp_in, s),
+            tp_out: p(&b.tp_out, s),
+            a2a_in: p(&b.a2a_in, s),
+            a2a_out: p(&b.a2a_out, s),
+            grad: p(&b.grad, s),
+            shard: p(&b.shard, s),
+            full: p(&b.full, s),
+            ring_send: p(&b.ring_send, s),
+            ring_recv: p(&b.ring_recv, s),
+            avg_in: p(&b.avg_in, s),
+            avg_out: p(&b.avg_out, s),
+            loss_in: p(&b.loss_in, s),
+            loss_out: p(&b.loss_out, s),
+        }
+    }
+}
+
+/// The raw side: blocking, unwatched communicators' handles.
+struct Raw {
+    f: Fns,
+    dp: ncclComm_t,
+    tp: ncclComm_t,
+    stream: cudaStream_t,
+    avg: ncclRedOp_t,
+    next: i32,
+    prev: i32,
+    l: Layout,
+}
+
+impl Raw {
+    /// # Safety
+    ///
+    /// `ptrs` address live buffers of the layout on this rank's device,
+    /// allocated until the stream is idle; the handles are live and used
+    /// by this thread only.
+    unsafe fn step(&self, b: &Ptrs) -> Result<()> {
+        let f = &self.f;
+        let (bf, fl) = (bf16::DATATYPE, f32::DATATYPE);
+        let sum = ReduceOp::Sum.raw();
+        let (dp, tp, st, l) = (self.dp, self.tp, self.stream, &self.l);
+        let p = |a: u64| a as *const c_void;
+        let m = |a: u64| a as *mut c_void;
+        // SAFETY: the caller's promise; counts match the buffers of `l`.
+        unsafe {
+            ok(
+                "ncclBroadcast",
+                (f.broadcast)(p(b.bcast), m(b.bcast), l.bcast, fl, 0, tp, st),
+            )?;
+            ok(
+                "ncclAllReduce",
+                (f.all_reduce)(p(b.tp_in), m(b.tp_out), l.tp_sum, bf, sum, tp, st),
+            )?;
+            match f.all_to_all {
+                Some(a2a) => ok(
+                    "ncclAlltoAll",
+                    a2a(p(b.a2a_in), m(b.a2a_out), l.a2a, bf, dp, st),
+                )?,
+                None => {
+                    ok("ncclGroupStart", (f.group_start)())?;
+                    let mut code = ncclResult_t::ncclSuccess;
+                    for peer in 0..l.dp {
+                        let off = (peer * l.a2a * 2) as u64;
+                        let r = peer as i32;
+                        let a = (f.send)(p(b.a2a_in + off), l.a2a, bf, r, dp, st);
+                        let c = (f.recv)(m(b.a2a_out + off), l.a2a, bf, r, dp, st);
+                        for x in [a, c] {
+                            if code == ncclResult_t::ncclSuccess {
+                                code = x;
+                            }
+                        }
+                    }
+                    let end = (f.group_end)();
+                    ok("all_to_all by send/recv", code)?;
+                    ok("ncclGroupEnd", end)?;
+                }
+            }
+            ok(
+                "ncclReduceScatter",
+                (f.reduce_scatter)(p(b.grad), m(b.shard), l.shard, bf, sum, dp, st),
+            )?;
+            ok(
+                "ncclAllGather",
+                (f.all_gather)(p(b.shard), m(b.full), l.shard, bf, dp, st),
+            )?;
+            ok("ncclGroupStart", (f.group_start)())?;
+            let a = (f.send)(p(b.ring_send), l.ring, fl, self.next, dp, st);
+            let c = (f.recv)(m(b.ring_recv), l.ring, fl, self.prev, dp, st);
+            let end = (f.group_end)();
+            ok("ncclSend", a)?;
+            ok("ncclRecv", c)?;
+            ok("ncclGroupEnd", end)?;
+            ok(
+                "ncclAllReduce (PreMulSum)",
+                (f.all_reduce)(p(b.avg_in), m(b.avg_out), l.avg, fl, self.avg, dp, st),
+            )?;
+            ok(
+                "ncclAllReduce",
+                (f.all_reduce)(p(b.loss_in), m(b.loss_out), l.loss, fl, sum, dp, st),
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// Waits for `stream` by polling (no sleep), within the deadline; on
+/// timeout aborts `comms` and fails.
+fn wait(stream: &CudaStream, opts: &Opts, comms: &[&Comm]) -> Result<()> {
+    let started = Instant::now();
+    loop {
+        // SAFETY: a live stream of this process.
+        match unsafe { sys::cuStreamQuery(stream.cu_stream()) } {
+            sys::CUresult::CUDA_SUCCESS => return Ok(()),
+            sys::CUresult::CUDA_ERROR_NOT_READY => {}
+            other => return Err(format!("waiting for the GPU: {other:?}").into()),
+        }
+        if started.elapsed() > opts.timeout {
+            for c in comms {
+                let _ = c.abort_handle().abort();
+            }
+            return Err(format!(
+                "the step did not finish within {:?}; communicators aborted",
+                opts.timeout
+            )
+            .into());
+        }
+        std::hint::spin_loop();
+    }
+}
+
+/// What one rank measured: per round, seconds per step and allocations
+/// per step (process-wide) of each side, and the check's counts.
+struct Measured {
+    /// [default s, raw s, default allocs, raw allocs] per round.
+    rounds: Vec<[f64; 4]>,
+    wrong_default: u64,
+    wrong_raw: u64,
+    differ: u64,
+}
+
+/// The step on one rank (a thread or a process per rank); `host` is the
+/// barrier of this process's rank threads.
+fn per_rank(world: &World, host: &HostBarrier, opts: &Opts) -> Result<Option<Value>> {
+    let n = world.size();
+    let me = world.rank();
+    let (dp, tp) = axes(n);
+    let l = Layout::new(dp, tp);
+    let mesh = DeviceMesh::new(world, &[("dp", dp), ("tp", tp)])?;
+    let (mdp, mtp) = (mesh.axis("dp")?, mesh.axis("tp")?);
+    let place = Place {
+        d: mesh.local_rank("dp")?,
+        t: mesh.local_rank("tp")?,
+        ranks: (0..dp)
+            .map(|d| {
+                (0..tp)
+                    .map(|t| {
+                        mesh.world_rank_of(&[d, t])
+                            .ok_or("no rank at a mesh coordinate")
+                    })
+                    .collect::<std::result::Result<Vec<_>, _>>()
+            })
+            .collect::<std::result::Result<Vec<_>, _>>()?,
+    };
+    if place.at(place.d, place.t) != me {
+        return Err("the mesh places this rank elsewhere than its coordinate says".into());
+    }
+
+    // The raw side's communicators: the same groups, NCCL's blocking
+    // defaults, nothing watching them.
+    let bare = nccl_dist::nccl_safe::Config::new();
+    let split = |parent: &Comm, color: u32, key: i32| -> Result<Comm> {
+        let c = parent
+            .split(Some(color), key, Some(&bare))?
+            .ok_or("ncclCommSplit gave no communicator")?;
+        c.set_observer(None);
+        Ok(c)
+    };
+    let position = mesh.position();
+    let raw_whole = split(world.comm(), 0, position as i32)?;
+    let (c, k) = mesh.shape().split_for(position, &["dp"])?;
+    let raw_dp = split(&raw_whole, c, k)?;
+    let (c, k) = mesh.shape().split_for(position, &["tp"])?;
+    let raw_tp = split(&raw_whole, c, k)?;
+    if (raw_dp.rank(), raw_dp.size(), raw_tp.rank(), raw_tp.size())
+        != (mdp.rank(), mdp.size(), mtp.rank(), mtp.size())
+    {
+        return Err("the raw communicators do not match the mesh's axes".into());
+    }
+
+    let ds = Arc::clone(mesh.comm().stream());
+    let rs = Arc::clone(raw_whole.stream());
+    if !opts.cudarc_events {
+        // SAFETY: each side's buffers are used on that side's one stream
+        // only (collectives, fills and read-backs), so cudarc's
+        // cross-stream events have nothing to order.
+        unsafe { ds.context().disable_event_tracking() };
+    }
+    let (next, prev) = ((place.d + 1) % dp, (place.d + dp - 1) % dp);
+    let scale = 1.0f32 / dp as f32;
+    let default = DefaultSide {
+        stream: Arc::clone(&ds),
+        dp: mdp,
+        tp: mtp,
+        avg: PreMulSum::host(mdp, scale)?,
+        next,
+        prev,
+    };
+    let f = Fns::load()?;
+    let mut avg = ncclRedOp_t::ncclSum;
+    let mut scalar = scale;
+    // SAFETY: `scalar` is one f32 on the host, read before the call
+    // returns; the handle is live.
+    let created = unsafe {
+        (f.premul_create)(
+            &mut avg,
+            (&mut scalar as *mut f32).cast(),
+            f32::DATATYPE,
+            ncclScalarResidence_t::ncclScalarHostImmediate,
+            raw_dp.as_raw()?,
+        )
+    };
+    ok("ncclRedOpCreatePreMulSum", created)?;
+    let raw = Raw {
+        f,
+        // SAFETY: used by this thread only, while `raw_dp`/`raw_tp` live,
+        // for calls the typed API would make itself.
+        dp: unsafe { raw_dp.as_raw() }?,
+        // SAFETY: as above.
+        tp: unsafe { raw_tp.as_raw() }?,
+        stream: rs.cu_stream() as cudaStream_t,
+        avg,
+        next: next as i32,
+        prev: prev as i32,
+        l,
+    };
+    let all: [&Comm; 6] = [mdp, mtp, mesh.comm(), &raw_dp, &raw_tp, &raw_whole];
+
+    let measured = (|| -> Result<Measured> {
+        let mut db = Bufs::new(&ds, &l)?;
+        let mut rb = Bufs::new(&rs, &l)?;
+        db.reset(&ds, &l, me)?;
+        rb.reset(&rs, &l, me)?;
+        let rp = Ptrs::of(&rb, &rs);
+        let mut rounds = Vec::with_capacity(opts.rounds);
+        for round in 0..opts.rounds {
+            let mut row = [0.0; 4];
+            let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+            for side in order {
+                // Everyone idle and here, then warm up, then time.
+                wait(&ds, opts, &all)?;
+                wait(&rs, opts, &all)?;
+                nccl_dist::Communicator::barrier(&raw_whole)?;
+                let one = |b: &mut Bufs| -> Result<()> {
+                    if side == 0 {
+                        default.step(b)
+                    } else {
+                        // SAFETY: `rp` are `rb`'s addresses; `rb` lives
+                        // until after the last wait below.
+                        unsafe { raw.step(&rp) }
+                    }
+                };
+                let (b, s) = if side == 0 {
+                    (&mut db, &ds)
+                } else {
+                    (&mut rb, &rs)
+                };
+                for _ in 0..opts.warmup {
+                    one(b)?;
+                }
+                wait(s, opts, &all)?;
+                nccl_dist::Communicator::barrier(&raw_whole)?;
+                host.wait()?;
+                let a0 = alloc::process();
+                host.wait()?;
+                let t0 = Instant::now();
+                let mut issued = Ok(());
+                for _ in 0..opts.iters {
+                    issued = one(b);
+                    if issued.is_err() {
+                        break;
+                    }
+                }
+                host.wait()?;
+                let allocs = alloc::process() - a0;
+                // Nobody moves on (and allocates) before all have read.
+                host.wait()?;
+                issued?;
+                wait(s, opts, &all)?;
+                row[side] = t0.elapsed().as_secs_f64() / opts.iters as f64;
+                // Per step of this process: its rank threads each ran
+                // `iters` steps.
+                row[2 + side] = allocs as f64 / (opts.iters * host.threads()) as f64;
+            }
+            rounds.push(row);
+        }
+        // The check: fresh inputs, one step each, everything copied back.
+        db.reset(&ds, &l, me)?;
+        rb.reset(&rs, &l, me)?;
+        nccl_dist::Communicator::barrier(&raw_whole)?;
+        default.step(&mut db)?;
+        wait(&ds, opts, &all)?;
+        // SAFETY: as above.
+        unsafe { raw.step(&rp) }?;
+        wait(&rs, opts, &all)?;
+        let want = expected(&l, &place);
+        let (dout, rout) = (db.outputs(&ds)?, rb.outputs(&rs)?);
+        let (mut wrong_default, mut wrong_raw, mut differ) = (0u64, 0u64, 0u64);
+        for ((d, r), w) in dout.iter().zip(&rout).zip(&want) {
+            // Exact everywhere, except the average by 1/dp where dp is not
+            // a power of two (NCCL's summation order is its own).
+            let exact = d.name != "premul_avg" || dp.is_power_of_two();
+            let bad = |g: &f64, w: &f64| {
+                if exact {
+                    g != w
+                } else {
+                    (g - w).abs() > 1e-6 * w.abs().max(1.0)
+                }
+            };
+            if d.values.len() != w.len() || r.values.len() != w.len() {
+                return Err(format!("{}: read back the wrong number of elements", d.name).into());
+            }
+            let wd = d.values.iter().zip(w).filter(|(g, w)| bad(g, w)).count() as u64;
+            let wr = r.values.iter().zip(w).filter(|(g, w)| bad(g, w)).count() as u64;
+            let df = d.bits.iter().zip(&r.bits).filter(|(a, b)| a != b).count() as u64;
+            if wd + wr + df > 0 && !opts.quiet {
+                eprintln!(
+                    "bench --step: rank {me} {}: {wd} wrong (default), {wr} wrong (raw), {df} differ",
+                    d.name
+                );
+            }
+            wrong_default += wd;
+            wrong_raw += wr;
+            differ += df;
+        }
+        Ok(Measured {
+            rounds,
+            wrong_default,
+            wrong_raw,
+            differ,
+        })
+    })();
+    // SAFETY: made on `raw.dp` above; its last use has returned.
+    let destroyed = unsafe { (raw.f.premul_destroy)(raw.avg, raw.dp) };
+    let m = measured?;
+    ok("ncclRedOpDestroy", destroyed)?;
+
+    // The slowest rank's time per round; counts summed over ranks.
+    let mut flat: Vec<f64> = m.rounds.iter().flatten().copied().collect();
+    let max = over(&raw_whole, &rs, &flat, ReduceOp::Max)?;
+    let sums = over(
+        &raw_whole,
+        &rs,
+        &[m.wrong_default as f64, m.wrong_raw as f64, m.differ as f64],
+        ReduceOp::Sum,
+    )?;
+    flat.clear();
+    drop(default);
+    // The threads meet before communicators are dropped (see
+    // `World::spawn_local_with_options`).
+    host.wait()?;
+    if me != 0 {
+        return Ok(None);
+    }
+    Ok(Some(report(
+        opts,
+        n,
+        &l,
+        &max,
+        &sums,
+        world.watchdog().is_some(),
+    )?))
+}
+
+/// Element-wise `op` over every rank, through `comm` on `stream`.
+fn over(comm: &Comm, stream: &Arc<CudaStream>, v: &[f64], op: ReduceOp) -> Result<Vec<f64>> {
+    let mut buf = stream.clone_htod(v)?;
+    comm.on(stream).all_reduce_in_place(&mut buf, op)?;
+    comm.synchronize(stream)?;
+    Ok(stream.clone_dtoh(&buf)?)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Prints the result and builds the JSON (rank 0).
+fn report(
+    opts: &Opts,
+    n: usize,
+    l: &Layout,
+    max: &[f64],
+    sums: &[f64],
+    watchdog: bool,
+) -> Result<Value> {
+    let rounds: Vec<&[f64]> = max.chunks(4).collect();
+    let col = |i: usize| rounds.iter().map(|r| r[i]).collect::<Vec<f64>>();
+    let (d, r) = (median(col(0)), median(col(1)));
+    let allocs_default = col(2).into_iter().fold(0.0, f64::max);
+    let allocs_raw = col(3).into_iter().fold(0.0, f64::max);
+    let (wrong_default, wrong_raw, differ) = (sums[0] as u64, sums[1] as u64, sums[2] as u64);
+    let lib = Library::get()?;
+    println!(
+        "# nccl-rs bench --step: mode {}, {n} ranks, mesh dp={} x tp={}, NCCL {}, {} steps x {} rounds (warm-up {}), watchdog {}",
+        opts.mode.name(),
+        l.dp,
+        l.tp,
+        lib.version(),
+        opts.iters,
+        opts.rounds,
+        opts.warmup,
+        if watchdog { "on" } else { "off" },
+    );
+    println!(
+        "# {:>8} {:>14} {:>14} {:>10} {:>8} {:>8}",
+        "side", "median(us)", "min(us)", "allocs/step", "#wrong", "#differ"
+    );
+    let min = |v: Vec<f64>| v.into_iter().fold(f64::INFINITY, f64::min);
+    for (name, t, lo, a, w) in [
+        ("default", d, min(col(0)), allocs_default, wrong_default),
+        ("raw", r, min(col(1)), allocs_raw, wrong_raw),
+    ] {
+        println!(
+            "  {name:>8} {:>14.2} {:>14.2} {a:>10.3} {w:>8} {differ:>8}",
+            t * 1e6,
+            lo * 1e6
+        );
+    }
+    println!("# default / raw = {:.4}", d / r);
+    let doc = json!({
+        "meta": {
+            "step": true,
+            "mode": opts.mode.name(),
+            "ranks": n,
+            "mesh": {"dp": l.dp, "tp": l.tp},
+            "nccl": lib.version().to_string(),
+            "iters": opts.iters,
+            "warmup": opts.warmup,
+            "rounds": opts.rounds,
+            "nonblocking": opts.nonblocking,
+            "default_watchdog": watchdog,
+            "calls_per_step": CALLS_PER_STEP,
+            "ops": l.describe(),
+        },
+        "step": {
+            "default_us": d * 1e6,
+            "raw_us": r * 1e6,
+            "default_over_raw": d / r,
+            "default_rounds_us": col(0).iter().map(|x| x * 1e6).collect::<Vec<_>>(),
+            "raw_rounds_us": col(1).iter().map(|x| x * 1e6).collect::<Vec<_>>(),
+            "allocs_per_step_default": allocs_default,
+            "allocs_per_step_raw": allocs_raw,
+            "allocs_per_call_default": allocs_default / CALLS_PER_STEP as f64,
+            "wrong_default": wrong_default,
+            "wrong_raw": wrong_raw,
+            "differ": differ,
+        },
+    });
+    if let Some(path) = &opts.json {
+        std::fs::write(path, serde_json::to_string_pretty(&doc)?)
+            .map_err(|e| BoxError::from(format!("writing {}: {e}", path.display())))?;
+        eprintln!("bench: wrote {}", path.display());
+    }
+    if wrong_default + wrong_raw + differ > 0 {
+        return Err(format!(
+            "step check failed: {wrong_default} wrong (default), {wrong_raw} wrong (raw), {differ} elements differ between them"
+        )
+        .into());
+    }
+    Ok(doc)
+}
+
+pub fn run(opts: &Opts) -> Result<()> {
+    match opts.mode {
+        Mode::Single => {
+            Err("--step needs a thread or a process per GPU (--mode threads or processes)".into())
+        }
+        Mode::Threads => {
+            let devices = crate::devices(opts)?;
+            let host = HostBarrier::new(devices.len(), opts.timeout);
+            let host = &host;
+            World::spawn_local_with_options(&devices, &crate::world_options(opts), |world| {
+                per_rank(&world, host, opts).map_err(|e| nccl_dist::Error::InvalidArgument {
+                    op: "bench --step",
+                    reason: e.to_string(),
+                })
+            })?;
+            Ok(())
+        }
+        Mode::Processes => {
+            let launch =
+                Launch::detect().map_err(|e| format!("--mode processes needs a launcher ({e})"))?;
+            let world = World::init_with(launch, &crate::world_options(opts))?;
+            let host = HostBarrier::new(1, opts.timeout);
+            per_rank(&world, &host, opts)?;
+            Ok(())
+        }
+    }
+}
