@@ -1,55 +1,206 @@
 //! `cargo xtask gpu-test --faults`: the fault-injection suite.
 //!
-//! Each case of `nccl-dist`'s `faults` test binary runs as a job of a
-//! process per GPU (up to 4), the last rank being the victim. The harness
-//! waits for the survivors, then kills what is left (a stopped victim, or a
-//! hung rank, which fails the case), checks how the victim ended, and reads
-//! what each rank recorded (`NCCL_RS_FAULT_OUT/<case>.<rank>`) into a table:
-//! outcome, time to error, deadline, and the recovery steps.
+//! Each case of `nccl-dist`'s `faults` test binary (`tests/faults/`) runs
+//! for every world size asked (default: 2 and 4 GPUs, those the host has)
+//! in each mode it supports:
+//!
+//! - `processes`: a process per GPU with the torchrun variables, fresh
+//!   ports and a fresh secret;
+//! - `threads`: one process driving every GPU with a thread each
+//!   (`World::spawn_local_with_options`), for the cases that kill no
+//!   process.
+//!
+//! The victim (the rank that misbehaves) is chosen per case ([`CASES`]):
+//! rank 0 for some, the last rank for others. The harness waits for the
+//! ranks that must finish, then kills what is left (a stopped victim, or a
+//! hung rank, which fails the case), checks how the victim ended (SIGKILL,
+//! stopped, a panic reported by `spawn_local_with_options`) and reads what
+//! each rank recorded (`<case>.<rank>`) into a table: per-rank verdict,
+//! outcome, time to error (and after the victim's death), deadline, kernel
+//! check, recovery. The table goes to `faults/faults.md` under `--out`,
+//! and to `--faults-report PATH` when given (a directory gets
+//! `<device kind>.md`, for `docs/faults/`).
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus};
 use std::time::{Duration, Instant};
 
 use crate::Result;
 use crate::launch::{job, rank_env};
 
-/// How the victim of a case must end.
+/// How a case is started.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Victim {
-    /// It kills itself with SIGKILL.
-    KillsItself,
-    /// It stops itself; the harness kills it after the survivors finish.
-    Stops,
-    /// It takes part and must pass like the others.
-    Passes,
+pub enum Mode {
+    /// A process per GPU.
+    Processes,
+    /// One process, a thread per GPU.
+    Threads,
 }
 
-fn victim_of(case: &str) -> Victim {
-    if case.starts_with("a_") {
-        Victim::KillsItself
-    } else if case.starts_with("b_") {
-        Victim::Stops
-    } else {
-        Victim::Passes
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Processes => "processes",
+            Mode::Threads => "threads",
+        }
     }
 }
 
-/// One case's result.
-struct CaseResult {
-    name: String,
-    passed: bool,
-    took: Duration,
-    ranks: Vec<BTreeMap<String, String>>,
-    victim: String,
-    problems: Vec<String>,
+/// Which rank is the victim.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Pick {
+    /// Rank 0 (also the rendezvous and liveness hub).
+    First,
+    /// The last rank.
+    Last,
+    /// No victim: every rank does the same.
+    Nobody,
 }
 
-#[cfg(unix)]
-fn signal_of(status: &ExitStatus) -> Option<i32> {
-    use std::os::unix::process::ExitStatusExt;
-    status.signal()
+impl Pick {
+    fn rank(self, n: usize) -> Option<usize> {
+        match self {
+            Pick::First => Some(0),
+            Pick::Last => Some(n - 1),
+            Pick::Nobody => None,
+        }
+    }
+}
+
+/// How the victim of a case must end.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum End {
+    /// It takes part and must pass like the others.
+    Passes,
+    /// Its process dies of SIGKILL (processes only).
+    KillsItself,
+    /// It stops itself; the harness kills it after the others finish
+    /// (processes only).
+    Stops,
+    /// Its thread panics; the job must report `RankPanicked` naming it
+    /// (threads only).
+    Panics,
+}
+
+/// One case of the suite: the test's name, its victim, how the victim
+/// ends, the modes it runs in, a longer limit where it needs one.
+struct Case {
+    name: &'static str,
+    victim: Pick,
+    end: End,
+    modes: &'static [Mode],
+    limit: Option<Duration>,
+}
+
+const PROCESSES: &[Mode] = &[Mode::Processes];
+const THREADS: &[Mode] = &[Mode::Threads];
+const BOTH: &[Mode] = &[Mode::Processes, Mode::Threads];
+
+const fn case(name: &'static str, victim: Pick, end: End, modes: &'static [Mode]) -> Case {
+    Case {
+        name,
+        victim,
+        end,
+        modes,
+        limit: None,
+    }
+}
+
+/// Every case of `tests/faults/`, in the order they run. A case in the
+/// binary and not here (or the other way round) is an error, so the two
+/// cannot drift apart.
+const CASES: &[Case] = &[
+    case(
+        "a_sigkill_mid_all_reduce",
+        Pick::Last,
+        End::KillsItself,
+        PROCESSES,
+    ),
+    case(
+        "a0_sigkill_rank0_mid_all_reduce",
+        Pick::First,
+        End::KillsItself,
+        PROCESSES,
+    ),
+    case("b_sigstop_then_rebuild", Pick::Last, End::Stops, PROCESSES),
+    case("c1_mismatched_count", Pick::First, End::Passes, BOTH),
+    case("c2_mismatched_dtype", Pick::Last, End::Passes, BOTH),
+    case("c3_mismatched_order", Pick::First, End::Passes, BOTH),
+    case("d_abort_from_another_thread", Pick::Last, End::Passes, BOTH),
+    case("e_drop_with_work_in_flight", Pick::First, End::Passes, BOTH),
+    case(
+        "f1_kill_before_mesh",
+        Pick::Last,
+        End::KillsItself,
+        PROCESSES,
+    ),
+    case(
+        "f2_kill_during_mesh",
+        Pick::First,
+        End::KillsItself,
+        PROCESSES,
+    ),
+    // The victim watches for libnccl to be loaded, which rank 0 does
+    // before the rendezvous: it must be another rank.
+    case(
+        "g_kill_during_init",
+        Pick::Last,
+        End::KillsItself,
+        PROCESSES,
+    ),
+    case(
+        "h_thread_panics_mid_collective",
+        Pick::First,
+        End::Panics,
+        THREADS,
+    ),
+    case("i_abort_while_group_open", Pick::Nobody, End::Passes, BOTH),
+    Case {
+        // 50 worlds made and aborted, with resource samples.
+        limit: Some(Duration::from_secs(480)),
+        ..case(
+            "r_fifty_abort_rebuild_cycles",
+            Pick::Nobody,
+            End::Passes,
+            PROCESSES,
+        )
+    },
+];
+
+/// What `gpu-test` passes on.
+pub struct Options<'a> {
+    /// World sizes to run (each at least 2, at most the host's GPUs);
+    /// `None`: 2 and 4, those the host has.
+    pub worlds: Option<&'a [usize]>,
+    /// Modes to run (each case runs in those it supports).
+    pub modes: Vec<Mode>,
+    /// Keeps cases whose name contains one of its comma-separated parts.
+    pub filter: Option<&'a str>,
+    /// The limit of one case (a case may ask for more).
+    pub limit: Duration,
+    /// Logs, results and `faults/faults.md` go under it.
+    pub out: &'a Path,
+    /// Where the table also goes: a file, or a directory that gets
+    /// `<device kind>.md`.
+    pub report: Option<&'a Path>,
+}
+
+/// One run of a case.
+struct CaseResult {
+    name: String,
+    mode: Mode,
+    n: usize,
+    victim: Option<usize>,
+    passed: bool,
+    took: Duration,
+    /// What each rank recorded.
+    ranks: Vec<BTreeMap<String, String>>,
+    /// Each rank's verdict, for the table.
+    verdicts: Vec<String>,
+    /// How the victim ended, in words.
+    victim_end: String,
+    problems: Vec<String>,
 }
 
 fn read_fields(path: &Path) -> BTreeMap<String, String> {
@@ -61,46 +212,97 @@ fn read_fields(path: &Path) -> BTreeMap<String, String> {
         .collect()
 }
 
+#[cfg(unix)]
+fn signal_of(status: &ExitStatus) -> Option<i32> {
+    use std::os::unix::process::ExitStatusExt;
+    status.signal()
+}
+
+const SIGKILL: i32 = 9;
+
+/// Starts the case's processes (`test` as listed): one per rank, or one
+/// for every rank.
+fn start(
+    binary: &Path,
+    case: &Case,
+    test: &str,
+    n: usize,
+    mode: Mode,
+    results: &Path,
+    log: &std::fs::File,
+) -> Result<Vec<Child>> {
+    let victim = case
+        .victim
+        .rank(n)
+        .map_or("none".to_string(), |v| v.to_string());
+    let command = || -> Result<Command> {
+        let mut cmd = Command::new(binary);
+        cmd.args([
+            "--ignored",
+            "--exact",
+            test,
+            "--test-threads",
+            "1",
+            "--nocapture",
+        ])
+        .env("NCCL_RS_FAULT_OUT", results)
+        .env("NCCL_RS_FAULT_VICTIM", &victim)
+        .env("NCCL_RS_FAULT_MODE", mode.name())
+        .stdout(log.try_clone()?)
+        .stderr(log.try_clone()?);
+        Ok(cmd)
+    };
+    match mode {
+        Mode::Threads => {
+            let mut cmd = command()?;
+            cmd.env("NCCL_RS_FAULT_WORLD", n.to_string());
+            Ok(vec![cmd.spawn()?])
+        }
+        Mode::Processes => {
+            let (ports, secret) = job()?;
+            let (port2, _) = job()?;
+            (0..n)
+                .map(|rank| {
+                    let mut cmd = command()?;
+                    cmd.envs(rank_env(rank, n, ports, &secret))
+                        .env("NCCL_RS_FAULT_PORT2", port2.0.to_string());
+                    Ok(cmd.spawn()?)
+                })
+                .collect()
+        }
+    }
+}
+
 fn run_case(
     binary: &Path,
-    case: &str,
+    case: &Case,
+    test: &str,
     n: usize,
+    mode: Mode,
     limit: Duration,
     dir: &Path,
 ) -> Result<CaseResult> {
-    let results = dir.join("results");
+    let results = dir.join("results").join(format!("w{n}-{}", mode.name()));
     std::fs::create_dir_all(&results)?;
-    for rank in 0..n {
-        let _ = std::fs::remove_file(results.join(format!("{case}.{rank}")));
+    for entry in std::fs::read_dir(&results)? {
+        let path = entry?.path();
+        let stale = path
+            .file_name()
+            .and_then(|f| f.to_str())
+            .is_some_and(|f| f.starts_with(&format!("{}.", case.name)));
+        if stale {
+            std::fs::remove_file(path)?;
+        }
     }
-    let log = std::fs::File::create(dir.join(format!("{case}.log")))?;
-    let (ports, secret) = job()?;
-    let (port2, _) = job()?;
-    let victim = n - 1;
+    let log = std::fs::File::create(dir.join(format!("{}.w{n}.{}.log", case.name, mode.name())))?;
+    let victim = case.victim.rank(n);
+    // In processes mode, the victim of a kill or stop case does not have
+    // to end by itself; every other process does.
+    let waits_for =
+        |i: usize| mode == Mode::Threads || Some(i) != victim || case.end == End::Passes;
     let started = Instant::now();
-    let mut children: Vec<Child> = Vec::with_capacity(n);
-    for rank in 0..n {
-        children.push(
-            Command::new(binary)
-                .args([
-                    "--ignored",
-                    "--exact",
-                    case,
-                    "--test-threads",
-                    "1",
-                    "--nocapture",
-                ])
-                .envs(rank_env(rank, n, ports, &secret))
-                .env("NCCL_RS_FAULT_OUT", &results)
-                .env("NCCL_RS_FAULT_VICTIM", victim.to_string())
-                .env("NCCL_RS_FAULT_PORT2", port2.0.to_string())
-                .stdout(log.try_clone()?)
-                .stderr(log.try_clone()?)
-                .spawn()?,
-        );
-    }
-    let expect = victim_of(case);
-    let mut statuses: Vec<Option<ExitStatus>> = vec![None; n];
+    let mut children = start(binary, case, test, n, mode, &results, &log)?;
+    let mut statuses: Vec<Option<ExitStatus>> = vec![None; children.len()];
     let deadline = started + limit;
     loop {
         for (child, status) in children.iter_mut().zip(statuses.iter_mut()) {
@@ -108,76 +310,132 @@ fn run_case(
                 *status = child.try_wait()?;
             }
         }
-        let survivors_done = statuses
+        let done = statuses
             .iter()
             .enumerate()
-            .all(|(r, s)| s.is_some() || (r == victim && expect != Victim::Passes));
-        if survivors_done || Instant::now() > deadline {
+            .all(|(i, s)| s.is_some() || !waits_for(i));
+        if done || Instant::now() > deadline {
             break;
         }
         std::thread::sleep(Duration::from_millis(50));
     }
     let took = started.elapsed();
     let mut problems = Vec::new();
-    // The victim's own end, before the harness touches it.
-    let victim_before = statuses[victim];
-    for (rank, (child, status)) in children.iter_mut().zip(statuses.iter_mut()).enumerate() {
+    // How each process ended before the harness touched it.
+    let ended_alone = statuses.clone();
+    for (i, (child, status)) in children.iter_mut().zip(statuses.iter_mut()).enumerate() {
         if status.is_none() {
             let _ = child.kill();
             *status = Some(child.wait()?);
-            if rank != victim || expect == Victim::Passes {
-                problems.push(format!("rank {rank} hung (killed after {limit:?})"));
+            if waits_for(i) {
+                problems.push(format!("process {i} hung (killed after {limit:?})"));
             }
         }
     }
-    for (rank, status) in statuses.iter().enumerate() {
-        let ok = status.is_some_and(|s| s.success());
-        if (rank != victim || expect == Victim::Passes) && !ok {
-            problems.push(format!("rank {rank} failed ({status:?})"));
+    let ranks: Vec<BTreeMap<String, String>> = (0..n)
+        .map(|r| read_fields(&results.join(format!("{}.{r}", case.name))))
+        .collect();
+    let death = |r: usize| {
+        std::fs::read_to_string(results.join(format!("{}.{r}.death", case.name)))
+            .ok()
+            .map(|t| {
+                t.split_once(' ')
+                    .map_or(String::new(), |(_, how)| how.trim().to_string())
+            })
+    };
+    let mut verdicts = Vec::with_capacity(n);
+    let mut victim_end = "-".to_string();
+    for (r, fields) in ranks.iter().enumerate() {
+        let reported = fields.get("pass").map(String::as_str) == Some("yes");
+        let failure = || {
+            fields
+                .get("failed")
+                .map_or(String::new(), |f| format!(": {f}"))
+        };
+        let verdict = match (Some(r) == victim, case.end, mode) {
+            (true, End::KillsItself, Mode::Processes) => {
+                let alone = ended_alone[r];
+                if alone.is_some_and(|s| signal_of(&s) == Some(SIGKILL)) {
+                    victim_end = death(r).unwrap_or_else(|| "SIGKILL".into());
+                    "SIGKILL".to_string()
+                } else {
+                    problems.push(format!("the victim did not die of SIGKILL: {alone:?}"));
+                    victim_end = format!("unexpected: {alone:?}");
+                    "FAIL".to_string()
+                }
+            }
+            (true, End::Stops, Mode::Processes) => match ended_alone[r] {
+                None => {
+                    victim_end = "stopped (SIGSTOP), killed by the harness".into();
+                    "stopped".to_string()
+                }
+                Some(s) => {
+                    problems.push(format!("the stopped victim exited by itself: {s}"));
+                    victim_end = format!("unexpected: {s}");
+                    "FAIL".to_string()
+                }
+            },
+            (true, End::Panics, Mode::Threads) => match death(r) {
+                Some(how) => {
+                    victim_end = how;
+                    "panicked".to_string()
+                }
+                None => {
+                    problems.push(format!("rank {r} was to panic and did not record it"));
+                    "FAIL".to_string()
+                }
+            },
+            _ if reported => "pass".to_string(),
+            _ => {
+                problems.push(format!("rank {r} did not report a pass{}", failure()));
+                "FAIL".to_string()
+            }
+        };
+        verdicts.push(verdict);
+    }
+    if case.end == End::Passes {
+        victim_end = if victim.is_some() {
+            "took part".into()
+        } else {
+            "none (every rank alike)".into()
+        };
+    }
+    // Every process the harness waited for must have exited 0; in threads
+    // mode, the job's own verdict (spawn's result) must be a pass too.
+    for (i, status) in ended_alone.iter().enumerate() {
+        if waits_for(i) && status.is_some_and(|s| !s.success()) {
+            problems.push(format!("process {i} failed ({})", status.expect("checked")));
         }
     }
-    let victim_text = match (expect, victim_before) {
-        (Victim::KillsItself, Some(s)) if signal_of(&s) == Some(libc_sigkill()) => {
-            "killed itself (SIGKILL)".to_string()
-        }
-        (Victim::KillsItself, other) => {
-            problems.push(format!("the victim did not die of SIGKILL: {other:?}"));
-            format!("unexpected: {other:?}")
-        }
-        (Victim::Stops, None) => "stopped, killed by the harness".to_string(),
-        (Victim::Stops, Some(s)) => {
-            problems.push(format!("the stopped victim exited by itself: {s}"));
-            format!("unexpected: {s}")
-        }
-        (Victim::Passes, _) => "took part".to_string(),
-    };
-    let ranks: Vec<BTreeMap<String, String>> = (0..n)
-        .map(|r| read_fields(&results.join(format!("{case}.{r}"))))
-        .collect();
-    for (rank, fields) in ranks.iter().enumerate() {
-        let reports = rank != victim || expect == Victim::Passes;
-        if reports && fields.get("pass").map(String::as_str) != Some("yes") {
+    if mode == Mode::Threads {
+        let job = read_fields(&results.join(format!("{}.job", case.name)));
+        if job.get("pass").map(String::as_str) != Some("yes") {
             problems.push(format!(
-                "rank {rank} did not report a pass{}",
-                fields
-                    .get("failed")
-                    .map(|f| format!(": {f}"))
-                    .unwrap_or_default()
+                "the job did not pass (spawn: {}){}",
+                job.get("spawn").map_or("-", String::as_str),
+                job.get("failed")
+                    .map_or(String::new(), |f| format!(": {f}"))
             ));
+        }
+        if case.end == End::Panics {
+            victim_end = format!(
+                "{victim_end}; spawn returned {}",
+                job.get("spawn").map_or("-", String::as_str)
+            );
         }
     }
     Ok(CaseResult {
-        name: case.to_string(),
+        name: case.name.to_string(),
+        mode,
+        n,
+        victim,
         passed: problems.is_empty(),
         took,
         ranks,
-        victim: victim_text,
+        verdicts,
+        victim_end,
         problems,
     })
-}
-
-const fn libc_sigkill() -> i32 {
-    9
 }
 
 /// The distinct values of `key` over the ranks that have it.
@@ -198,31 +456,43 @@ fn values(r: &CaseResult, key: &str) -> String {
 }
 
 /// The largest number under `key` over the ranks.
-fn max_of(r: &CaseResult, key: &str) -> String {
+fn max_of(r: &CaseResult, key: &str) -> Option<u64> {
     r.ranks
         .iter()
         .filter_map(|f| f.get(key)?.parse::<u64>().ok())
         .max()
-        .map_or("-".to_string(), |v| v.to_string())
 }
 
-fn render(results: &[CaseResult], n: usize) -> String {
+fn or_dash(v: Option<u64>) -> String {
+    v.map_or("-".to_string(), |v| v.to_string())
+}
+
+/// Table cells must not break the row.
+fn cell(text: &str) -> String {
+    text.replace('|', "\\|")
+}
+
+fn render(results: &[CaseResult], device: &str) -> String {
     let mut out = format!(
-        "Fault-injection suite: {n} GPUs, a process per rank, victim = rank {}\n\n\
-         | case | verdict | victim | outcome on the other ranks | time to error (max ms) | deadline (ms) | after | case time |\n\
-         |---|---|---|---|---|---|---|---|\n",
-        n - 1
+        "# Fault-injection suite: {device}\n\n\
+         `cargo xtask gpu-test --faults`. Every world has the default options \
+         (blocking communicators, watchdog, liveness) with the operation timeout \
+         as the only setting. A lost peer must be named (`PeerLost`) within 2000 ms \
+         of its death; \"after death\" is the slowest survivor's. Times in ms.\n\n\
+         | GPUs | case | mode | victim | ranks | verdict | outcome | time to error | after death | deadline | kernel | recovery and details | case time |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     );
     for r in results {
-        let mut after = Vec::new();
+        let mut details = Vec::new();
         for key in [
-            "kernel",
             "recovered",
             "rebuilt_ms",
+            "mesh",
             "drop_ms",
+            "victim_drop_ms",
             "abort_call_ms",
             "wake_after_abort_ms",
-            "victim_drop_ms",
+            "group_end",
             "cycle1",
             "cycle10",
             "cycle50",
@@ -230,66 +500,188 @@ fn render(results: &[CaseResult], n: usize) -> String {
         ] {
             let v = values(r, key);
             if v != "-" {
-                after.push(format!("{key}: {v}"));
+                details.push(format!("{key}: {}", cell(&v)));
             }
         }
-        let time = match max_of(r, "error_after_ms").as_str() {
-            "-" => max_of(r, "drop_ms"),
-            t => t.to_string(),
+        let time = max_of(r, "error_after_ms")
+            .or_else(|| max_of(r, "drop_ms"))
+            .or_else(|| max_of(r, "abort_call_ms"));
+        let victim = match r.victim {
+            Some(v) => format!("rank {v}: {}", r.victim_end),
+            None => r.victim_end.clone(),
         };
+        let ranks: Vec<String> = r
+            .verdicts
+            .iter()
+            .enumerate()
+            .map(|(i, v)| format!("{i} {v}"))
+            .collect();
         out.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {:.1}s |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1}s |\n",
+            r.n,
             r.name,
+            r.mode.name(),
+            cell(&victim),
+            ranks.join(", "),
             if r.passed { "pass" } else { "FAIL" },
-            r.victim,
-            values(r, "outcome"),
-            time,
-            max_of(r, "deadline_ms"),
-            after.join("<br>"),
+            cell(&values(r, "outcome")),
+            or_dash(time),
+            or_dash(max_of(r, "since_death_ms")),
+            or_dash(max_of(r, "deadline_ms")),
+            values(r, "kernel"),
+            details.join("<br>"),
             r.took.as_secs_f64()
         ));
     }
     for r in results.iter().filter(|r| !r.passed) {
-        out.push_str(&format!("\n{}: {}\n", r.name, r.problems.join("; ")));
+        out.push_str(&format!(
+            "\n{} ({} GPUs, {}): {}\n",
+            r.name,
+            r.n,
+            r.mode.name(),
+            r.problems.join("; ")
+        ));
     }
     out
 }
 
-/// Runs every case of `binary` matching `filter` on `gpus` GPUs (at most
-/// 4 are used); writes `faults.md` and the logs under `out`.
-pub fn run(
-    binary: &Path,
-    gpus: usize,
-    filter: Option<&str>,
-    limit: Duration,
-    out: &Path,
-) -> Result<()> {
+/// The world sizes to run: those asked (each at least 2 and at most the
+/// host's GPUs), else 2 and 4 where the host has them.
+fn world_sizes(asked: Option<&[usize]>, gpus: usize) -> Result<Vec<usize>> {
     if gpus < 2 {
         return Err(format!("the fault suite needs at least 2 GPUs; this host has {gpus}").into());
     }
-    let n = gpus.min(4);
-    let dir = out.join("faults");
-    std::fs::create_dir_all(&dir)?;
-    let cases: Vec<String> = crate::gpu_test::list_tests(binary)?
-        .into_iter()
-        .filter(|c| filter.is_none_or(|f| f.split(',').any(|p| c.contains(p))))
-        .collect();
-    if cases.is_empty() {
-        return Err("no fault cases matched".into());
+    match asked {
+        Some(sizes) => {
+            if let Some(bad) = sizes.iter().find(|&&n| n < 2 || n > gpus) {
+                return Err(format!(
+                    "the fault suite asked for {bad} GPUs; it needs at least 2 and this host has {gpus}"
+                )
+                .into());
+            }
+            Ok(sizes.to_vec())
+        }
+        None => Ok([2, 4].into_iter().filter(|&n| n <= gpus).collect()),
     }
+}
+
+/// The first GPU's name from `nvidia-smi -L` ("GPU 0: NVIDIA H200 (UUID:
+/// ...)").
+fn gpu_name() -> Option<String> {
+    let out = Command::new("nvidia-smi").arg("-L").output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().find(|l| l.starts_with("GPU "))?;
+    let name = line.split_once(": ")?.1;
+    Some(name.split(" (UUID").next()?.trim().to_string())
+}
+
+/// The device kind as a file name: "NVIDIA H200" on 2 GPUs is
+/// `nvidia-h200-x2`.
+fn device_kind(name: &str, gpus: usize) -> String {
+    let mut slug = String::new();
+    for c in name.chars() {
+        if c.is_ascii_alphanumeric() {
+            slug.push(c.to_ascii_lowercase());
+        } else if !slug.is_empty() && !slug.ends_with('-') {
+            slug.push('-');
+        }
+    }
+    format!("{}-x{gpus}", slug.trim_end_matches('-'))
+}
+
+/// Where `--faults-report PATH` puts the table: into a directory as
+/// `<device kind>.md`, else at PATH.
+fn report_path(path: &Path, kind: &str) -> PathBuf {
+    let is_dir = path.is_dir() || path.as_os_str().to_string_lossy().ends_with('/');
+    if is_dir {
+        path.join(format!("{kind}.md"))
+    } else {
+        path.to_path_buf()
+    }
+}
+
+/// A listed test's function name (libtest lists `module::name`).
+fn short(test: &str) -> &str {
+    test.rsplit("::").next().unwrap_or(test)
+}
+
+/// The cases of `listed` (the binary's tests) to run, each with its name
+/// as listed (what `--exact` needs), checked against [`CASES`].
+fn select(listed: &[String], filter: Option<&str>) -> Result<Vec<(&'static Case, String)>> {
+    let unknown: Vec<&str> = listed
+        .iter()
+        .map(String::as_str)
+        .filter(|l| !CASES.iter().any(|c| c.name == short(l)))
+        .collect();
+    let missing: Vec<&str> = CASES
+        .iter()
+        .map(|c| c.name)
+        .filter(|c| !listed.iter().any(|l| short(l) == *c))
+        .collect();
+    if !unknown.is_empty() || !missing.is_empty() {
+        return Err(format!(
+            "the fault binary and xtask's case table differ: not in the table {unknown:?}, \
+             not in the binary {missing:?} (see xtask/src/faults.rs)"
+        )
+        .into());
+    }
+    Ok(CASES
+        .iter()
+        .filter(|c| filter.is_none_or(|f| f.split(',').any(|p| c.name.contains(p))))
+        .filter_map(|c| {
+            let test = listed.iter().find(|l| short(l) == c.name)?;
+            Some((c, test.clone()))
+        })
+        .collect())
+}
+
+/// Runs the suite from `binary` on this host's `gpus` GPUs.
+pub fn run(binary: &Path, gpus: usize, o: &Options) -> Result<()> {
+    let sizes = world_sizes(o.worlds, gpus)?;
+    let cases = select(&crate::gpu_test::list_tests(binary)?, o.filter)?;
+    let mut runs: Vec<(usize, &Case, &str, Mode)> = Vec::new();
+    for &n in &sizes {
+        for (case, test) in &cases {
+            for &mode in case.modes.iter().filter(|m| o.modes.contains(m)) {
+                runs.push((n, case, test, mode));
+            }
+        }
+    }
+    if runs.is_empty() {
+        return Err("no fault cases matched (filter and modes)".into());
+    }
+    let name = gpu_name().unwrap_or_else(|| "unknown GPU".into());
+    let kind = device_kind(&name, gpus);
+    let device = format!("{gpus} x {name} ({kind})");
+    let dir = o.out.join("faults");
+    std::fs::create_dir_all(&dir)?;
+    let report = o.report.map(|p| report_path(p, &kind));
+    let write = |results: &[CaseResult]| -> Result<()> {
+        let table = render(results, &device);
+        std::fs::write(dir.join("faults.md"), &table)?;
+        if let Some(path) = &report {
+            if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                std::fs::create_dir_all(parent)?;
+            }
+            std::fs::write(path, &table)?;
+        }
+        Ok(())
+    };
     let started = Instant::now();
     let mut results = Vec::new();
-    for (i, case) in cases.iter().enumerate() {
-        eprintln!(
-            "xtask: [{}/{}] fault case {case} on {n} GPUs ...",
+    for (i, (n, case, test, mode)) in runs.iter().enumerate() {
+        let tag = format!(
+            "[{}/{}] {} ({n} GPUs, {})",
             i + 1,
-            cases.len()
+            runs.len(),
+            case.name,
+            mode.name()
         );
-        let r = run_case(binary, case, n, limit, &dir)?;
+        eprintln!("xtask: {tag} ...");
+        let limit = case.limit.unwrap_or(o.limit);
+        let r = run_case(binary, case, test, *n, *mode, limit, &dir)?;
         eprintln!(
-            "xtask: [{}/{}] {case}: {} in {:.1}s ({:.0}s elapsed){}",
-            i + 1,
-            cases.len(),
+            "xtask: {tag}: {} in {:.1}s ({:.0}s elapsed){}",
             if r.passed { "pass" } else { "FAIL" },
             r.took.as_secs_f64(),
             started.elapsed().as_secs_f64(),
@@ -300,16 +692,19 @@ pub fn run(
             }
         );
         results.push(r);
-        std::fs::write(dir.join("faults.md"), render(&results, n))?;
+        // Kept current, so a run cut short still leaves its rows.
+        write(&results)?;
     }
-    let table = render(&results, n);
-    println!("{table}");
+    println!("{}", render(&results, &device));
+    if let Some(path) = &report {
+        eprintln!("xtask: fault table written to {}", path.display());
+    }
     let failed = results.iter().filter(|r| !r.passed).count();
     if failed == 0 {
         Ok(())
     } else {
         Err(format!(
-            "{failed} of {} fault cases failed (logs in {})",
+            "{failed} of {} fault case runs failed (logs in {})",
             results.len(),
             dir.display()
         )
@@ -322,31 +717,133 @@ mod tests {
     use super::*;
 
     #[test]
-    fn victims_follow_the_case_letter() {
-        assert_eq!(victim_of("a_sigkill_mid_all_reduce"), Victim::KillsItself);
-        assert_eq!(victim_of("b_sigstop_then_rebuild"), Victim::Stops);
-        assert_eq!(victim_of("c1_mismatched_count"), Victim::Passes);
+    fn victims_and_modes_fit_how_the_victim_ends() {
+        for c in CASES {
+            match c.end {
+                End::KillsItself | End::Stops => {
+                    assert_eq!(c.modes, PROCESSES, "{}: a process is killed", c.name);
+                    assert_ne!(c.victim, Pick::Nobody, "{}", c.name);
+                }
+                End::Panics => assert_eq!(c.modes, THREADS, "{}", c.name),
+                End::Passes => {}
+            }
+        }
+        assert_eq!(Pick::First.rank(4), Some(0));
+        assert_eq!(Pick::Last.rank(2), Some(1));
+        assert_eq!(Pick::Nobody.rank(2), None);
+        // Both ends of the world are victims somewhere.
+        assert!(
+            CASES
+                .iter()
+                .any(|c| c.victim == Pick::First && c.end == End::KillsItself)
+        );
+        assert!(
+            CASES
+                .iter()
+                .any(|c| c.victim == Pick::Last && c.end == End::KillsItself)
+        );
     }
 
     #[test]
-    fn the_table_lists_outcomes_and_the_slowest_error() {
+    fn the_table_matches_the_test_sources() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../crates/nccl-dist/tests/faults");
+        let mut names = Vec::new();
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
+            let mut ignored = false;
+            for line in text.lines().map(str::trim) {
+                if line.starts_with("#[ignore") {
+                    ignored = true;
+                } else if let Some(rest) = line.strip_prefix("fn ")
+                    && ignored
+                {
+                    names.push(rest.split('(').next().unwrap().to_string());
+                    ignored = false;
+                }
+            }
+        }
+        names.sort();
+        let mut table: Vec<String> = CASES.iter().map(|c| c.name.to_string()).collect();
+        table.sort();
+        assert_eq!(names, table);
+        // libtest lists them with their module.
+        let listed: Vec<String> = names.iter().map(|n| format!("loss::{n}")).collect();
+        let picked = select(&listed, Some("a0_,i_")).unwrap();
+        assert_eq!(picked.len(), 2);
+        assert_eq!(picked[0].1, "loss::a0_sigkill_rank0_mid_all_reduce");
+        assert!(
+            select(&listed[1..], None).is_err(),
+            "a missing case is an error"
+        );
+        let mut extra = listed.clone();
+        extra.push("loss::z_new_case".into());
+        assert!(
+            select(&extra, None).is_err(),
+            "a case without a row is an error"
+        );
+    }
+
+    #[test]
+    fn world_sizes_need_the_gpus_asked_for() {
+        assert_eq!(world_sizes(None, 2).unwrap(), vec![2]);
+        assert_eq!(world_sizes(None, 8).unwrap(), vec![2, 4]);
+        assert_eq!(world_sizes(Some(&[4]), 4).unwrap(), vec![4]);
+        assert!(world_sizes(Some(&[4]), 2).is_err());
+        assert!(world_sizes(Some(&[1]), 2).is_err());
+        assert!(world_sizes(None, 1).is_err());
+    }
+
+    #[test]
+    fn device_kinds_name_report_files() {
+        assert_eq!(device_kind("NVIDIA H200", 2), "nvidia-h200-x2");
+        assert_eq!(
+            device_kind("NVIDIA H100 80GB HBM3", 1),
+            "nvidia-h100-80gb-hbm3-x1"
+        );
+        assert_eq!(
+            report_path(Path::new("docs/faults/"), "nvidia-h200-x2"),
+            PathBuf::from("docs/faults/nvidia-h200-x2.md")
+        );
+        assert_eq!(
+            report_path(Path::new("x/f.md"), "k"),
+            PathBuf::from("x/f.md")
+        );
+    }
+
+    #[test]
+    fn the_table_lists_verdicts_and_the_slowest_error() {
         let mut a = BTreeMap::new();
-        a.insert("outcome".to_string(), "Timeout".to_string());
-        a.insert("error_after_ms".to_string(), "5001".to_string());
-        a.insert("deadline_ms".to_string(), "7000".to_string());
+        a.insert(
+            "outcome".to_string(),
+            "PeerLost(rank 1, connection closed)".to_string(),
+        );
+        a.insert("error_after_ms".to_string(), "310".to_string());
+        a.insert("since_death_ms".to_string(), "120".to_string());
+        a.insert("deadline_ms".to_string(), "10000".to_string());
+        a.insert("kernel".to_string(), "ok".to_string());
+        a.insert("pass".to_string(), "yes".to_string());
         let mut b = a.clone();
-        b.insert("error_after_ms".to_string(), "5100".to_string());
+        b.insert("error_after_ms".to_string(), "350".to_string());
+        b.insert("since_death_ms".to_string(), "140".to_string());
         let r = CaseResult {
-            name: "c1_mismatched_count".into(),
+            name: "a_sigkill_mid_all_reduce".into(),
+            mode: Mode::Processes,
+            n: 3,
+            victim: Some(2),
             passed: true,
             took: Duration::from_secs(9),
-            ranks: vec![a, b],
-            victim: "took part".into(),
+            ranks: vec![a, b, BTreeMap::new()],
+            verdicts: vec!["pass".into(), "pass".into(), "SIGKILL".into()],
+            victim_end: "SIGKILL after enqueueing".into(),
             problems: vec![],
         };
-        let table = render(&[r], 2);
+        let table = render(&[r], "2 x NVIDIA H200");
         assert!(
-            table.contains("| c1_mismatched_count | pass | took part | Timeout | 5100 | 7000 |"),
+            table.contains(
+                "| 3 | a_sigkill_mid_all_reduce | processes | rank 2: SIGKILL after enqueueing \
+                 | 0 pass, 1 pass, 2 SIGKILL | pass | PeerLost(rank 1, connection closed) \
+                 | 350 | 140 | 10000 | ok |"
+            ),
             "{table}"
         );
     }

@@ -11,11 +11,14 @@
 //!                      [--timeout SECS] [--out DIR]
 //! cargo xtask gpu-test --bundle DIR          # pack binaries + xtask for a host without cargo
 //! DIR/xtask gpu-test --from-bundle DIR ...   # run there
-//! cargo xtask gpu-test --faults [--filter TEXT]  # the fault-injection suite
+//! cargo xtask gpu-test --faults [--worlds 2,4] [--modes threads,processes]
+//!                      [--filter TEXT] [--faults-report PATH]  # the fault-injection suite
 //! ```
 //!
 //! `--faults` runs `nccl-dist`'s fault-injection cases instead of the
-//! matrix, a process per GPU (up to 4): see `faults.rs`.
+//! matrix, for world sizes 2 and 4 (those the host has) in `processes` and
+//! `threads` modes: see `faults.rs`. `--faults-report PATH` also writes its
+//! table to PATH (a directory gets `<device kind>.md`).
 //!
 //! Without `--worlds`, the sizes 1, 2, 4 and 8 that the host has are run; an
 //! explicit world larger than the host's GPU count is an error, as is a
@@ -65,6 +68,7 @@ struct Options {
     bundle: Option<PathBuf>,
     from_bundle: Option<PathBuf>,
     faults: bool,
+    faults_report: Option<PathBuf>,
 }
 
 fn parse(args: &[&str]) -> Result<Options> {
@@ -78,6 +82,7 @@ fn parse(args: &[&str]) -> Result<Options> {
         bundle: None,
         from_bundle: None,
         faults: false,
+        faults_report: None,
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -128,6 +133,7 @@ fn parse(args: &[&str]) -> Result<Options> {
             "--bundle" => o.bundle = Some(PathBuf::from(value()?)),
             "--from-bundle" => o.from_bundle = Some(PathBuf::from(value()?)),
             "--faults" => o.faults = true,
+            "--faults-report" => o.faults_report = Some(PathBuf::from(value()?)),
             other => return Err(format!("unknown gpu-test argument {other:?}").into()),
         }
     }
@@ -147,8 +153,20 @@ pub fn run(args: &[&str]) -> Result<()> {
         if !binary.exists() {
             return Err(format!("test binary {} is missing", binary.display()).into());
         }
-        let timeout = o.timeout.min(Duration::from_secs(180));
-        return crate::faults::run(&binary, gpu_count(), o.filter.as_deref(), timeout, &o.out);
+        // `single` has no meaning here: one thread cannot lose a peer.
+        let modes = [crate::faults::Mode::Processes, crate::faults::Mode::Threads]
+            .into_iter()
+            .filter(|m| o.modes.iter().any(|asked| asked == m.name()))
+            .collect();
+        let options = crate::faults::Options {
+            worlds: o.worlds.as_deref(),
+            modes,
+            filter: o.filter.as_deref(),
+            limit: o.timeout.min(Duration::from_secs(180)),
+            out: &o.out,
+            report: o.faults_report.as_deref(),
+        };
+        return crate::faults::run(&binary, gpu_count(), &options);
     }
     let binaries = match &o.from_bundle {
         Some(dir) => TARGETS
