@@ -25,11 +25,10 @@ use nccl_safe::{
 
 use crate::error::{Error, Result};
 use crate::launch::{Launch, Launcher};
-use crate::liveness::{LossCause, PeerLoss};
+use crate::liveness::{Liveness, LivenessOptions, LossCause, PeerLoss};
 use crate::rendezvous;
 use crate::secret::Secret;
 use crate::watchdog::{FailureKind, Watchdog, WatchdogOptions};
-use shim::{Liveness, LivenessOptions};
 
 /// Environment variable that sets the rendezvous port, overriding the
 /// launcher's (see [`WorldOptions::port`]).
@@ -600,19 +599,10 @@ impl World {
         };
         let port = options.rendezvous_port(launch)?;
         let host = launch.master_addr.as_str();
-        let live = resolved.liveness.is_enabled();
         if launch.rank != 0 {
-            if !live {
-                let id = rendezvous::join(
-                    (host, port),
-                    launch.rank,
-                    launch.world_size,
-                    secret,
-                    options.timeout,
-                )?;
-                return Ok((id, None));
-            }
-            let (id, liveness) = shim::join_live(
+            // With liveness off this is the plain join, and the handle
+            // never reports a loss.
+            let (id, liveness) = rendezvous::join_live(
                 (host, port),
                 launch.rank,
                 launch.world_size,
@@ -631,25 +621,18 @@ impl World {
             .map_or_else(|| TcpListener::bind((Ipv4Addr::UNSPECIFIED, port)), Ok)
             .map_err(rendezvous::RendezvousError::Io)?;
         let id = UniqueId::new()?;
-        let (liveness, refused) = if live {
-            let (l, refused) = shim::serve_live(
-                &listener,
-                launch.world_size,
-                secret,
-                &id,
-                options.timeout,
-                &resolved.liveness,
-            )?;
-            (Some(l), refused)
-        } else {
-            let refused =
-                rendezvous::serve(&listener, launch.world_size, secret, &id, options.timeout)?;
-            (None, refused)
-        };
+        let (liveness, refused) = rendezvous::serve_live(
+            &listener,
+            launch.world_size,
+            secret,
+            &id,
+            options.timeout,
+            &resolved.liveness,
+        )?;
         for error in refused {
             tracing::warn!(%error, "rendezvous: refused a peer");
         }
-        Ok((id, liveness))
+        Ok((id, Some(liveness)))
     }
 
     /// One process, one thread driving `n` GPUs (devices `0..n`): see
@@ -900,65 +883,6 @@ impl World {
     /// Where this rank's place in the job came from.
     pub fn launch(&self) -> &Launch {
         &self.launch
-    }
-}
-
-/// Stand-in for the liveness channel while it is being written (off).
-mod shim {
-    use std::net::{TcpListener, ToSocketAddrs};
-    use std::sync::Arc;
-    use std::time::Duration;
-
-    use nccl_safe::UniqueId;
-
-    use crate::Result;
-    use crate::liveness::PeerLoss;
-    use crate::rendezvous::RendezvousError;
-    use crate::secret::Secret;
-
-    #[derive(Clone, Debug)]
-    pub struct Liveness;
-    #[derive(Clone, Debug)]
-    pub struct LivenessOptions;
-
-    impl LivenessOptions {
-        pub(crate) fn from_env() -> Result<LivenessOptions> {
-            Ok(LivenessOptions)
-        }
-        pub(crate) fn is_enabled(&self) -> bool {
-            false
-        }
-    }
-
-    impl Liveness {
-        pub(crate) fn in_process(_world: usize) -> Liveness {
-            Liveness
-        }
-        pub(crate) fn on_loss(&self, _hook: Arc<dyn Fn(&PeerLoss) + Send + Sync>) {}
-        pub(crate) fn report(&self, _loss: PeerLoss) {}
-        pub(crate) fn leave(&self) {}
-    }
-
-    pub(crate) fn serve_live(
-        _listener: &TcpListener,
-        _world: usize,
-        _secret: &Secret,
-        _id: &UniqueId,
-        _timeout: Duration,
-        _options: &LivenessOptions,
-    ) -> Result<(Liveness, Vec<RendezvousError>), RendezvousError> {
-        Err(RendezvousError::Malformed("liveness is not built yet"))
-    }
-
-    pub(crate) fn join_live(
-        _addr: impl ToSocketAddrs,
-        _rank: usize,
-        _world: usize,
-        _secret: &Secret,
-        _timeout: Duration,
-        _options: &LivenessOptions,
-    ) -> Result<(UniqueId, Liveness), RendezvousError> {
-        Err(RendezvousError::Malformed("liveness is not built yet"))
     }
 }
 

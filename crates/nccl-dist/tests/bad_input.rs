@@ -148,6 +148,18 @@ const NOTHING_TO_REFUSE: &[(&str, &str)] = &[
     ),
     ("AbortCause::lost_rank", "accessor"),
     (
+        "Liveness::in_process world losses first_loss is_lost on_loss leave",
+        "constructor / accessors / every hook is valid / idempotent goodbye",
+    ),
+    (
+        "Liveness::report",
+        "every loss is valid; a rank outside the world is ignored (logged)",
+    ),
+    (
+        "LivenessOptions::new heartbeat silence_limit enabled is_enabled heartbeat_interval silence",
+        "builders (values clamped to a floor) / accessors; the environment is checked (from_lookup rows)",
+    ),
+    (
         "Config::abort_signal get_abort_signal",
         "every signal is valid",
     ),
@@ -648,6 +660,44 @@ fn table_without_a_gpu() {
         "deadline (nobody joins)",
         rendezvous::serve(&listener, 2, &secret, &id, Duration::from_millis(200)),
         |e| matches!(e, RendezvousError::Timeout { .. }),
+    );
+
+    case(
+        "rendezvous::serve_live",
+        "deadline (nobody joins)",
+        rendezvous::serve_live(
+            &listener,
+            2,
+            &secret,
+            &id,
+            Duration::from_millis(200),
+            &nccl_dist::liveness::LivenessOptions::new(),
+        )
+        .map(drop),
+        |e| matches!(e, RendezvousError::Timeout { .. }),
+    );
+    case(
+        "rendezvous::join_live",
+        "rank",
+        rendezvous::join_live(
+            listener.local_addr().unwrap(),
+            5,
+            2,
+            &secret,
+            Duration::from_millis(200),
+            &nccl_dist::liveness::LivenessOptions::new(),
+        )
+        .map(drop),
+        |e| matches!(e, RendezvousError::RankOutOfRange { rank: 5, world: 2 }),
+    );
+    case(
+        "LivenessOptions::from_lookup",
+        "environment",
+        nccl_dist::liveness::LivenessOptions::from_lookup(lookup(&[(
+            "NCCL_RS_LIVENESS_TIMEOUT",
+            "never",
+        )])),
+        |e| matches!(e, Error::InvalidArgument { .. }),
     );
 
     case(
@@ -1601,8 +1651,20 @@ unsafe impl nccl_safe::DeviceBufferMut<f32> for RawView {
 /// methods of its public traits, by name.
 fn public_functions(src: &std::path::Path) -> BTreeSet<String> {
     let mut names = BTreeSet::new();
-    for entry in std::fs::read_dir(src).unwrap() {
-        let path = entry.unwrap().path();
+    // Module directories too (`src/liveness/*.rs`).
+    let mut files = Vec::new();
+    let mut dirs = vec![src.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else {
+                files.push(path);
+            }
+        }
+    }
+    for path in files {
         if path.extension().is_none_or(|e| e != "rs") {
             continue;
         }
