@@ -320,6 +320,21 @@ fn run_case(
         std::thread::sleep(Duration::from_millis(50));
     }
     let took = started.elapsed();
+    // A victim that kills itself may end a moment after the survivors were
+    // seen done (its exit not yet collected): give it a little time before
+    // judging it.
+    if let Some(v) = victim
+        && mode == Mode::Processes
+        && case.end == End::KillsItself
+    {
+        let grace = Instant::now() + Duration::from_secs(5);
+        while statuses[v].is_none() && Instant::now() < grace {
+            statuses[v] = children[v].try_wait()?;
+            if statuses[v].is_none() {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
     let mut problems = Vec::new();
     // How each process ended before the harness touched it.
     let ended_alone = statuses.clone();
@@ -781,6 +796,106 @@ mod tests {
             select(&extra, None).is_err(),
             "a case without a row is an error"
         );
+    }
+
+    /// Stands in for the faults binary (`$3` is the test, after
+    /// `--ignored --exact`): victims of `a` cases SIGKILL themselves, of
+    /// `b_` cases stop; rank 1 of `c1_` fails; in threads mode the victim
+    /// "panics" and the job reports it.
+    #[cfg(unix)]
+    const FAKE: &str = r#"#!/bin/sh
+case="${3##*::}"
+out="$NCCL_RS_FAULT_OUT"
+v="$NCCL_RS_FAULT_VICTIM"
+if [ "$NCCL_RS_FAULT_MODE" = threads ]; then
+  r=0
+  while [ "$r" -lt "$NCCL_RS_FAULT_WORLD" ]; do
+    if [ "$r" = "$v" ]; then
+      echo "123 panic on purpose" > "$out/$case.$r.death"
+    else
+      printf 'since_death_ms=%s\npass=yes\n' "$((r * 100))" > "$out/$case.$r"
+    fi
+    r=$((r + 1))
+  done
+  printf 'spawn=RankPanicked(rank %s)\npass=yes\n' "$v" > "$out/$case.job"
+  exit 0
+fi
+if [ "$RANK" = "$v" ]; then
+  case "$case" in
+    a_*|a0_*) echo "123 SIGKILL mid all-reduce" > "$out/$case.$RANK.death"; kill -9 $$ ;;
+    b_*) kill -STOP $$ ;;
+  esac
+fi
+if [ "$case" = c1_mismatched_count ] && [ "$RANK" = 1 ]; then
+  printf 'failed=wrong\n' > "$out/$case.$RANK"
+  exit 101
+fi
+printf 'error_after_ms=%s\npass=yes\n' "$((RANK * 10))" > "$out/$case.$RANK"
+"#;
+
+    #[cfg(unix)]
+    #[test]
+    fn the_harness_tells_how_each_rank_ended() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("xtask-faults-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let fake = dir.join("fake");
+        std::fs::write(&fake, FAKE).unwrap();
+        std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let find = |name: &str| CASES.iter().find(|c| c.name == name).unwrap();
+        let limit = Duration::from_secs(30);
+        let run = |name: &str, n: usize, mode: Mode| {
+            let test = format!("m::{name}");
+            run_case(&fake, find(name), &test, n, mode, limit, &dir).unwrap()
+        };
+
+        let a = run("a_sigkill_mid_all_reduce", 3, Mode::Processes);
+        assert!(a.passed, "{:?}", a.problems);
+        assert_eq!(a.verdicts, ["pass", "pass", "SIGKILL"]);
+        assert_eq!(a.victim_end, "SIGKILL mid all-reduce");
+
+        let a0 = run("a0_sigkill_rank0_mid_all_reduce", 2, Mode::Processes);
+        assert!(a0.passed, "{:?}", a0.problems);
+        assert_eq!(a0.verdicts, ["SIGKILL", "pass"]);
+
+        let b = run("b_sigstop_then_rebuild", 2, Mode::Processes);
+        assert!(b.passed, "{:?}", b.problems);
+        assert_eq!(b.verdicts, ["pass", "stopped"]);
+        assert!(b.took < limit, "the harness waited for the stopped victim");
+
+        let c1 = run("c1_mismatched_count", 2, Mode::Processes);
+        assert!(!c1.passed);
+        assert_eq!(c1.verdicts, ["pass", "FAIL"]);
+        assert!(
+            c1.problems.iter().any(|p| p.contains("wrong")),
+            "{:?}",
+            c1.problems
+        );
+
+        // `f1`'s victim does not kill itself here: a failure, not a hang.
+        let f1 = run("f1_kill_before_mesh", 2, Mode::Processes);
+        assert!(!f1.passed);
+        assert_eq!(f1.verdicts, ["pass", "FAIL"]);
+
+        let h = run("h_thread_panics_mid_collective", 2, Mode::Threads);
+        assert!(h.passed, "{:?}", h.problems);
+        assert_eq!(h.verdicts, ["panicked", "pass"]);
+        assert!(
+            h.victim_end.contains("RankPanicked(rank 0)"),
+            "{}",
+            h.victim_end
+        );
+        let table = render(&[a, b, c1, h], "test");
+        assert!(
+            table.contains("| 0 panicked, 1 pass | pass | - | - | 100 |"),
+            "the time after the death: {table}"
+        );
+        assert!(
+            table.contains("c1_mismatched_count (2 GPUs, processes): "),
+            "{table}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -185,6 +185,8 @@ impl Rank {
     /// hang or kill still leaves what was seen).
     pub(crate) fn note(&mut self, key: &str, value: impl std::fmt::Display) -> TestResult {
         let value = value.to_string().replace('\n', " | ");
+        // Also in the log, next to NCCL's and the watchdog's output.
+        println!("[{} rank {}] {key}={value}", self.case, self.rank);
         self.lines.push(format!("{key}={value}"));
         let path = self.out.join(format!("{}.{}", self.case, self.rank));
         std::fs::write(path, self.lines.join("\n") + "\n")?;
