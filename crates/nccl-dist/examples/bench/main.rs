@@ -38,11 +38,14 @@
 //! counted by this binary's global allocator.
 
 mod alloc;
+mod barrier;
+mod check;
 mod cli;
 mod coll;
 mod run;
 mod setup;
 mod step;
+mod step_raw;
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -55,9 +58,10 @@ use nccl_dist::nccl_safe::{Comm, Config, Library, OpObserver, ReduceOp};
 use nccl_dist::{Launch, Watchdog, WatchdogOptions, World, WorldOptions, nonblocking_config};
 use serde_json::{Value, json};
 
+use barrier::HostBarrier;
 use cli::{Mode, Opts};
 use coll::{Coll, Elem, Layer};
-use run::{Driver, HostBarrier, RankComms, Result, Spec};
+use run::{Driver, RankComms, Result, Spec};
 
 #[global_allocator]
 static ALLOCATOR: alloc::Counting = alloc::Counting;

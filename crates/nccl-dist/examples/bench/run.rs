@@ -10,7 +10,7 @@
 //! dist layer passes no stream, so no wrapper is made per call).
 
 use std::ffi::c_void;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nccl_dist::Communicator;
@@ -22,8 +22,10 @@ use nccl_dist::nccl_safe::nccl_sys::{cudaStream_t, ncclComm_t, ncclResult_t, pfn
 use nccl_dist::nccl_safe::{Comm, GroupGuard, Library, OnStream, OpObserver, ReduceOp};
 
 use crate::alloc;
+use crate::barrier::HostBarrier;
+use crate::check::{count_wrong, expected, fill, inputs};
 use crate::cli::{Check, Opts};
-use crate::coll::{self, Coll, Elem, Layer, Shape};
+use crate::coll::{Coll, Elem, Layer, Shape};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub type Result<T, E = BoxError> = std::result::Result<T, E>;
@@ -83,64 +85,6 @@ pub struct RankComms<'c> {
     pub watch: Option<Arc<dyn OpObserver>>,
 }
 
-/// A barrier for the threads of this process that drive ranks (one in
-/// single and processes mode, one per GPU in threads mode), with a
-/// deadline, so a thread that failed makes the others fail instead of
-/// hang. Waiting allocates nothing.
-pub struct HostBarrier {
-    n: usize,
-    state: Mutex<(usize, u64)>,
-    turned: Condvar,
-    timeout: Duration,
-}
-
-impl HostBarrier {
-    pub fn new(n: usize, timeout: Duration) -> HostBarrier {
-        HostBarrier {
-            n,
-            state: Mutex::new((0, 0)),
-            turned: Condvar::new(),
-            timeout,
-        }
-    }
-
-    /// Threads of this process driving ranks.
-    pub fn threads(&self) -> usize {
-        self.n
-    }
-
-    pub fn wait(&self) -> Result<()> {
-        if self.n == 1 {
-            return Ok(());
-        }
-        let deadline = Instant::now() + self.timeout;
-        let mut st = self.state.lock().map_err(|_| "host barrier poisoned")?;
-        let generation = st.1;
-        st.0 += 1;
-        if st.0 == self.n {
-            *st = (0, generation + 1);
-            self.turned.notify_all();
-            return Ok(());
-        }
-        while st.1 == generation {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(format!(
-                    "the other threads of this process did not reach the host barrier within {:?} (one of them failed?)",
-                    self.timeout
-                )
-                .into());
-            }
-            st = self
-                .turned
-                .wait_timeout(st, left)
-                .map_err(|_| "host barrier poisoned")?
-                .0;
-        }
-        Ok(())
-    }
-}
-
 /// A rank this thread drives, with the buffers of the current shape.
 struct Rank<'c, T> {
     comm: &'c Comm,
@@ -181,7 +125,7 @@ pub struct Driver<'c, T> {
     min_seconds: f64,
 }
 
-fn cuda_err(what: &'static str) -> impl Fn(cuda::DriverError) -> BoxError {
+pub fn cuda_err(what: &'static str) -> impl Fn(cuda::DriverError) -> BoxError {
     move |e| format!("{what}: {e}").into()
 }
 
@@ -747,117 +691,4 @@ fn raw_ok(what: &str, code: ncclResult_t) -> Result<()> {
     } else {
         Err(format!("{what} returned {code:?}").into())
     }
-}
-
-/// `(address, elements, value)` regions that make up rank `me`'s inputs.
-fn inputs<T: Elem>(spec: &Spec, me: usize, n: usize, sp: u64, rp: u64) -> Vec<(u64, usize, f64)> {
-    let c = spec.shape.count;
-    let e = std::mem::size_of::<T>() as u64;
-    let block = |base: u64, j: usize| base + (j * c) as u64 * e;
-    let v = |j: usize| coll::input(spec.op, me, j);
-    let ip = spec.in_place;
-    match spec.coll {
-        Coll::AllReduce | Coll::Broadcast | Coll::Reduce if ip => {
-            vec![(rp, c, v(0))]
-        }
-        Coll::AllReduce | Coll::Broadcast | Coll::Reduce | Coll::SendRecv => {
-            vec![(sp, c, v(0)), (rp, c, 0.0)]
-        }
-        Coll::AllGather if ip => (0..n)
-            .map(|j| (block(rp, j), c, if j == me { v(0) } else { 0.0 }))
-            .collect(),
-        Coll::AllGather => vec![(sp, c, v(0)), (rp, n * c, 0.0)],
-        Coll::ReduceScatter | Coll::AllToAll => {
-            let mut out: Vec<_> = (0..n).map(|j| (block(sp, j), c, v(j))).collect();
-            if !ip {
-                out.push((rp, spec.shape.recv, 0.0));
-            }
-            out
-        }
-    }
-}
-
-/// `(address, elements, value)` regions rank `me` must hold afterwards.
-fn expected<T: Elem>(spec: &Spec, me: usize, n: usize, sp: u64, rp: u64) -> Vec<(u64, usize, f64)> {
-    let c = spec.shape.count;
-    let e = std::mem::size_of::<T>() as u64;
-    let block = |base: u64, j: usize| base + (j * c) as u64 * e;
-    let all = |j: usize| coll::reduce::<T>(spec.op, (0..n).map(|q| coll::input(spec.op, q, j)));
-    let ip = spec.in_place;
-    match spec.coll {
-        Coll::AllReduce => vec![(rp, c, all(0))],
-        Coll::AllGather => (0..n)
-            .map(|i| (block(rp, i), c, coll::input(spec.op, i, 0)))
-            .collect(),
-        Coll::ReduceScatter if ip => vec![(block(sp, me), c, all(me))],
-        Coll::ReduceScatter => vec![(rp, c, all(me))],
-        Coll::Broadcast => vec![(rp, c, coll::input(spec.op, spec.root, 0))],
-        Coll::Reduce if me == spec.root => vec![(rp, c, all(0))],
-        Coll::Reduce => Vec::new(),
-        Coll::AllToAll => (0..n)
-            .map(|i| (block(rp, i), c, coll::input(spec.op, i, me)))
-            .collect(),
-        Coll::SendRecv => vec![(rp, c, coll::input(spec.op, (me + n - 1) % n, 0))],
-    }
-}
-
-/// Sets `len` elements at `ptr` to `value` on `stream`: one upload of up
-/// to 64 Ki elements, then copies that double the filled part.
-fn fill<T: Elem>(stream: &CudaStream, ptr: u64, len: usize, value: T) -> Result<()> {
-    if len == 0 {
-        return Ok(());
-    }
-    stream
-        .context()
-        .bind_to_thread()
-        .map_err(cuda_err("binding the context"))?;
-    let e = std::mem::size_of::<T>();
-    let first = len.min(1 << 16);
-    let host = vec![value; first];
-    let st = stream.cu_stream();
-    // SAFETY: `ptr` addresses `len` elements of a live buffer of this
-    // context; `host` outlives the copy (synchronous for pageable memory,
-    // and the stream is waited for before `host` is dropped below).
-    unsafe {
-        sys::cuMemcpyHtoDAsync_v2(ptr, host.as_ptr().cast(), first * e, st).result()?;
-        let mut done = first;
-        while done < len {
-            let k = done.min(len - done);
-            sys::cuMemcpyDtoDAsync_v2(ptr + (done * e) as u64, ptr, k * e, st).result()?;
-            done += k;
-        }
-        sys::cuStreamSynchronize(st).result()?;
-    }
-    drop(host);
-    Ok(())
-}
-
-/// Elements of `len` at `ptr` that differ from `want`: all of them, or
-/// with `Check::Sampled` above 64 MiB, the first and last 64 Ki and 16
-/// evenly spaced runs of 4 Ki.
-fn count_wrong<T: Elem>(ptr: u64, len: usize, want: f64, check: Check) -> Result<u64> {
-    let e = std::mem::size_of::<T>();
-    let runs: Vec<(usize, usize)> = if check == Check::Full || len * e <= 64 << 20 {
-        (0..len)
-            .step_by(1 << 22)
-            .map(|o| (o, (1 << 22).min(len - o)))
-            .collect()
-    } else {
-        let (edge, run) = (1usize << 16, 1usize << 12);
-        let mut v = vec![(0, edge), (len - edge, edge)];
-        v.extend((1..=16).map(|k| (k * (len - run) / 17, run)));
-        v
-    };
-    let mut wrong = 0u64;
-    let mut host: Vec<T> = Vec::new();
-    for (offset, n) in runs {
-        host.clear();
-        host.resize(n, T::from_f64(0.0));
-        // SAFETY: `offset + n <= len` elements of a live buffer; the
-        // context is current (the caller bound it) and its streams idle.
-        unsafe { cuda::memcpy_dtoh_sync(&mut host, ptr + (offset * e) as u64) }
-            .map_err(cuda_err("reading back"))?;
-        wrong += host.iter().filter(|v| !coll::matches(**v, want)).count() as u64;
-    }
-    Ok(wrong)
 }

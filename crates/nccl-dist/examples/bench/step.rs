@@ -41,37 +41,36 @@
 //! back and compared with the expected values and with each other, bit
 //! for bit.
 
-use std::ffi::c_void;
 use std::sync::Arc;
 use std::time::Instant;
 
 use half::bf16;
-use nccl_dist::nccl_safe::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr, sys};
-use nccl_dist::nccl_safe::nccl_sys::{
-    cudaStream_t, ncclComm_t, ncclRedOp_t, ncclResult_t, ncclScalarResidence_t, pfn,
-};
+use nccl_dist::nccl_safe::cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, sys};
+use nccl_dist::nccl_safe::nccl_sys::{cudaStream_t, ncclRedOp_t, ncclScalarResidence_t};
 use nccl_dist::nccl_safe::{Comm, Library, NcclType, PreMulSum, ReduceOp, group};
 use nccl_dist::{DeviceMesh, Launch, World};
 use serde_json::{Value, json};
 
 use crate::alloc;
+use crate::barrier::HostBarrier;
 use crate::cli::{Mode, Opts};
-use crate::run::{BoxError, HostBarrier, Result};
+use crate::run::{BoxError, Result};
+use crate::step_raw::{Fns, Ptrs, Raw, ok};
 
 /// Elements of each buffer at `dp` ranks along dp.
 #[derive(Debug, Clone, Copy)]
-struct Layout {
-    dp: usize,
-    tp: usize,
-    bcast: usize,
-    tp_sum: usize,
+pub struct Layout {
+    pub dp: usize,
+    pub tp: usize,
+    pub bcast: usize,
+    pub tp_sum: usize,
     /// all_to_all elements per peer.
-    a2a: usize,
+    pub a2a: usize,
     /// reduce_scatter output (all_gather input) elements.
-    shard: usize,
-    ring: usize,
-    avg: usize,
-    loss: usize,
+    pub shard: usize,
+    pub ring: usize,
+    pub avg: usize,
+    pub loss: usize,
 }
 
 impl Layout {
@@ -185,21 +184,21 @@ const B_AVG: usize = 5;
 const B_LOSS: usize = 6;
 
 /// One side's buffers on one rank.
-struct Bufs {
-    bcast: CudaSlice<f32>,
-    tp_in: CudaSlice<bf16>,
-    tp_out: CudaSlice<bf16>,
-    a2a_in: CudaSlice<bf16>,
-    a2a_out: CudaSlice<bf16>,
-    grad: CudaSlice<bf16>,
-    shard: CudaSlice<bf16>,
-    full: CudaSlice<bf16>,
-    ring_send: CudaSlice<f32>,
-    ring_recv: CudaSlice<f32>,
-    avg_in: CudaSlice<f32>,
-    avg_out: CudaSlice<f32>,
-    loss_in: CudaSlice<f32>,
-    loss_out: CudaSlice<f32>,
+pub struct Bufs {
+    pub bcast: CudaSlice<f32>,
+    pub tp_in: CudaSlice<bf16>,
+    pub tp_out: CudaSlice<bf16>,
+    pub a2a_in: CudaSlice<bf16>,
+    pub a2a_out: CudaSlice<bf16>,
+    pub grad: CudaSlice<bf16>,
+    pub shard: CudaSlice<bf16>,
+    pub full: CudaSlice<bf16>,
+    pub ring_send: CudaSlice<f32>,
+    pub ring_recv: CudaSlice<f32>,
+    pub avg_in: CudaSlice<f32>,
+    pub avg_out: CudaSlice<f32>,
+    pub loss_in: CudaSlice<f32>,
+    pub loss_out: CudaSlice<f32>,
 }
 
 fn host<T: Copy>(len: usize, f: impl Fn(usize) -> f64, from: impl Fn(f64) -> T) -> Vec<T> {
@@ -377,177 +376,6 @@ impl DefaultSide<'_> {
         self.dp
             .on(s)
             .all_reduce(&b.loss_in, &mut b.loss_out, ReduceOp::Sum)?;
-        Ok(())
-    }
-}
-
-/// The nccl-sys entry points of the raw step.
-struct Fns {
-    all_reduce: pfn::ncclAllReduce,
-    all_gather: pfn::ncclAllGather,
-    reduce_scatter: pfn::ncclReduceScatter,
-    broadcast: pfn::ncclBroadcast,
-    all_to_all: Option<pfn::ncclAlltoAll>,
-    send: pfn::ncclSend,
-    recv: pfn::ncclRecv,
-    group_start: pfn::ncclGroupStart,
-    group_end: pfn::ncclGroupEnd,
-    premul_create: pfn::ncclRedOpCreatePreMulSum,
-    premul_destroy: pfn::ncclRedOpDestroy,
-}
-
-impl Fns {
-    fn load() -> Result<Fns> {
-        let raw = Library::get()?.raw();
-        Ok(Fns {
-            all_reduce: raw.ncclAllReduce()?,
-            all_gather: raw.ncclAllGather()?,
-            reduce_scatter: raw.ncclReduceScatter()?,
-            broadcast: raw.ncclBroadcast()?,
-            all_to_all: raw.ncclAlltoAll().ok(),
-            send: raw.ncclSend()?,
-            recv: raw.ncclRecv()?,
-            group_start: raw.ncclGroupStart()?,
-            group_end: raw.ncclGroupEnd()?,
-            premul_create: raw.ncclRedOpCreatePreMulSum()?,
-            premul_destroy: raw.ncclRedOpDestroy()?,
-        })
-    }
-}
-
-fn ok(what: &str, code: ncclResult_t) -> Result<()> {
-    if code == ncclResult_t::ncclSuccess {
-        Ok(())
-    } else {
-        Err(format!("{what} returned {code:?}").into())
-    }
-}
-
-/// Device addresses of a side's buffers, read once.
-struct Ptrs {
-    bcast: u64,
-    tp_in: u64,
-    tp_out: u64,
-    a2a_in: u64,
-    a2a_out: u64,
-    grad: u64,
-    shard: u64,
-    full: u64,
-    ring_send: u64,
-    ring_recv: u64,
-    avg_in: u64,
-    avg_out: u64,
-    loss_in: u64,
-    loss_out: u64,
-}
-
-impl Ptrs {
-    fn of(b: &Bufs, s: &Arc<CudaStream>) -> Ptrs {
-        fn p<T>(b: &CudaSlice<T>, s: &Arc<CudaStream>) -> u64 {
-            b.device_ptr(s).0
-        }
-        Ptrs {
-            bcast: p(&b.bcast, s),
-            tp_in: p(&b.tp_in, s),
-            tp_out: p(&b.tp_out, s),
-            a2a_in: p(&b.a2a_in, s),
-            a2a_out: p(&b.a2a_out, s),
-            grad: p(&b.grad, s),
-            shard: p(&b.shard, s),
-            full: p(&b.full, s),
-            ring_send: p(&b.ring_send, s),
-            ring_recv: p(&b.ring_recv, s),
-            avg_in: p(&b.avg_in, s),
-            avg_out: p(&b.avg_out, s),
-            loss_in: p(&b.loss_in, s),
-            loss_out: p(&b.loss_out, s),
-        }
-    }
-}
-
-/// The raw side: blocking, unwatched communicators' handles.
-struct Raw {
-    f: Fns,
-    dp: ncclComm_t,
-    tp: ncclComm_t,
-    stream: cudaStream_t,
-    avg: ncclRedOp_t,
-    next: i32,
-    prev: i32,
-    l: Layout,
-}
-
-impl Raw {
-    /// # Safety
-    ///
-    /// `ptrs` address live buffers of the layout on this rank's device,
-    /// allocated until the stream is idle; the handles are live and used
-    /// by this thread only.
-    unsafe fn step(&self, b: &Ptrs) -> Result<()> {
-        let f = &self.f;
-        let (bf, fl) = (bf16::DATATYPE, f32::DATATYPE);
-        let sum = ReduceOp::Sum.raw();
-        let (dp, tp, st, l) = (self.dp, self.tp, self.stream, &self.l);
-        let p = |a: u64| a as *const c_void;
-        let m = |a: u64| a as *mut c_void;
-        // SAFETY: the caller's promise; counts match the buffers of `l`.
-        unsafe {
-            ok(
-                "ncclBroadcast",
-                (f.broadcast)(p(b.bcast), m(b.bcast), l.bcast, fl, 0, tp, st),
-            )?;
-            ok(
-                "ncclAllReduce",
-                (f.all_reduce)(p(b.tp_in), m(b.tp_out), l.tp_sum, bf, sum, tp, st),
-            )?;
-            match f.all_to_all {
-                Some(a2a) => ok(
-                    "ncclAlltoAll",
-                    a2a(p(b.a2a_in), m(b.a2a_out), l.a2a, bf, dp, st),
-                )?,
-                None => {
-                    ok("ncclGroupStart", (f.group_start)())?;
-                    let mut code = ncclResult_t::ncclSuccess;
-                    for peer in 0..l.dp {
-                        let off = (peer * l.a2a * 2) as u64;
-                        let r = peer as i32;
-                        let a = (f.send)(p(b.a2a_in + off), l.a2a, bf, r, dp, st);
-                        let c = (f.recv)(m(b.a2a_out + off), l.a2a, bf, r, dp, st);
-                        for x in [a, c] {
-                            if code == ncclResult_t::ncclSuccess {
-                                code = x;
-                            }
-                        }
-                    }
-                    let end = (f.group_end)();
-                    ok("all_to_all by send/recv", code)?;
-                    ok("ncclGroupEnd", end)?;
-                }
-            }
-            ok(
-                "ncclReduceScatter",
-                (f.reduce_scatter)(p(b.grad), m(b.shard), l.shard, bf, sum, dp, st),
-            )?;
-            ok(
-                "ncclAllGather",
-                (f.all_gather)(p(b.shard), m(b.full), l.shard, bf, dp, st),
-            )?;
-            ok("ncclGroupStart", (f.group_start)())?;
-            let a = (f.send)(p(b.ring_send), l.ring, fl, self.next, dp, st);
-            let c = (f.recv)(m(b.ring_recv), l.ring, fl, self.prev, dp, st);
-            let end = (f.group_end)();
-            ok("ncclSend", a)?;
-            ok("ncclRecv", c)?;
-            ok("ncclGroupEnd", end)?;
-            ok(
-                "ncclAllReduce (PreMulSum)",
-                (f.all_reduce)(p(b.avg_in), m(b.avg_out), l.avg, fl, self.avg, dp, st),
-            )?;
-            ok(
-                "ncclAllReduce",
-                (f.all_reduce)(p(b.loss_in), m(b.loss_out), l.loss, fl, sum, dp, st),
-            )?;
-        }
         Ok(())
     }
 }

@@ -1,0 +1,185 @@
+//! The raw side of `--step`: the same step as nccl-sys function pointers
+//! on the raw handles of blocking, unwatched communicators, as a C program
+//! would issue it (see `step.rs` for the step).
+
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use half::bf16;
+use nccl_dist::nccl_safe::cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use nccl_dist::nccl_safe::nccl_sys::{cudaStream_t, ncclComm_t, ncclRedOp_t, ncclResult_t, pfn};
+use nccl_dist::nccl_safe::{Library, NcclType, ReduceOp};
+
+use crate::run::Result;
+use crate::step::{Bufs, Layout};
+
+/// The nccl-sys entry points of the raw step.
+pub struct Fns {
+    pub all_reduce: pfn::ncclAllReduce,
+    pub all_gather: pfn::ncclAllGather,
+    pub reduce_scatter: pfn::ncclReduceScatter,
+    pub broadcast: pfn::ncclBroadcast,
+    pub all_to_all: Option<pfn::ncclAlltoAll>,
+    pub send: pfn::ncclSend,
+    pub recv: pfn::ncclRecv,
+    pub group_start: pfn::ncclGroupStart,
+    pub group_end: pfn::ncclGroupEnd,
+    pub premul_create: pfn::ncclRedOpCreatePreMulSum,
+    pub premul_destroy: pfn::ncclRedOpDestroy,
+}
+
+impl Fns {
+    pub fn load() -> Result<Fns> {
+        let raw = Library::get()?.raw();
+        Ok(Fns {
+            all_reduce: raw.ncclAllReduce()?,
+            all_gather: raw.ncclAllGather()?,
+            reduce_scatter: raw.ncclReduceScatter()?,
+            broadcast: raw.ncclBroadcast()?,
+            all_to_all: raw.ncclAlltoAll().ok(),
+            send: raw.ncclSend()?,
+            recv: raw.ncclRecv()?,
+            group_start: raw.ncclGroupStart()?,
+            group_end: raw.ncclGroupEnd()?,
+            premul_create: raw.ncclRedOpCreatePreMulSum()?,
+            premul_destroy: raw.ncclRedOpDestroy()?,
+        })
+    }
+}
+
+pub fn ok(what: &str, code: ncclResult_t) -> Result<()> {
+    if code == ncclResult_t::ncclSuccess {
+        Ok(())
+    } else {
+        Err(format!("{what} returned {code:?}").into())
+    }
+}
+
+/// Device addresses of a side's buffers, read once.
+pub struct Ptrs {
+    pub bcast: u64,
+    pub tp_in: u64,
+    pub tp_out: u64,
+    pub a2a_in: u64,
+    pub a2a_out: u64,
+    pub grad: u64,
+    pub shard: u64,
+    pub full: u64,
+    pub ring_send: u64,
+    pub ring_recv: u64,
+    pub avg_in: u64,
+    pub avg_out: u64,
+    pub loss_in: u64,
+    pub loss_out: u64,
+}
+
+impl Ptrs {
+    pub fn of(b: &Bufs, s: &Arc<CudaStream>) -> Ptrs {
+        fn p<T>(b: &CudaSlice<T>, s: &Arc<CudaStream>) -> u64 {
+            b.device_ptr(s).0
+        }
+        Ptrs {
+            bcast: p(&b.bcast, s),
+            tp_in: p(&b.tp_in, s),
+            tp_out: p(&b.tp_out, s),
+            a2a_in: p(&b.a2a_in, s),
+            a2a_out: p(&b.a2a_out, s),
+            grad: p(&b.grad, s),
+            shard: p(&b.shard, s),
+            full: p(&b.full, s),
+            ring_send: p(&b.ring_send, s),
+            ring_recv: p(&b.ring_recv, s),
+            avg_in: p(&b.avg_in, s),
+            avg_out: p(&b.avg_out, s),
+            loss_in: p(&b.loss_in, s),
+            loss_out: p(&b.loss_out, s),
+        }
+    }
+}
+
+/// The raw side: blocking, unwatched communicators' handles.
+pub struct Raw {
+    pub f: Fns,
+    pub dp: ncclComm_t,
+    pub tp: ncclComm_t,
+    pub stream: cudaStream_t,
+    pub avg: ncclRedOp_t,
+    pub next: i32,
+    pub prev: i32,
+    pub l: Layout,
+}
+
+impl Raw {
+    /// # Safety
+    ///
+    /// `ptrs` address live buffers of the layout on this rank's device,
+    /// allocated until the stream is idle; the handles are live and used
+    /// by this thread only.
+    pub unsafe fn step(&self, b: &Ptrs) -> Result<()> {
+        let f = &self.f;
+        let (bf, fl) = (bf16::DATATYPE, f32::DATATYPE);
+        let sum = ReduceOp::Sum.raw();
+        let (dp, tp, st, l) = (self.dp, self.tp, self.stream, &self.l);
+        let p = |a: u64| a as *const c_void;
+        let m = |a: u64| a as *mut c_void;
+        // SAFETY: the caller's promise; counts match the buffers of `l`.
+        unsafe {
+            ok(
+                "ncclBroadcast",
+                (f.broadcast)(p(b.bcast), m(b.bcast), l.bcast, fl, 0, tp, st),
+            )?;
+            ok(
+                "ncclAllReduce",
+                (f.all_reduce)(p(b.tp_in), m(b.tp_out), l.tp_sum, bf, sum, tp, st),
+            )?;
+            match f.all_to_all {
+                Some(a2a) => ok(
+                    "ncclAlltoAll",
+                    a2a(p(b.a2a_in), m(b.a2a_out), l.a2a, bf, dp, st),
+                )?,
+                None => {
+                    ok("ncclGroupStart", (f.group_start)())?;
+                    let mut code = ncclResult_t::ncclSuccess;
+                    for peer in 0..l.dp {
+                        let off = (peer * l.a2a * 2) as u64;
+                        let r = peer as i32;
+                        let a = (f.send)(p(b.a2a_in + off), l.a2a, bf, r, dp, st);
+                        let c = (f.recv)(m(b.a2a_out + off), l.a2a, bf, r, dp, st);
+                        for x in [a, c] {
+                            if code == ncclResult_t::ncclSuccess {
+                                code = x;
+                            }
+                        }
+                    }
+                    let end = (f.group_end)();
+                    ok("all_to_all by send/recv", code)?;
+                    ok("ncclGroupEnd", end)?;
+                }
+            }
+            ok(
+                "ncclReduceScatter",
+                (f.reduce_scatter)(p(b.grad), m(b.shard), l.shard, bf, sum, dp, st),
+            )?;
+            ok(
+                "ncclAllGather",
+                (f.all_gather)(p(b.shard), m(b.full), l.shard, bf, dp, st),
+            )?;
+            ok("ncclGroupStart", (f.group_start)())?;
+            let a = (f.send)(p(b.ring_send), l.ring, fl, self.next, dp, st);
+            let c = (f.recv)(m(b.ring_recv), l.ring, fl, self.prev, dp, st);
+            let end = (f.group_end)();
+            ok("ncclSend", a)?;
+            ok("ncclRecv", c)?;
+            ok("ncclGroupEnd", end)?;
+            ok(
+                "ncclAllReduce (PreMulSum)",
+                (f.all_reduce)(p(b.avg_in), m(b.avg_out), l.avg, fl, self.avg, dp, st),
+            )?;
+            ok(
+                "ncclAllReduce",
+                (f.all_reduce)(p(b.loss_in), m(b.loss_out), l.loss, fl, sum, dp, st),
+            )?;
+        }
+        Ok(())
+    }
+}
