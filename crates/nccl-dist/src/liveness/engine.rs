@@ -6,6 +6,7 @@
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
@@ -130,6 +131,9 @@ struct Shared {
     /// Set when the thread has ended (or never ran), for `leave` to wait.
     ended: Mutex<bool>,
     ended_cv: Condvar,
+    /// A byte written here wakes the thread out of `poll` (a new link, a
+    /// goodbye), so nothing waits for the next heartbeat.
+    wake: Option<(UnixStream, UnixStream)>,
 }
 
 impl Shared {
@@ -145,6 +149,31 @@ impl Shared {
             accepting: AtomicBool::new(false),
             ended: Mutex::new(true),
             ended_cv: Condvar::new(),
+            wake: None,
+        }
+    }
+
+    /// Adds the wake-up pair, for a role with a thread.
+    fn with_wake(mut self) -> std::io::Result<Shared> {
+        let (tx, rx) = UnixStream::pair()?;
+        tx.set_nonblocking(true)?;
+        rx.set_nonblocking(true)?;
+        self.wake = Some((tx, rx));
+        Ok(self)
+    }
+
+    fn wake(&self) {
+        if let Some((tx, _)) = &self.wake {
+            // A full pipe already holds a wake-up: nothing is lost.
+            let _ = (&*tx).write(&[1]);
+        }
+    }
+
+    /// Empties the wake-up pipe after `poll` said it is readable.
+    fn drain_wake(&self) {
+        if let Some((_, rx)) = &self.wake {
+            let mut sink = [0u8; 64];
+            while matches!((&*rx).read(&mut sink), Ok(n) if n > 0) {}
         }
     }
 
@@ -256,6 +285,7 @@ impl Shared {
             // reset.
             let _ = link.stream.shutdown(Shutdown::Write);
         }
+        self.wake();
         // The peers close on the goodbye; once the thread has read those
         // closes, the process may exit without a reset reaching anyone.
         self.wait_ended();
@@ -272,6 +302,7 @@ impl Shared {
         for link in std::mem::take(&mut *lock(&self.links)) {
             link.shut();
         }
+        self.wake();
     }
 
     fn quiet(&self) -> bool {
@@ -444,19 +475,31 @@ fn run(shared: Arc<Shared>) {
             }
         }
         let wait = if ending {
-            Duration::from_millis(20)
+            // Every close and the end of the drain wake the poll.
+            stop_by.map_or(Duration::ZERO, |t| t.saturating_duration_since(now))
         } else {
             next_beat.saturating_duration_since(Instant::now())
         };
         let links = shared.links();
         fds.clear();
+        if let Some((_, rx)) = &shared.wake {
+            fds.push(libc::pollfd {
+                fd: rx.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            });
+        }
+        let first_link = fds.len();
         fds.extend(links.iter().map(|l| libc::pollfd {
             fd: l.stream.as_raw_fd(),
             events: libc::POLLIN,
             revents: 0,
         }));
         wait_readable(&mut fds, wait);
-        for (link, fd) in links.iter().zip(&fds) {
+        if first_link == 1 && fds[0].revents != 0 {
+            shared.drain_wake();
+        }
+        for (link, fd) in links.iter().zip(&fds[first_link..]) {
             if fd.revents != 0 {
                 shared.service(link, &mut chunk);
             }
@@ -630,17 +673,19 @@ impl Liveness {
         for loss in past {
             link.send(&Msg::Lost(loss));
         }
+        self.shared().wake();
     }
 
     /// Rank 0: the rendezvous is over; no more members will come.
     pub(crate) fn done_accepting(&self) {
         self.shared().accepting.store(false, Ordering::Release);
+        self.shared().wake();
     }
 }
 
 /// Rank 0's channel, its thread started, ready for members.
 pub(crate) fn start_hub(world: usize, options: &LivenessOptions) -> std::io::Result<Liveness> {
-    let shared = Shared::new(world, Some(0), Role::Hub, options);
+    let shared = Shared::new(world, Some(0), Role::Hub, options).with_wake()?;
     shared.accepting.store(true, Ordering::Release);
     let live = Liveness::from_shared(shared);
     spawn(live.shared())?;
@@ -654,7 +699,7 @@ pub(crate) fn start_member(
     link: Link,
     options: &LivenessOptions,
 ) -> std::io::Result<Liveness> {
-    let shared = Shared::new(world, Some(rank), Role::Member, options);
+    let shared = Shared::new(world, Some(rank), Role::Member, options).with_wake()?;
     lock(&shared.links).push(Arc::new(link));
     let live = Liveness::from_shared(shared);
     spawn(live.shared())?;
