@@ -67,7 +67,7 @@ mod options;
 pub(crate) mod wire;
 
 pub use engine::Liveness;
-pub(crate) use engine::{Link, start_hub, start_member};
+pub(crate) use engine::{Link, Takeover, start_hub, start_member};
 pub use options::{HEARTBEAT_ENV, LIVENESS_ENV, LIVENESS_TIMEOUT_ENV, LivenessOptions};
 
 /// Why a liveness frame or session was refused.

@@ -30,7 +30,9 @@ use nccl_safe::UniqueId;
 use sha2::Sha256;
 
 use crate::liveness::wire::{Dir, Msg, Opener, Sealer, session_key};
-use crate::liveness::{Link, Liveness, LivenessError, LivenessOptions, start_hub, start_member};
+use crate::liveness::{
+    Link, Liveness, LivenessError, LivenessOptions, Takeover, start_hub, start_member,
+};
 use crate::secret::Secret;
 
 /// Protocol version on the wire.
@@ -298,8 +300,8 @@ pub fn serve_live(
         id,
         timeout,
         |stream, served, until| match attach_member(stream, served, world, secret, until) {
-            Ok(link) => {
-                live.add_link(link);
+            Ok((link, listen)) => {
+                live.add_link(link, listen);
                 None
             }
             Err(e) => Some(e),
@@ -361,12 +363,21 @@ fn serve_with(
         };
         stream.set_nonblocking(false)?;
         let peer_deadline = deadline.min(Instant::now() + PEER_TIMEOUT);
+        let accept = |rank: usize| {
+            if rank == 0 || rank >= world {
+                return Err(RendezvousError::RankOutOfRange { rank, world });
+            }
+            if served.contains(&rank) {
+                return Err(RendezvousError::DuplicateRank { rank });
+            }
+            Ok(())
+        };
         match handshake_server(
             &mut stream,
             world,
             secret,
             id,
-            &served,
+            &accept,
             peer_deadline,
             started,
         ) {
@@ -387,14 +398,15 @@ fn serve_with(
     Ok(refused)
 }
 
-/// Rank 0: waits for a served rank's `Attach` and answers `Attached`.
+/// The hub's side: waits for a served rank's `Attach` and answers
+/// `Attached`; the link and where the member listens for a takeover.
 fn attach_member(
     mut stream: TcpStream,
     served: Served,
     world: usize,
     secret: &Secret,
     until: Instant,
-) -> Result<Link> {
+) -> Result<(Link, Option<SocketAddr>)> {
     let rank = served.rank;
     let key = session_key(secret, &served.nonce_s, &served.nonce_c, rank, world)?;
     let mut opener = Opener::new(key.clone(), Dir::Up, world);
@@ -403,21 +415,70 @@ fn attach_member(
     let not_attached = |detail: String| LivenessError::NotAttached { rank, detail };
     let (kind, payload) = read_raw_frame(&mut stream, until, "waiting for an attach", started)
         .map_err(|e| not_attached(e.to_string()))?;
-    match opener.open(kind, &payload)? {
-        Msg::Attach => {}
+    let listen = match opener.open(kind, &payload)? {
+        Msg::Attach { listen } => listen,
         _ => return Err(not_attached("the first frame was not an attach".into()).into()),
-    }
+    };
     stream.set_write_timeout(Some(PEER_TIMEOUT))?;
     stream.write_all(&sealer.seal(&Msg::Attached)?)?;
-    Ok(Link::new(rank, stream, sealer, opener)?)
+    Ok((Link::new(rank, false, stream, sealer, opener)?, listen))
 }
+
+/// A member that became the hub: authenticates a member coming to it
+/// after the old hub was lost (the rendezvous handshake again, `accept`
+/// deciding which ranks may come), then its attach.
+pub(crate) fn takeover_accept(
+    mut stream: TcpStream,
+    world: usize,
+    secret: &Secret,
+    id: &UniqueId,
+    accept: &dyn Fn(usize) -> Result<()>,
+) -> Result<Link> {
+    stream.set_nonblocking(false)?;
+    let started = Instant::now();
+    let until = started + TAKEOVER_HANDSHAKE;
+    let served = handshake_server(&mut stream, world, secret, id, accept, until, started)?;
+    attach_member(stream, served, world, secret, until).map(|(link, _)| link)
+}
+
+/// A member whose hub was lost: the rendezvous handshake with the rank
+/// taking over at `addr`, which must hand out the same id, then the attach.
+pub(crate) fn takeover_connect(
+    addr: SocketAddr,
+    hub: usize,
+    rank: usize,
+    world: usize,
+    takeover: &Takeover,
+    timeout: Duration,
+) -> Result<Link> {
+    let started = Instant::now();
+    let joined = join_stream(addr, rank, world, &takeover.secret, started, timeout)?;
+    if joined.id != takeover.id {
+        return Err(RendezvousError::Malformed(
+            "the new hub has another job's id",
+        ));
+    }
+    let listen = takeover.listener.local_addr().ok();
+    attach_to_hub(
+        joined,
+        hub,
+        rank,
+        world,
+        &takeover.secret,
+        listen,
+        started + timeout,
+    )
+}
+
+/// How long a takeover handshake may take on the accepting side.
+const TAKEOVER_HANDSHAKE: Duration = Duration::from_secs(2);
 
 fn handshake_server(
     stream: &mut TcpStream,
     world: usize,
     secret: &Secret,
     id: &UniqueId,
-    served: &BTreeSet<usize>,
+    accept: &dyn Fn(usize) -> Result<()>,
     until: Instant,
     started: Instant,
 ) -> Result<Served> {
@@ -453,12 +514,7 @@ fn handshake_server(
             got: peer_world,
         });
     }
-    if rank == 0 || rank >= world {
-        return Err(RendezvousError::RankOutOfRange { rank, world });
-    }
-    if served.contains(&rank) {
-        return Err(RendezvousError::DuplicateRank { rank });
-    }
+    accept(rank)?;
     let tag = mac(secret, &[b"nccl-rs id", nonce_c, id.as_bytes()])?
         .finalize()
         .into_bytes();
@@ -502,41 +558,77 @@ pub fn join_live(
         let id = join(addr, rank, world, secret, timeout)?;
         return Ok((id, Liveness::off(world, rank)));
     }
-    let Joined {
+    let joined = join_stream(addr, rank, world, secret, started, timeout)?;
+    let id = joined.id;
+    // Where this rank would take over as hub: the interface it reached
+    // rank 0 by, any port. Without it this rank cannot take over, but is
+    // still watched.
+    let takeover = joined
+        .stream
+        .local_addr()
+        .and_then(|a| TcpListener::bind((a.ip(), 0)))
+        .and_then(|l| l.set_nonblocking(true).map(|()| l))
+        .inspect_err(|e| tracing::warn!(error = %e, "liveness: no takeover listener"))
+        .ok();
+    let listen = takeover.as_ref().and_then(|l| l.local_addr().ok());
+    let until = (started + timeout).min(Instant::now() + PEER_TIMEOUT);
+    let link = attach_to_hub(joined, 0, rank, world, secret, listen, until)?;
+    let takeover = takeover.map(|listener| Takeover {
+        listener,
+        secret: secret.clone(),
         id,
+    });
+    let live = start_member(world, rank, link, options, takeover)?;
+    Ok((id, live))
+}
+
+/// A member's side after the handshake: `Attach` (with its takeover
+/// address), then rank 0's `Attached`, by `until`. Not retried: the hub
+/// already handed out the id.
+fn attach_to_hub(
+    joined: Joined,
+    hub: usize,
+    rank: usize,
+    world: usize,
+    secret: &Secret,
+    listen: Option<SocketAddr>,
+    until: Instant,
+) -> Result<Link> {
+    let Joined {
         mut stream,
         nonce_c,
         nonce_s,
-    } = join_stream(addr, rank, world, secret, started, timeout)?;
+        ..
+    } = joined;
+    let started = Instant::now();
     let key = session_key(secret, &nonce_s, &nonce_c, rank, world)?;
     let mut sealer = Sealer::new(key.clone(), Dir::Up);
     let mut opener = Opener::new(key, Dir::Down, world);
     let not_attached = |detail: String| LivenessError::NotAttached { rank, detail };
     stream.set_write_timeout(Some(PEER_TIMEOUT))?;
     stream
-        .write_all(&sealer.seal(&Msg::Attach)?)
+        .write_all(&sealer.seal(&Msg::Attach { listen })?)
         .map_err(|e| not_attached(format!("sending the attach: {e}")))?;
-    // Rank 0 answers at once; no retry from here on: it handed out the id.
-    let until = (started + timeout).min(Instant::now() + PEER_TIMEOUT);
-    let (kind, payload) =
-        read_raw_frame(&mut stream, until, "waiting for rank 0's attached", started).map_err(
-            |e| {
-                not_attached(format!(
-                    "rank 0 did not keep the connection (liveness off there?): {e}"
-                ))
-            },
-        )?;
+    let (kind, payload) = read_raw_frame(
+        &mut stream,
+        until,
+        "waiting for the hub's attached",
+        started,
+    )
+    .map_err(|e| {
+        not_attached(format!(
+            "the hub did not keep the connection (liveness off there?): {e}"
+        ))
+    })?;
     match opener.open(kind, &payload)? {
         Msg::Attached => {}
         _ => {
             return Err(
-                not_attached("rank 0 answered the attach with something else".into()).into(),
+                not_attached("the hub answered the attach with something else".into()).into(),
             );
         }
     }
-    let link = Link::new(0, stream, sealer, opener)?;
-    let live = start_member(world, rank, link, options)?;
-    Ok((id, live))
+    Ok(Link::new(hub, true, stream, sealer, opener)?)
 }
 
 /// What a joining rank takes from a finished handshake.

@@ -313,6 +313,48 @@ fn peer_lost_sigkilled_rank_0_is_named_by_every_member_within_2s() {
 }
 
 #[test]
+fn peer_lost_after_rank_0_dies_the_lowest_live_rank_takes_over_and_later_losses_are_seen() {
+    let mut job = Job::start(4, &[]);
+    let at = job.kill(0);
+    job.all_name(&[1, 2, 3], 0, at);
+    // Give the members a moment to attach to rank 1, the new hub.
+    std::thread::sleep(Duration::from_millis(200));
+    let at = job.kill(3);
+    job.all_name(&[1, 2], 3, at);
+    // And once more: rank 1 dies, rank 2 is alone but still told.
+    let at = job.kill(1);
+    job.all_name(&[2], 1, at);
+    let lines = job.losses();
+    assert_eq!(lines.len(), 3 + 2 + 1, "{lines:?}");
+}
+
+#[test]
+fn peer_lost_when_the_next_hub_is_unreachable_it_is_named_and_the_one_after_takes_over() {
+    let mut job = Job::start(4, &[]);
+    // Rank 1 is stopped: its kernel still accepts connections, but it
+    // never answers the takeover handshake.
+    let pid = job.children[1].as_ref().expect("alive").0.id() as libc::pid_t;
+    // SAFETY: kill(2) on a child this test spawned and has not reaped.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    let at = job.kill(0);
+    job.all_name(&[2, 3], 0, at);
+    job.all_name(&[2, 3], 1, at);
+    assert!(
+        job.losses()
+            .iter()
+            .any(|(_, l)| l.starts_with("LOST 1 Exited") && l.contains("take over")),
+        "{:?}",
+        job.lines()
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    // Rank 2 took over; rank 3 is attached to it.
+    let at = job.kill(3);
+    job.all_name(&[2], 3, at);
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+}
+
+#[test]
 fn peer_lost_a_silent_member_is_named_after_the_silence_limit() {
     let env = [
         ("NCCL_RS_HEARTBEAT_MS", "50"),

@@ -4,15 +4,18 @@
 //! for the next heartbeat to be due, so it never spins.
 
 use std::io::{Read, Write};
-use std::net::{Shutdown, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::wire::{FrameBuf, MAX_FRAME, Msg, Opener, Sealer};
+use nccl_safe::UniqueId;
+
+use super::wire::{FrameBuf, MAX_FRAME, Msg, Opener, ROSTER_CHUNK, Sealer};
 use super::{LivenessError, LivenessOptions, LossCause, PeerLoss};
+use crate::secret::Secret;
 
 /// What runs on a loss.
 type Hook = Arc<dyn Fn(&PeerLoss) + Send + Sync>;
@@ -25,6 +28,8 @@ const READ_GUARD: Duration = Duration::from_millis(100);
 /// How long a write of one small frame may block (the peer stopped
 /// reading and its buffers are full: it will be found silent anyway).
 const WRITE_GUARD: Duration = Duration::from_secs(1);
+/// How long a member tries to reach the next hub before counting it lost.
+const TAKEOVER_TIMEOUT: Duration = Duration::from_secs(1);
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A hook that panicked cannot leave this state half-written (hooks run
@@ -59,6 +64,8 @@ struct State {
 /// One authenticated liveness connection, to the hub or to a member.
 pub(crate) struct Link {
     peer: usize,
+    /// The peer is this rank's hub (this side is the member).
+    to_hub: bool,
     stream: TcpStream,
     sealer: Mutex<Sealer>,
     rx: Mutex<Rx>,
@@ -72,9 +79,11 @@ struct Rx {
 }
 
 impl Link {
-    /// A link to `peer` over `stream`, whose handshake and attach are done.
+    /// A link to `peer` over `stream`, whose handshake and attach are
+    /// done; `to_hub` when `peer` is this rank's hub.
     pub(crate) fn new(
         peer: usize,
+        to_hub: bool,
         stream: TcpStream,
         sealer: Sealer,
         opener: Opener,
@@ -85,6 +94,7 @@ impl Link {
         stream.set_write_timeout(Some(WRITE_GUARD))?;
         Ok(Link {
             peer,
+            to_hub,
             stream,
             sealer: Mutex::new(sealer),
             rx: Mutex::new(Rx {
@@ -134,6 +144,26 @@ struct Shared {
     /// A byte written here wakes the thread out of `poll` (a new link, a
     /// goodbye), so nothing waits for the next heartbeat.
     wake: Option<(UnixStream, UnixStream)>,
+    /// Where each rank listens for a takeover, from rank 0's roster.
+    roster: Mutex<Vec<Option<SocketAddr>>>,
+    /// This member's means to become the hub or reach the next one.
+    takeover: Option<Takeover>,
+    /// The hub link was lost: the thread starts looking for the next hub.
+    want_hub: AtomicBool,
+    /// Takeover handshakes running on helper threads (bounded).
+    handshakes: AtomicUsize,
+    /// Accepted takeover connections waiting for their helper.
+    pending: Mutex<Vec<TcpStream>>,
+}
+
+/// What a member needs to take over as hub or join the one that did.
+pub(crate) struct Takeover {
+    /// Its listener (non-blocking), whose address is in the roster.
+    pub(crate) listener: TcpListener,
+    /// The job's secret.
+    pub(crate) secret: Secret,
+    /// The job's unique id (a new hub proves it has the same one).
+    pub(crate) id: UniqueId,
 }
 
 impl Shared {
@@ -150,6 +180,11 @@ impl Shared {
             ended: Mutex::new(true),
             ended_cv: Condvar::new(),
             wake: None,
+            roster: Mutex::new(vec![None; world]),
+            takeover: None,
+            want_hub: AtomicBool::new(false),
+            handshakes: AtomicUsize::new(0),
+            pending: Mutex::new(Vec::new()),
         }
     }
 
@@ -222,24 +257,24 @@ impl Shared {
         }
     }
 
-    /// A loss known here only: record it, run the hooks.
-    fn local(&self, loss: &PeerLoss) {
-        if let Some(hooks) = self.record(loss) {
-            Self::run_hooks(hooks, loss);
-        }
-    }
-
-    /// The hub's verdict: record it, tell every member, drop the lost
-    /// rank's connection, run the hooks.
-    fn declare(&self, loss: &PeerLoss) {
+    /// Records `loss` and passes it on: to every member as `Lost` (the lost
+    /// rank's own connection is then closed), to this rank's hub as
+    /// `Report`, but not back where it came `from`; then the hooks.
+    fn spread(&self, loss: &PeerLoss, from: Option<&Arc<Link>>) {
         let Some(hooks) = self.record(loss) else {
             return;
         };
-        let msg = Msg::Lost(loss.clone());
         for link in self.links() {
+            if from.is_some_and(|f| Arc::ptr_eq(f, &link)) {
+                continue;
+            }
+            if link.to_hub {
+                link.send(&Msg::Report(loss.clone()));
+                continue;
+            }
             // The lost rank hears it too: if it still runs (silent, or it
             // reported itself), it learns that the job gave up on it.
-            link.send(&msg);
+            link.send(&Msg::Lost(loss.clone()));
             if link.peer == loss.rank && self.remove(&link) {
                 link.shut();
             }
@@ -252,17 +287,26 @@ impl Shared {
             tracing::warn!(%loss, world = self.world, "liveness: a report of a rank outside the world was ignored");
             return;
         }
-        match self.role {
-            Role::Hub => self.declare(&loss),
-            Role::Member => {
-                let msg = Msg::Report(loss.clone());
-                for link in self.links() {
-                    link.send(&msg);
-                }
-                self.local(&loss);
-            }
-            Role::InProcess | Role::Off => self.local(&loss),
+        self.spread(&loss, None);
+    }
+
+    fn is_lost(&self, rank: usize) -> bool {
+        lock(&self.state).losses.iter().any(|l| l.rank == rank)
+    }
+
+    /// Adds an attached link and tells it the losses it missed.
+    fn attach(&self, link: Link) {
+        let link = Arc::new(link);
+        let past = lock(&self.state).losses.clone();
+        lock(&self.links).push(Arc::clone(&link));
+        for loss in past {
+            link.send(&if link.to_hub {
+                Msg::Report(loss)
+            } else {
+                Msg::Lost(loss)
+            });
         }
+        self.wake();
     }
 
     fn leave(&self) {
@@ -326,9 +370,9 @@ impl Shared {
             cause,
             seen_by,
         };
-        match self.role {
-            Role::Hub => self.declare(&loss),
-            _ => self.local(&loss),
+        self.spread(&loss, Some(link));
+        if link.to_hub && self.takeover.is_some() {
+            self.want_hub.store(true, Ordering::Release);
         }
     }
 
@@ -346,18 +390,28 @@ impl Shared {
     }
 
     fn handle(&self, link: &Arc<Link>, msg: Msg) {
-        match (self.role, msg) {
+        match (link.to_hub, msg) {
             (_, Msg::Heartbeat) => {}
+            // A hub that ends cleanly ends the job's watch: no takeover
+            // (its members are ending too, and would find no one).
             (_, Msg::Goodbye) => {
                 link.goodbye.store(true, Ordering::Release);
                 self.link_lost(link, LossCause::ConnectionClosed);
             }
-            (Role::Hub, Msg::Report(loss)) => self.declare(&loss),
-            (Role::Member, Msg::Lost(loss)) => {
+            (false, Msg::Report(loss)) => self.spread(&loss, Some(link)),
+            (true, Msg::Lost(loss)) => {
                 if Some(loss.rank) == self.rank {
                     lock(&self.state).excluded = true;
                 }
-                self.local(&loss);
+                self.spread(&loss, Some(link));
+            }
+            (true, Msg::Roster(entries)) => {
+                let mut roster = lock(&self.roster);
+                for (rank, addr) in entries {
+                    if let Some(slot) = roster.get_mut(rank) {
+                        *slot = Some(addr);
+                    }
+                }
             }
             _ => self.link_failed(
                 link,
@@ -440,6 +494,120 @@ fn wait_readable(fds: &mut [libc::pollfd], wait: Duration) {
 }
 
 /// The thread: heartbeats, silence, and every readable connection.
+/// Runs `work` on a short-lived helper thread, at most `world` at once
+/// (a flood of connections cannot make more).
+fn helper(shared: &Arc<Shared>, work: fn(&Shared)) {
+    if shared.handshakes.fetch_add(1, Ordering::AcqRel) >= shared.world {
+        shared.handshakes.fetch_sub(1, Ordering::AcqRel);
+        return;
+    }
+    let s = Arc::clone(shared);
+    let spawned = std::thread::Builder::new()
+        .name(THREAD_NAME.into())
+        .spawn(move || {
+            work(&s);
+            s.handshakes.fetch_sub(1, Ordering::AcqRel);
+        });
+    if spawned.is_err() {
+        shared.handshakes.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Accepts every pending takeover connection, each handshake on a helper
+/// thread (a stranger that says nothing must not stall the watch).
+fn accept_all(shared: &Arc<Shared>) {
+    let Some(t) = &shared.takeover else {
+        return;
+    };
+    while let Ok((stream, _)) = t.listener.accept() {
+        let mut pending = lock(&shared.pending);
+        if pending.len() >= shared.world {
+            continue;
+        }
+        pending.push(stream);
+        drop(pending);
+        helper(shared, accept_member);
+    }
+}
+
+/// A helper: authenticates one member that comes to this rank as its new
+/// hub, and watches it.
+fn accept_member(shared: &Shared) {
+    let Some(stream) = lock(&shared.pending).pop() else {
+        return;
+    };
+    let (Some(t), Some(me)) = (&shared.takeover, shared.rank) else {
+        return;
+    };
+    let has_link = |r: usize| shared.links().iter().any(|l| l.peer == r && !l.to_hub);
+    let accept = |r: usize| -> Result<(), crate::RendezvousError> {
+        if r >= shared.world || r == me || shared.is_lost(r) || has_link(r) {
+            return Err(crate::RendezvousError::RankOutOfRange {
+                rank: r,
+                world: shared.world,
+            });
+        }
+        Ok(())
+    };
+    match crate::rendezvous::takeover_accept(stream, shared.world, &t.secret, &t.id, &accept) {
+        Ok(link) => {
+            tracing::info!(
+                rank = me,
+                member = link.peer,
+                "liveness: a member attached to this rank as its hub"
+            );
+            shared.attach(link);
+        }
+        Err(error) => tracing::debug!(%error, "liveness: a takeover connection was refused"),
+    }
+}
+
+/// A helper: the hub was lost; attach to the lowest live rank, or be the
+/// hub if that is this rank. A rank that cannot be reached in time counts
+/// as lost, and the next one is tried.
+fn find_hub(shared: &Shared) {
+    let (Some(t), Some(me)) = (&shared.takeover, shared.rank) else {
+        return;
+    };
+    loop {
+        if shared.quiet() {
+            return;
+        }
+        let roster = lock(&shared.roster).clone();
+        let next = (0..shared.world).find(|&r| {
+            !shared.is_lost(r) && (r == me || roster.get(r).is_some_and(Option::is_some))
+        });
+        let Some(next) = next else {
+            return;
+        };
+        if next == me {
+            tracing::info!(rank = me, "liveness: this rank takes over as hub");
+            return;
+        }
+        let Some(Some(addr)) = roster.get(next).copied() else {
+            return;
+        };
+        match crate::rendezvous::takeover_connect(addr, next, me, shared.world, t, TAKEOVER_TIMEOUT)
+        {
+            Ok(link) => {
+                tracing::info!(rank = me, hub = next, "liveness: attached to the new hub");
+                shared.attach(link);
+                return;
+            }
+            Err(error) => shared.spread(
+                &PeerLoss {
+                    rank: next,
+                    cause: LossCause::Exited {
+                        reason: format!("it could not be reached to take over as hub: {error}"),
+                    },
+                    seen_by: me,
+                },
+                None,
+            ),
+        }
+    }
+}
+
 fn run(shared: Arc<Shared>) {
     let mut next_beat = Instant::now();
     let mut chunk = vec![0u8; 2 * MAX_FRAME];
@@ -456,8 +624,16 @@ fn run(shared: Arc<Shared>) {
                 break;
             }
         } else {
-            if shared.links().is_empty() && !shared.accepting.load(Ordering::Acquire) {
+            // A member that can take over keeps watching with no link: it
+            // may become the hub, or be between two hubs.
+            if shared.links().is_empty()
+                && !shared.accepting.load(Ordering::Acquire)
+                && shared.takeover.is_none()
+            {
                 break;
+            }
+            if shared.want_hub.swap(false, Ordering::AcqRel) {
+                helper(&shared, find_hub);
             }
             if now >= next_beat {
                 for link in shared.links() {
@@ -489,6 +665,17 @@ fn run(shared: Arc<Shared>) {
                 revents: 0,
             });
         }
+        let listening = match (&shared.takeover, ending) {
+            (Some(t), false) => {
+                fds.push(libc::pollfd {
+                    fd: t.listener.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                });
+                true
+            }
+            _ => false,
+        };
         let first_link = fds.len();
         fds.extend(links.iter().map(|l| libc::pollfd {
             fd: l.stream.as_raw_fd(),
@@ -496,8 +683,11 @@ fn run(shared: Arc<Shared>) {
             revents: 0,
         }));
         wait_readable(&mut fds, wait);
-        if first_link == 1 && fds[0].revents != 0 {
+        if shared.wake.is_some() && fds[0].revents != 0 {
             shared.drain_wake();
+        }
+        if listening && fds[first_link - 1].revents != 0 {
+            accept_all(&shared);
         }
         for (link, fd) in links.iter().zip(&fds[first_link..]) {
             if fd.revents != 0 {
@@ -666,20 +856,29 @@ impl Liveness {
 
     /// Rank 0: a member finished its handshake and attach; watch it, and
     /// tell it of the losses it missed.
-    pub(crate) fn add_link(&self, link: Link) {
-        let link = Arc::new(link);
-        let past = self.losses();
-        lock(&self.shared().links).push(Arc::clone(&link));
-        for loss in past {
-            link.send(&Msg::Lost(loss));
+    pub(crate) fn add_link(&self, link: Link, listen: Option<SocketAddr>) {
+        if let Some(slot) = lock(&self.shared().roster).get_mut(link.peer) {
+            *slot = listen;
         }
-        self.shared().wake();
+        self.shared().attach(link);
     }
 
-    /// Rank 0: the rendezvous is over; no more members will come.
+    /// Rank 0: the rendezvous is over; no more members will come. Every
+    /// member gets the roster of takeover addresses.
     pub(crate) fn done_accepting(&self) {
-        self.shared().accepting.store(false, Ordering::Release);
-        self.shared().wake();
+        let s = self.shared();
+        s.accepting.store(false, Ordering::Release);
+        let entries: Vec<(usize, SocketAddr)> = lock(&s.roster)
+            .iter()
+            .enumerate()
+            .filter_map(|(r, a)| a.map(|a| (r, a)))
+            .collect();
+        for link in s.links() {
+            for chunk in entries.chunks(ROSTER_CHUNK) {
+                link.send(&Msg::Roster(chunk.to_vec()));
+            }
+        }
+        s.wake();
     }
 }
 
@@ -698,8 +897,10 @@ pub(crate) fn start_member(
     rank: usize,
     link: Link,
     options: &LivenessOptions,
+    takeover: Option<Takeover>,
 ) -> std::io::Result<Liveness> {
-    let shared = Shared::new(world, Some(rank), Role::Member, options).with_wake()?;
+    let mut shared = Shared::new(world, Some(rank), Role::Member, options).with_wake()?;
+    shared.takeover = takeover;
     lock(&shared.links).push(Arc::new(link));
     let live = Liveness::from_shared(shared);
     spawn(live.shared())?;

@@ -2,6 +2,7 @@
 //! opening frames (MAC and per-direction counter), and cutting frames out
 //! of a byte stream. Pure functions and small state machines, no sockets.
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use hmac::{Hmac, Mac};
@@ -42,6 +43,7 @@ pub(crate) enum Kind {
     Lost = 19,
     Report = 20,
     Goodbye = 21,
+    Roster = 22,
 }
 
 impl Kind {
@@ -53,6 +55,7 @@ impl Kind {
             19 => Kind::Lost,
             20 => Kind::Report,
             21 => Kind::Goodbye,
+            22 => Kind::Roster,
             _ => return None,
         })
     }
@@ -62,7 +65,7 @@ impl Kind {
         match self {
             Kind::Heartbeat | Kind::Goodbye => true,
             Kind::Attach | Kind::Report => dir == Dir::Up,
-            Kind::Attached | Kind::Lost => dir == Dir::Down,
+            Kind::Attached | Kind::Lost | Kind::Roster => dir == Dir::Down,
         }
     }
 }
@@ -70,8 +73,12 @@ impl Kind {
 /// One liveness message.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Msg {
-    /// Member: "keep this connection as my liveness channel".
-    Attach,
+    /// Member: "keep this connection as my liveness channel", and where
+    /// it listens should it have to take over as hub.
+    Attach {
+        /// The member's takeover listener, if it has one.
+        listen: Option<SocketAddr>,
+    },
     /// Hub: "kept".
     Attached,
     /// Either side: still here.
@@ -82,17 +89,25 @@ pub(crate) enum Msg {
     Report(PeerLoss),
     /// Either side: a clean end; the close that follows is not a loss.
     Goodbye,
+    /// Rank 0: where members listen for a takeover (part of the roster;
+    /// a long roster takes several frames).
+    Roster(Vec<(usize, SocketAddr)>),
 }
+
+/// Roster entries per frame: each is at most 4 + 1 + 47 bytes (the longest
+/// IPv6 socket address as text), so a frame stays under [`MAX_PAYLOAD`].
+pub(crate) const ROSTER_CHUNK: usize = 16;
 
 impl Msg {
     fn kind(&self) -> Kind {
         match self {
-            Msg::Attach => Kind::Attach,
+            Msg::Attach { .. } => Kind::Attach,
             Msg::Attached => Kind::Attached,
             Msg::Heartbeat => Kind::Heartbeat,
             Msg::Lost(_) => Kind::Lost,
             Msg::Report(_) => Kind::Report,
             Msg::Goodbye => Kind::Goodbye,
+            Msg::Roster(_) => Kind::Roster,
         }
     }
 }
@@ -165,6 +180,8 @@ impl Sealer {
     pub(crate) fn seal(&mut self, msg: &Msg) -> Result<Vec<u8>, LivenessError> {
         let body = match msg {
             Msg::Lost(loss) | Msg::Report(loss) => encode_loss(loss),
+            Msg::Attach { listen: Some(a) } => a.to_string().into_bytes(),
+            Msg::Roster(entries) => encode_roster(entries),
             _ => Vec::new(),
         };
         let kind = msg.kind() as u8;
@@ -231,14 +248,18 @@ impl Opener {
         }
         self.next = self.next.wrapping_add(1);
         let msg = match k {
-            Kind::Attach => Msg::Attach,
+            Kind::Attach if body.is_empty() => Msg::Attach { listen: None },
+            Kind::Attach => Msg::Attach {
+                listen: Some(decode_addr(body)?),
+            },
+            Kind::Roster => Msg::Roster(decode_roster(body, self.world)?),
             Kind::Attached => Msg::Attached,
             Kind::Heartbeat => Msg::Heartbeat,
             Kind::Goodbye => Msg::Goodbye,
             Kind::Lost => Msg::Lost(decode_loss(body, self.world)?),
             Kind::Report => Msg::Report(decode_loss(body, self.world)?),
         };
-        if !matches!(msg, Msg::Lost(_) | Msg::Report(_)) && !body.is_empty() {
+        if matches!(msg, Msg::Attached | Msg::Heartbeat | Msg::Goodbye) && !body.is_empty() {
             return Err(LivenessError::Malformed(
                 "a body on a message that has none",
             ));
@@ -318,6 +339,51 @@ fn decode_loss(body: &[u8], world: usize) -> Result<PeerLoss, LivenessError> {
         cause,
         seen_by,
     })
+}
+
+fn decode_addr(text: &[u8]) -> Result<SocketAddr, LivenessError> {
+    std::str::from_utf8(text)
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .ok_or(LivenessError::Malformed("not a socket address"))
+}
+
+/// `count u8 ‖ (rank u32 ‖ length u8 ‖ address as text)*`.
+fn encode_roster(entries: &[(usize, SocketAddr)]) -> Vec<u8> {
+    let entries = &entries[..entries.len().min(ROSTER_CHUNK)];
+    let mut out = vec![entries.len() as u8];
+    for (rank, addr) in entries {
+        let text = addr.to_string();
+        out.extend_from_slice(&(*rank as u32).to_be_bytes());
+        out.push(text.len() as u8);
+        out.extend_from_slice(text.as_bytes());
+    }
+    out
+}
+
+fn decode_roster(body: &[u8], world: usize) -> Result<Vec<(usize, SocketAddr)>, LivenessError> {
+    const SHORT: LivenessError = LivenessError::Malformed("a roster shorter than its entries");
+    let (&count, mut rest) = body
+        .split_first()
+        .ok_or(LivenessError::Malformed("an empty roster"))?;
+    let mut out = Vec::with_capacity(count as usize);
+    for _ in 0..count {
+        if rest.len() < 5 {
+            return Err(SHORT);
+        }
+        let rank = u32::from_be_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+        if rank >= world {
+            return Err(LivenessError::RankOutOfRange { rank, world });
+        }
+        let len = rest[4] as usize;
+        let text = rest.get(5..5 + len).ok_or(SHORT)?;
+        out.push((rank, decode_addr(text)?));
+        rest = &rest[5 + len..];
+    }
+    if !rest.is_empty() {
+        return Err(LivenessError::Malformed("bytes after a roster"));
+    }
+    Ok(out)
 }
 
 /// Bytes read from a connection, cut into frames. Holds at most one
@@ -404,6 +470,10 @@ mod tests {
                 reason: "x".repeat(5000),
             })),
             Msg::Goodbye,
+            Msg::Roster(vec![
+                (1, "127.0.0.1:4000".parse().unwrap()),
+                (3, "[fe80::1:2:3:4]:65535".parse().unwrap()),
+            ]),
         ];
         let mut wire = Vec::new();
         for m in &msgs {
@@ -423,7 +493,31 @@ mod tests {
             }) => assert_eq!(reason.len(), MAX_TEXT),
             other => panic!("{other:?}"),
         }
-        assert_eq!(got[6], Msg::Goodbye);
+        assert_eq!(got[6..], msgs[6..]);
+        let mut up = Sealer::new(key(1), Dir::Up);
+        let mut rx = Opener::new(key(1), Dir::Up, 4);
+        for m in [
+            Msg::Attach { listen: None },
+            Msg::Attach {
+                listen: Some("10.0.0.1:1234".parse().unwrap()),
+            },
+        ] {
+            let (k, p) = frames(&up.seal(&m).unwrap()).pop().unwrap();
+            assert_eq!(rx.open(k, &p).unwrap(), m);
+        }
+        // The longest roster frame fits.
+        let long: Vec<_> = (0..40)
+            .map(|r| {
+                (
+                    r % 4,
+                    "[ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff]:65535"
+                        .parse()
+                        .unwrap(),
+                )
+            })
+            .collect();
+        let f = tx.seal(&Msg::Roster(long)).unwrap();
+        assert!(f.len() <= MAX_FRAME);
     }
 
     #[test]
