@@ -40,16 +40,34 @@
 //!
 //! | kind | name      | direction | body |
 //! |------|-----------|-----------|------|
-//! | 16   | Attach    | member → hub | none: keep this connection as my liveness channel |
+//! | 16   | Attach    | member → hub | keep this connection as my liveness channel; my takeover address as text, or none |
 //! | 17   | Attached  | hub → member | none: kept |
 //! | 18   | Heartbeat | both      | none |
 //! | 19   | Lost      | hub → member | a loss |
 //! | 20   | Report    | member → hub | a loss found by the member (its own panic) |
 //! | 21   | Goodbye   | both      | none: a clean end, the close that follows is not a loss |
+//! | 22   | Roster    | hub → member | `count u8 ‖ (rank u32 ‖ len u8 ‖ address as text)*`, at most 16 entries a frame |
 //!
 //! A loss is `rank u32 ‖ seen_by u32 ‖ cause u8 ‖ detail`: cause 0 (the
 //! connection closed, no detail), 1 (silent; milliseconds as u64), 2
 //! (panicked; UTF-8 text) or 3 (exited; UTF-8 text), text cut to 512 bytes.
+//!
+//! # Takeover
+//!
+//! Each member listens (any port, on the interface it reached rank 0 by)
+//! and sends that address in its `Attach`; when the rendezvous is over,
+//! rank 0 sends every member the roster of those addresses. A member that
+//! loses its hub (closed, silent or corrupted connection; not a goodbye,
+//! which means the job is ending) names it lost, then connects to the
+//! lowest rank it does not count as lost: the same handshake as the
+//! rendezvous (the member proves the secret, the new hub proves the secret
+//! and the job's id), then `Attach`/`Attached` with a session key from the
+//! new nonces. The lowest live rank itself simply starts accepting. A
+//! candidate that cannot be reached within a second counts as lost too
+//! (`Exited`, with the reason), and the next is tried, so the survivors
+//! agree on the same hub. Each member tells the new hub the losses it
+//! knows (`Report`) and the hub tells it those it missed (`Lost`); later
+//! losses are seen as before. Rank 0 never rejoins.
 //!
 //! # Trust
 //!

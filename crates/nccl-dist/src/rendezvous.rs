@@ -1,4 +1,6 @@
-//! Handing rank 0's [`UniqueId`] to every rank, over TCP or a shared file.
+//! Handing rank 0's [`UniqueId`] to every rank, over TCP or a shared file,
+//! and (over TCP) keeping each authenticated connection as that rank's
+//! liveness connection.
 //!
 //! # TCP protocol (version 1)
 //!
@@ -13,6 +15,14 @@
 //!    then sends `Id { id, HMAC(secret, "nccl-rs id" ‖ nonce_c ‖ id) }`, so
 //!    the joining rank knows the id came from someone with the secret; or
 //!    `Reject { reason }`.
+//!
+//! 5. with the liveness channel ([`serve_live`], [`join_live`]), the
+//!    connection is not closed: the joining rank sends `Attach` and rank 0
+//!    answers `Attached`, both already MACed with a session key derived
+//!    from the secret and both nonces; from then on it carries heartbeats
+//!    and losses. Those frames and the key derivation are described in
+//!    [`crate::liveness`]. The handshake bytes above are the same either
+//!    way, so the version stays 1.
 //!
 //! Rank 0 never sends the id before a valid proof. Each connection is read
 //! with a short deadline, so a peer that connects and says nothing delays

@@ -4,18 +4,19 @@
 //! for the next heartbeat to be due, so it never spins.
 
 use std::io::{Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use nccl_safe::UniqueId;
-
 use super::wire::{FrameBuf, MAX_FRAME, Msg, Opener, ROSTER_CHUNK, Sealer};
 use super::{LivenessError, LivenessOptions, LossCause, PeerLoss};
-use crate::secret::Secret;
+
+mod takeover;
+pub(crate) use takeover::Takeover;
+use takeover::{accept_all, find_hub, helper};
 
 /// What runs on a loss.
 type Hook = Arc<dyn Fn(&PeerLoss) + Send + Sync>;
@@ -28,8 +29,6 @@ const READ_GUARD: Duration = Duration::from_millis(100);
 /// How long a write of one small frame may block (the peer stopped
 /// reading and its buffers are full: it will be found silent anyway).
 const WRITE_GUARD: Duration = Duration::from_secs(1);
-/// How long a member tries to reach the next hub before counting it lost.
-const TAKEOVER_TIMEOUT: Duration = Duration::from_secs(1);
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A hook that panicked cannot leave this state half-written (hooks run
@@ -154,16 +153,6 @@ struct Shared {
     handshakes: AtomicUsize,
     /// Accepted takeover connections waiting for their helper.
     pending: Mutex<Vec<TcpStream>>,
-}
-
-/// What a member needs to take over as hub or join the one that did.
-pub(crate) struct Takeover {
-    /// Its listener (non-blocking), whose address is in the roster.
-    pub(crate) listener: TcpListener,
-    /// The job's secret.
-    pub(crate) secret: Secret,
-    /// The job's unique id (a new hub proves it has the same one).
-    pub(crate) id: UniqueId,
 }
 
 impl Shared {
@@ -494,120 +483,6 @@ fn wait_readable(fds: &mut [libc::pollfd], wait: Duration) {
 }
 
 /// The thread: heartbeats, silence, and every readable connection.
-/// Runs `work` on a short-lived helper thread, at most `world` at once
-/// (a flood of connections cannot make more).
-fn helper(shared: &Arc<Shared>, work: fn(&Shared)) {
-    if shared.handshakes.fetch_add(1, Ordering::AcqRel) >= shared.world {
-        shared.handshakes.fetch_sub(1, Ordering::AcqRel);
-        return;
-    }
-    let s = Arc::clone(shared);
-    let spawned = std::thread::Builder::new()
-        .name(THREAD_NAME.into())
-        .spawn(move || {
-            work(&s);
-            s.handshakes.fetch_sub(1, Ordering::AcqRel);
-        });
-    if spawned.is_err() {
-        shared.handshakes.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-/// Accepts every pending takeover connection, each handshake on a helper
-/// thread (a stranger that says nothing must not stall the watch).
-fn accept_all(shared: &Arc<Shared>) {
-    let Some(t) = &shared.takeover else {
-        return;
-    };
-    while let Ok((stream, _)) = t.listener.accept() {
-        let mut pending = lock(&shared.pending);
-        if pending.len() >= shared.world {
-            continue;
-        }
-        pending.push(stream);
-        drop(pending);
-        helper(shared, accept_member);
-    }
-}
-
-/// A helper: authenticates one member that comes to this rank as its new
-/// hub, and watches it.
-fn accept_member(shared: &Shared) {
-    let Some(stream) = lock(&shared.pending).pop() else {
-        return;
-    };
-    let (Some(t), Some(me)) = (&shared.takeover, shared.rank) else {
-        return;
-    };
-    let has_link = |r: usize| shared.links().iter().any(|l| l.peer == r && !l.to_hub);
-    let accept = |r: usize| -> Result<(), crate::RendezvousError> {
-        if r >= shared.world || r == me || shared.is_lost(r) || has_link(r) {
-            return Err(crate::RendezvousError::RankOutOfRange {
-                rank: r,
-                world: shared.world,
-            });
-        }
-        Ok(())
-    };
-    match crate::rendezvous::takeover_accept(stream, shared.world, &t.secret, &t.id, &accept) {
-        Ok(link) => {
-            tracing::info!(
-                rank = me,
-                member = link.peer,
-                "liveness: a member attached to this rank as its hub"
-            );
-            shared.attach(link);
-        }
-        Err(error) => tracing::debug!(%error, "liveness: a takeover connection was refused"),
-    }
-}
-
-/// A helper: the hub was lost; attach to the lowest live rank, or be the
-/// hub if that is this rank. A rank that cannot be reached in time counts
-/// as lost, and the next one is tried.
-fn find_hub(shared: &Shared) {
-    let (Some(t), Some(me)) = (&shared.takeover, shared.rank) else {
-        return;
-    };
-    loop {
-        if shared.quiet() {
-            return;
-        }
-        let roster = lock(&shared.roster).clone();
-        let next = (0..shared.world).find(|&r| {
-            !shared.is_lost(r) && (r == me || roster.get(r).is_some_and(Option::is_some))
-        });
-        let Some(next) = next else {
-            return;
-        };
-        if next == me {
-            tracing::info!(rank = me, "liveness: this rank takes over as hub");
-            return;
-        }
-        let Some(Some(addr)) = roster.get(next).copied() else {
-            return;
-        };
-        match crate::rendezvous::takeover_connect(addr, next, me, shared.world, t, TAKEOVER_TIMEOUT)
-        {
-            Ok(link) => {
-                tracing::info!(rank = me, hub = next, "liveness: attached to the new hub");
-                shared.attach(link);
-                return;
-            }
-            Err(error) => shared.spread(
-                &PeerLoss {
-                    rank: next,
-                    cause: LossCause::Exited {
-                        reason: format!("it could not be reached to take over as hub: {error}"),
-                    },
-                    seen_by: me,
-                },
-                None,
-            ),
-        }
-    }
-}
-
 fn run(shared: Arc<Shared>) {
     let mut next_beat = Instant::now();
     let mut chunk = vec![0u8; 2 * MAX_FRAME];
