@@ -149,6 +149,8 @@ struct Shared {
     takeover: Option<Takeover>,
     /// The hub link was lost: the thread starts looking for the next hub.
     want_hub: AtomicBool,
+    /// A helper is looking for the next hub (one at a time).
+    finding: AtomicBool,
     /// Takeover handshakes running on helper threads (bounded).
     handshakes: AtomicUsize,
     /// Accepted takeover connections waiting for their helper.
@@ -172,6 +174,7 @@ impl Shared {
             roster: Mutex::new(vec![None; world]),
             takeover: None,
             want_hub: AtomicBool::new(false),
+            finding: AtomicBool::new(false),
             handshakes: AtomicUsize::new(0),
             pending: Mutex::new(Vec::new()),
         }
@@ -285,6 +288,12 @@ impl Shared {
 
     /// Adds an attached link and tells it the losses it missed.
     fn attach(&self, link: Link) {
+        if self.quiet() {
+            // Left while the handshake ran: end this one cleanly too.
+            link.send(&Msg::Goodbye);
+            link.shut();
+            return;
+        }
         let link = Arc::new(link);
         let past = lock(&self.state).losses.clone();
         lock(&self.links).push(Arc::clone(&link));
@@ -507,8 +516,14 @@ fn run(shared: Arc<Shared>) {
             {
                 break;
             }
-            if shared.want_hub.swap(false, Ordering::AcqRel) {
-                helper(&shared, find_hub);
+            if !shared.finding.swap(true, Ordering::AcqRel) {
+                if !shared.want_hub.swap(false, Ordering::AcqRel) {
+                    shared.finding.store(false, Ordering::Release);
+                } else if !helper(&shared, find_hub, false) {
+                    // No thread now: try again on the next turn.
+                    shared.want_hub.store(true, Ordering::Release);
+                    shared.finding.store(false, Ordering::Release);
+                }
             }
             if now >= next_beat {
                 for link in shared.links() {

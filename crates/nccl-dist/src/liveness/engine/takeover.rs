@@ -30,21 +30,26 @@ pub(crate) struct Takeover {
 
 /// Runs `work` on a short-lived helper thread, at most `world` at once
 /// (a flood of connections cannot make more).
-pub(super) fn helper(shared: &Arc<Shared>, work: fn(&Shared)) {
-    if shared.handshakes.fetch_add(1, Ordering::AcqRel) >= shared.world {
+/// `capped` work counts against that bound; the search for the next hub
+/// does not, so strangers cannot hold it off. False when no thread started.
+pub(super) fn helper(shared: &Arc<Shared>, work: fn(&Shared), capped: bool) -> bool {
+    if capped && shared.handshakes.fetch_add(1, Ordering::AcqRel) >= shared.world {
         shared.handshakes.fetch_sub(1, Ordering::AcqRel);
-        return;
+        return false;
     }
     let s = Arc::clone(shared);
     let spawned = std::thread::Builder::new()
         .name(THREAD_NAME.into())
         .spawn(move || {
             work(&s);
-            s.handshakes.fetch_sub(1, Ordering::AcqRel);
+            if capped {
+                s.handshakes.fetch_sub(1, Ordering::AcqRel);
+            }
         });
-    if spawned.is_err() {
+    if spawned.is_err() && capped {
         shared.handshakes.fetch_sub(1, Ordering::AcqRel);
     }
+    spawned.is_ok()
 }
 
 /// Accepts every pending takeover connection, each handshake on a helper
@@ -53,14 +58,27 @@ pub(super) fn accept_all(shared: &Arc<Shared>) {
     let Some(t) = &shared.takeover else {
         return;
     };
-    while let Ok((stream, _)) = t.listener.accept() {
+    loop {
+        let stream = match t.listener.accept() {
+            Ok((stream, _)) => stream,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                // Out of descriptors, say: the connection stays queued and
+                // `poll` would report it again at once; pause instead of
+                // spinning.
+                tracing::warn!(error = %e, "liveness: accepting a takeover connection failed");
+                std::thread::sleep(Duration::from_millis(10));
+                return;
+            }
+        };
         let mut pending = lock(&shared.pending);
         if pending.len() >= shared.world {
             continue;
         }
         pending.push(stream);
         drop(pending);
-        helper(shared, accept_member);
+        helper(shared, accept_member, true);
     }
 }
 
@@ -100,6 +118,13 @@ fn accept_member(shared: &Shared) {
 /// hub if that is this rank. A rank that cannot be reached in time counts
 /// as lost, and the next one is tried.
 pub(super) fn find_hub(shared: &Shared) {
+    search(shared);
+    shared.finding.store(false, Ordering::Release);
+    // Another hub may have been lost meanwhile: let the thread look.
+    shared.wake();
+}
+
+fn search(shared: &Shared) {
     let (Some(t), Some(me)) = (&shared.takeover, shared.rank) else {
         return;
     };
