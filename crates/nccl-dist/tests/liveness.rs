@@ -687,3 +687,62 @@ fn liveness_off_on_rank_0_fails_a_live_member_with_a_typed_error() {
     assert!(refused.is_empty());
     assert_eq!(live.rank(), Some(0));
 }
+
+#[test]
+fn threads_a_member_report_reaches_every_hook_and_goodbyes_are_quiet() {
+    fn shareable<T: Clone + Send + Sync + std::fmt::Debug + 'static>(_: &T) {}
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = l.local_addr().expect("addr");
+    let s = secret("secret for ranks as threads");
+    let hub = std::thread::spawn({
+        let s = s.clone();
+        move || rendezvous::serve_live(&l, 3, &s, &id(), Duration::from_secs(10), &fast())
+    });
+    let members: Vec<Liveness> = (1..3)
+        .map(|rank| {
+            let (got, live) =
+                rendezvous::join_live(addr, rank, 3, &s, Duration::from_secs(10), &fast())
+                    .expect("join_live");
+            assert_eq!(got, id());
+            assert_eq!(live.rank(), Some(rank));
+            live
+        })
+        .collect();
+    let (root, refused) = hub.join().expect("thread").expect("serve_live");
+    assert!(refused.is_empty(), "{refused:?}");
+    shareable(&root);
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    for live in members.iter().chain([&root]) {
+        let (seen, me) = (Arc::clone(&seen), live.rank());
+        live.on_loss(Arc::new(move |l: &PeerLoss| {
+            seen.lock().expect("lock").push((me, l.rank, l.seen_by));
+        }));
+    }
+    let at = Instant::now();
+    members[1].report(PeerLoss {
+        rank: 2,
+        cause: LossCause::Exited {
+            reason: "its work failed".into(),
+        },
+        seen_by: 2,
+    });
+    while seen.lock().expect("lock").len() < 3 && at.elapsed() < WITHIN {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let mut got = seen.lock().expect("lock").clone();
+    got.sort();
+    assert_eq!(
+        got,
+        vec![(Some(0), 2, 2), (Some(1), 2, 2), (Some(2), 2, 2)],
+        "after {:?}",
+        at.elapsed()
+    );
+    // Everyone ends cleanly: no further losses anywhere.
+    let [one, two]: [Liveness; 2] = members.try_into().expect("two members");
+    drop(two);
+    one.leave();
+    root.leave();
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(root.losses().len(), 1);
+    assert_eq!(one.losses().len(), 1);
+}
