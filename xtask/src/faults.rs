@@ -520,7 +520,8 @@ fn render(results: &[CaseResult], device: &str) -> String {
         }
         let time = max_of(r, "error_after_ms")
             .or_else(|| max_of(r, "drop_ms"))
-            .or_else(|| max_of(r, "abort_call_ms"));
+            .or_else(|| max_of(r, "abort_call_ms"))
+            .or_else(|| max_of(r, "ended_after_ms"));
         let victim = match r.victim {
             Some(v) => format!("rank {v}: {}", r.victim_end),
             None => r.victim_end.clone(),
