@@ -47,6 +47,7 @@
 //! | 20   | Report    | member → hub | a loss found by the member (its own panic) |
 //! | 21   | Goodbye   | both      | none: a clean end, the close that follows is not a loss |
 //! | 22   | Roster    | hub → member | `count u8 ‖ (rank u32 ‖ len u8 ‖ address as text)*`, at most 16 entries a frame |
+//! | 23   | Left      | hub → member | `rank u32`: that rank said goodbye (not a loss, not a takeover candidate) |
 //!
 //! A loss is `rank u32 ‖ seen_by u32 ‖ cause u8 ‖ detail`: cause 0 (the
 //! connection closed, no detail), 1 (silent; milliseconds as u64), 2
@@ -59,7 +60,7 @@
 //! rank 0 sends every member the roster of those addresses. A member that
 //! loses its hub (closed, silent or corrupted connection; not a goodbye,
 //! which means the job is ending) names it lost, then connects to the
-//! lowest rank it does not count as lost: the same handshake as the
+//! lowest rank it does not count as lost or gone (`Left`): the same handshake as the
 //! rendezvous (the member proves the secret, the new hub proves the secret
 //! and the job's id), then `Attach`/`Attached` with a session key from the
 //! new nonces. The lowest live rank itself simply starts accepting. A

@@ -329,6 +329,25 @@ fn peer_lost_after_rank_0_dies_the_lowest_live_rank_takes_over_and_later_losses_
 }
 
 #[test]
+fn peer_lost_a_rank_that_left_cleanly_is_neither_lost_nor_taken_for_the_next_hub() {
+    let mut job = Job::start(4, &[]);
+    job.say(1, "leave");
+    assert!(job.wait_exit(1).success());
+    std::thread::sleep(Duration::from_millis(100));
+    let at = job.kill(0);
+    job.all_name(&[2, 3], 0, at);
+    std::thread::sleep(Duration::from_millis(200));
+    // Rank 2 took over (rank 1 is gone, not lost); rank 3 is attached.
+    let at = job.kill(3);
+    job.all_name(&[2], 3, at);
+    assert!(
+        job.losses().iter().all(|(_, l)| !l.starts_with("LOST 1 ")),
+        "{:?}",
+        job.lines()
+    );
+}
+
+#[test]
 fn peer_lost_when_the_next_hub_is_unreachable_it_is_named_and_the_one_after_takes_over() {
     let mut job = Job::start(4, &[]);
     // Rank 1 is stopped: its kernel still accepts connections, but it

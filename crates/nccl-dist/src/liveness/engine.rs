@@ -61,6 +61,8 @@ struct State {
     excluded: bool,
     /// After leaving, when the thread stops draining.
     stop_by: Option<Instant>,
+    /// Ranks that ended cleanly: not losses, not hub candidates.
+    gone: Vec<usize>,
 }
 
 /// One authenticated liveness connection, to the hub or to a member.
@@ -298,7 +300,10 @@ impl Shared {
             return;
         }
         let link = Arc::new(link);
-        let past = lock(&self.state).losses.clone();
+        let (past, gone) = {
+            let st = lock(&self.state);
+            (st.losses.clone(), st.gone.clone())
+        };
         lock(&self.links).push(Arc::clone(&link));
         for loss in past {
             link.send(&if link.to_hub {
@@ -307,7 +312,33 @@ impl Shared {
                 Msg::Lost(loss)
             });
         }
+        if !link.to_hub {
+            for rank in gone {
+                link.send(&Msg::Left(rank));
+            }
+        }
         self.wake();
+    }
+
+    /// `rank` ended cleanly: remembered (a later hub search skips it) and
+    /// passed on to this rank's members, not back where it came `from`.
+    fn note_left(&self, rank: usize, from: Option<&Arc<Link>>) {
+        {
+            let mut st = lock(&self.state);
+            if st.gone.contains(&rank) {
+                return;
+            }
+            st.gone.push(rank);
+        }
+        for link in self.links() {
+            if !link.to_hub && !from.is_some_and(|f| Arc::ptr_eq(f, &link)) {
+                link.send(&Msg::Left(rank));
+            }
+        }
+    }
+
+    fn is_gone(&self, rank: usize) -> bool {
+        lock(&self.state).gone.contains(&rank)
     }
 
     fn leave(&self) {
@@ -395,10 +426,14 @@ impl Shared {
             (_, Msg::Heartbeat) => {}
             // A hub that ends cleanly ends the job's watch: no takeover
             // (its members are ending too, and would find no one).
-            (_, Msg::Goodbye) => {
+            (to_hub, Msg::Goodbye) => {
                 link.goodbye.store(true, Ordering::Release);
                 self.link_lost(link, LossCause::ConnectionClosed);
+                if !to_hub {
+                    self.note_left(link.peer, Some(link));
+                }
             }
+            (true, Msg::Left(rank)) => self.note_left(rank, Some(link)),
             (false, Msg::Report(loss)) => self.spread(&loss, Some(link)),
             (true, Msg::Lost(loss)) => {
                 if Some(loss.rank) == self.rank {

@@ -44,6 +44,7 @@ pub(crate) enum Kind {
     Report = 20,
     Goodbye = 21,
     Roster = 22,
+    Left = 23,
 }
 
 impl Kind {
@@ -56,6 +57,7 @@ impl Kind {
             20 => Kind::Report,
             21 => Kind::Goodbye,
             22 => Kind::Roster,
+            23 => Kind::Left,
             _ => return None,
         })
     }
@@ -65,7 +67,7 @@ impl Kind {
         match self {
             Kind::Heartbeat | Kind::Goodbye => true,
             Kind::Attach | Kind::Report => dir == Dir::Up,
-            Kind::Attached | Kind::Lost | Kind::Roster => dir == Dir::Down,
+            Kind::Attached | Kind::Lost | Kind::Roster | Kind::Left => dir == Dir::Down,
         }
     }
 }
@@ -92,6 +94,9 @@ pub(crate) enum Msg {
     /// Rank 0: where members listen for a takeover (part of the roster;
     /// a long roster takes several frames).
     Roster(Vec<(usize, SocketAddr)>),
+    /// Hub: this rank ended cleanly (said goodbye); not a loss, and not a
+    /// candidate to take over.
+    Left(usize),
 }
 
 /// Roster entries per frame: each is at most 4 + 1 + 47 bytes (the longest
@@ -108,6 +113,7 @@ impl Msg {
             Msg::Report(_) => Kind::Report,
             Msg::Goodbye => Kind::Goodbye,
             Msg::Roster(_) => Kind::Roster,
+            Msg::Left(_) => Kind::Left,
         }
     }
 }
@@ -182,6 +188,7 @@ impl Sealer {
             Msg::Lost(loss) | Msg::Report(loss) => encode_loss(loss),
             Msg::Attach { listen: Some(a) } => a.to_string().into_bytes(),
             Msg::Roster(entries) => encode_roster(entries),
+            Msg::Left(rank) => (*rank as u32).to_be_bytes().to_vec(),
             _ => Vec::new(),
         };
         let kind = msg.kind() as u8;
@@ -253,6 +260,19 @@ impl Opener {
                 listen: Some(decode_addr(body)?),
             },
             Kind::Roster => Msg::Roster(decode_roster(body, self.world)?),
+            Kind::Left => {
+                let b: [u8; 4] = body
+                    .try_into()
+                    .map_err(|_| LivenessError::Malformed("a left rank that is not 4 bytes"))?;
+                let rank = u32::from_be_bytes(b) as usize;
+                if rank >= self.world {
+                    return Err(LivenessError::RankOutOfRange {
+                        rank,
+                        world: self.world,
+                    });
+                }
+                Msg::Left(rank)
+            }
             Kind::Attached => Msg::Attached,
             Kind::Heartbeat => Msg::Heartbeat,
             Kind::Goodbye => Msg::Goodbye,
@@ -474,6 +494,7 @@ mod tests {
                 (1, "127.0.0.1:4000".parse().unwrap()),
                 (3, "[fe80::1:2:3:4]:65535".parse().unwrap()),
             ]),
+            Msg::Left(3),
         ];
         let mut wire = Vec::new();
         for m in &msgs {

@@ -134,7 +134,10 @@ fn search(shared: &Shared) {
         }
         let roster = lock(&shared.roster).clone();
         let next = (0..shared.world).find(|&r| {
-            !shared.is_lost(r) && (r == me || roster.get(r).is_some_and(Option::is_some))
+            r == me
+                || (!shared.is_lost(r)
+                    && !shared.is_gone(r)
+                    && roster.get(r).is_some_and(Option::is_some))
         });
         let Some(next) = next else {
             return;
