@@ -46,7 +46,7 @@
 //! | 19   | Lost      | hub → member | a loss |
 //! | 20   | Report    | member → hub | a loss found by the member (its own panic) |
 //! | 21   | Goodbye   | both      | none: a clean end, the close that follows is not a loss |
-//! | 22   | Roster    | hub → member | `count u8 ‖ (rank u32 ‖ len u8 ‖ address as text)*`, at most 16 entries a frame |
+//! | 22   | Roster    | hub → member | `count u8 ‖ (rank u32 ‖ len u8 ‖ address as text)*`, at most 12 entries a frame |
 //! | 23   | Left      | hub → member | `rank u32`: that rank said goodbye (not a loss, not a takeover candidate) |
 //!
 //! A loss is `rank u32 ‖ seen_by u32 ‖ cause u8 ‖ detail`: cause 0 (the
