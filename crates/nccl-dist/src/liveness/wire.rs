@@ -630,6 +630,38 @@ mod tests {
     }
 
     #[test]
+    fn random_bytes_never_panic_and_never_open() {
+        // A small xorshift: deterministic garbage, no extra dependency.
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for round in 0..2000 {
+            let len = (next() % 1100) as usize;
+            let mut bytes: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+            if round % 2 == 0 && bytes.len() >= HEADER {
+                // A valid header in front, so the opener sees the garbage.
+                let kind = 16 + (next() % 9) as u8;
+                let body = bytes
+                    .split_off(HEADER)
+                    .into_iter()
+                    .take(1024)
+                    .collect::<Vec<_>>();
+                bytes = encode_frame(kind, &body);
+            }
+            let mut fb = FrameBuf::default();
+            fb.push(&bytes);
+            let mut rx = Opener::new(key(1), Dir::Down, 4);
+            while let Ok(Some((k, p))) = fb.next_frame() {
+                assert!(rx.open(k, &p).is_err());
+            }
+        }
+    }
+
+    #[test]
     fn frame_buffer_refuses_garbage_and_oversized_frames() {
         let mut fb = FrameBuf::default();
         fb.push(b"GET / HTTP/1.1\r\n");
