@@ -55,9 +55,11 @@
 //!
 //! # Takeover
 //!
-//! Each member listens (any port, on the interface it reached rank 0 by)
-//! and sends that address in its `Attach`; when the rendezvous is over,
-//! rank 0 sends every member the roster of those addresses. A member that
+//! Each member listens (any port, on the interface it reached rank 0 by;
+//! on every interface if that was loopback) and sends that address in its
+//! `Attach`; when the rendezvous is over, rank 0 sends every member the
+//! roster of those addresses (a loopback one replaced by the address
+//! remote members reached rank 0's host by, when there is one). A member that
 //! loses its hub (closed, silent or corrupted connection; not a goodbye,
 //! which means the job is ending) names it lost, then connects to the
 //! lowest rank it does not count as lost or gone (`Left`): the same handshake as the

@@ -31,7 +31,7 @@
 
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -309,12 +309,17 @@ pub fn serve_live(
         secret,
         id,
         timeout,
-        |stream, served, until| match attach_member(stream, served, world, secret, until) {
-            Ok((link, listen)) => {
-                live.add_link(link, listen);
-                None
+        |stream, served, until| {
+            // The address remote members reach this host by (a member on
+            // this host may have come over loopback).
+            let seen = stream.local_addr().ok().map(|a| a.ip());
+            match attach_member(stream, served, world, secret, until) {
+                Ok((link, listen)) => {
+                    live.add_link(link, listen, seen);
+                    None
+                }
+                Err(e) => Some(e),
             }
-            Err(e) => Some(e),
         },
     );
     match outcome {
@@ -573,14 +578,23 @@ pub fn join_live(
     // Where this rank would take over as hub: the interface it reached
     // rank 0 by, any port. Without it this rank cannot take over, but is
     // still watched.
-    let takeover = joined
-        .stream
-        .local_addr()
-        .and_then(|a| TcpListener::bind((a.ip(), 0)))
+    // A member that reached rank 0 over loopback listens on every
+    // interface: ranks on other hosts reach it by the address rank 0 has
+    // for this host, which rank 0 puts in the roster instead.
+    let local = joined.stream.local_addr()?.ip();
+    let bind_ip = match local {
+        IpAddr::V4(a) if a.is_loopback() => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        IpAddr::V6(a) if a.is_loopback() => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+        other => other,
+    };
+    let takeover = TcpListener::bind((bind_ip, 0))
         .and_then(|l| l.set_nonblocking(true).map(|()| l))
         .inspect_err(|e| tracing::warn!(error = %e, "liveness: no takeover listener"))
         .ok();
-    let listen = takeover.as_ref().and_then(|l| l.local_addr().ok());
+    let listen = takeover
+        .as_ref()
+        .and_then(|l| l.local_addr().ok())
+        .map(|a| SocketAddr::new(local, a.port()));
     let until = (started + timeout).min(Instant::now() + PEER_TIMEOUT);
     let link = attach_to_hub(joined, 0, rank, world, secret, listen, until)?;
     let takeover = takeover.map(|listener| Takeover {

@@ -160,6 +160,8 @@ struct Shared {
     handshakes: AtomicUsize,
     /// Accepted takeover connections waiting for their helper.
     pending: Mutex<Vec<TcpStream>>,
+    /// Rank 0: this host's first non-loopback address members came to.
+    host_ip: Mutex<Option<std::net::IpAddr>>,
 }
 
 impl Shared {
@@ -182,6 +184,7 @@ impl Shared {
             finding: AtomicBool::new(false),
             handshakes: AtomicUsize::new(0),
             pending: Mutex::new(Vec::new()),
+            host_ip: Mutex::new(None),
         }
     }
 

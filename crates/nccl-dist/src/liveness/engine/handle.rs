@@ -1,7 +1,7 @@
 //! The public [`Liveness`] handle over the shared state, and the
 //! constructors the rendezvous uses.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -150,9 +150,13 @@ impl Liveness {
 
     /// Rank 0: a member finished its handshake and attach; watch it, and
     /// tell it of the losses it missed.
-    pub(crate) fn add_link(&self, link: Link, listen: Option<SocketAddr>) {
+    /// `seen` is this host's address on the member's connection.
+    pub(crate) fn add_link(&self, link: Link, listen: Option<SocketAddr>, seen: Option<IpAddr>) {
         if let Some(slot) = lock(&self.shared().roster).get_mut(link.peer) {
             *slot = listen;
+        }
+        if let Some(ip) = seen.filter(|ip| !ip.is_loopback()) {
+            lock(&self.shared().host_ip).get_or_insert(ip);
         }
         self.shared().attach(link);
     }
@@ -162,10 +166,18 @@ impl Liveness {
     pub(crate) fn done_accepting(&self) {
         let s = self.shared();
         s.accepting.store(false, Ordering::Release);
+        let host_ip = *lock(&s.host_ip);
         let entries: Vec<(usize, SocketAddr)> = lock(&s.roster)
             .iter()
             .enumerate()
             .filter_map(|(r, a)| a.map(|a| (r, a)))
+            .map(|(r, a)| match host_ip {
+                // A member on this host that came over loopback listens on
+                // every interface: the others reach it by this host's
+                // address.
+                Some(ip) if a.ip().is_loopback() => (r, SocketAddr::new(ip, a.port())),
+                _ => (r, a),
+            })
             .collect();
         for link in s.links() {
             for chunk in entries.chunks(ROSTER_CHUNK) {
