@@ -221,14 +221,18 @@ fn main_typed<T: Elem>(opts: &Opts) -> Result<()> {
             // a watchdog of its own.
             let comms = Comm::init_all(&devices(&opts)?, &config(&opts))?;
             let host = HostBarrier::new(1, opts.timeout);
-            let watchdog = Watchdog::start(WatchdogOptions::new())?;
+            let watchdog = if opts.layers.contains(&Layer::SafeWd) {
+                Some(Watchdog::start(WatchdogOptions::new())?)
+            } else {
+                None
+            };
             let ranks = comms
                 .iter()
                 .map(|comm| {
                     Ok(RankComms {
                         comm,
                         dist: None,
-                        watch: watch_for(comm, Some(&watchdog), &opts)?,
+                        watch: watch_for(comm, watchdog.as_ref(), &opts)?,
                     })
                 })
                 .collect::<Result<Vec<_>>>()?;
