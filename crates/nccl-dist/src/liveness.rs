@@ -22,6 +22,11 @@
 //! noticed. Each survivor runs its hooks ([`Liveness::on_loss`]) once per
 //! lost rank, typically a few milliseconds after the death.
 //!
+//! Once the channel is up, its steady state (heartbeats sent and received
+//! on either side, idle rounds of the thread) makes no heap allocation:
+//! frames are sealed into and cut out of buffers each link keeps. Only
+//! rare events (an attach, a loss, a goodbye, a takeover) allocate.
+//!
 //! # Wire protocol
 //!
 //! After the rendezvous handshake (see [`crate::rendezvous`]; its bytes

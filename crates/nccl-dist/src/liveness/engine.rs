@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::wire::{FrameBuf, MAX_FRAME, Msg, Opener, ROSTER_CHUNK, Sealer};
+use super::wire::{FrameBuf, MAX_FRAME, MIN_FRAME, Msg, Opener, ROSTER_CHUNK, Sealer};
 use super::{LivenessError, LivenessOptions, LossCause, PeerLoss};
 
 mod handle;
@@ -27,6 +27,8 @@ type Hook = Arc<dyn Fn(&PeerLoss) + Send + Sync>;
 /// How long a rank that left keeps reading its connections, so the peer's
 /// last frames are consumed and the close stays a clean one.
 const DRAIN: Duration = Duration::from_secs(1);
+/// Bytes the thread reads from a connection at once.
+const READ_CHUNK: usize = 2 * MAX_FRAME;
 /// A guard on reads the thread makes only after `poll` said "readable".
 const READ_GUARD: Duration = Duration::from_millis(100);
 /// How long a write of one small frame may block (the peer stopped
@@ -71,11 +73,20 @@ pub(crate) struct Link {
     /// The peer is this rank's hub (this side is the member).
     to_hub: bool,
     stream: TcpStream,
-    sealer: Mutex<Sealer>,
+    tx: Mutex<Tx>,
     rx: Mutex<Rx>,
     goodbye: AtomicBool,
 }
 
+/// The sending side of a link: its sealer and the buffer every frame is
+/// sealed into (kept, so a heartbeat allocates nothing).
+struct Tx {
+    sealer: Sealer,
+    frame: Vec<u8>,
+}
+
+/// The receiving side of a link. Its buffer has room for a partial frame
+/// and a whole read, so cutting frames allocates nothing.
 struct Rx {
     opener: Opener,
     buf: FrameBuf,
@@ -100,10 +111,13 @@ impl Link {
             peer,
             to_hub,
             stream,
-            sealer: Mutex::new(sealer),
+            tx: Mutex::new(Tx {
+                sealer,
+                frame: Vec::with_capacity(MAX_FRAME),
+            }),
             rx: Mutex::new(Rx {
                 opener,
-                buf: FrameBuf::default(),
+                buf: FrameBuf::with_capacity(READ_CHUNK + MAX_FRAME),
                 last_heard: Instant::now(),
             }),
             goodbye: AtomicBool::new(false),
@@ -115,9 +129,9 @@ impl Link {
     fn send(&self, msg: &Msg) -> bool {
         // The sealer's lock is held across the write so counters reach the
         // wire in order whichever thread sends.
-        let mut sealer = lock(&self.sealer);
-        match sealer.seal(msg) {
-            Ok(frame) => (&self.stream).write_all(&frame).is_ok(),
+        let tx = &mut *lock(&self.tx);
+        match tx.sealer.seal_into(msg, &mut tx.frame) {
+            Ok(()) => (&self.stream).write_all(&tx.frame).is_ok(),
             Err(_) => false,
         }
     }
@@ -226,6 +240,18 @@ impl Shared {
 
     fn links(&self) -> Vec<Arc<Link>> {
         lock(&self.links).clone()
+    }
+
+    /// The links now, into `out` (emptied first): the thread's snapshot,
+    /// in a vector it keeps, so a round allocates nothing.
+    fn links_into(&self, out: &mut Vec<Arc<Link>>) {
+        out.clear();
+        out.extend(lock(&self.links).iter().cloned());
+    }
+
+    /// Whether any link is being watched.
+    fn has_links(&self) -> bool {
+        !lock(&self.links).is_empty()
     }
 
     /// Removes `link`; false when it was already gone.
@@ -459,8 +485,9 @@ impl Shared {
         }
     }
 
-    /// Reads what `poll` said is there and acts on every whole frame.
-    fn service(&self, link: &Arc<Link>, chunk: &mut [u8]) {
+    /// Reads what `poll` said is there and acts on every whole frame;
+    /// `msgs` is the thread's (empty) vector to collect them in.
+    fn service(&self, link: &Arc<Link>, chunk: &mut [u8], msgs: &mut Vec<Msg>) {
         let n = match (&link.stream).read(chunk) {
             Ok(0) => return self.link_lost(link, LossCause::ConnectionClosed),
             Ok(n) => n,
@@ -476,13 +503,17 @@ impl Shared {
             }
             Err(_) => return self.link_lost(link, LossCause::ConnectionClosed),
         };
-        let (msgs, bad) = {
+        let bad = {
             let mut rx = lock(&link.rx);
-            rx.buf.push(&chunk[..n]);
-            let mut msgs = Vec::new();
+            let Rx {
+                opener,
+                buf,
+                last_heard,
+            } = &mut *rx;
+            buf.push(&chunk[..n]);
             let mut bad = None;
             loop {
-                let frame = match rx.buf.next_frame() {
+                let (kind, payload) = match buf.next_frame() {
                     Ok(Some(f)) => f,
                     Ok(None) => break,
                     Err(e) => {
@@ -490,9 +521,9 @@ impl Shared {
                         break;
                     }
                 };
-                match rx.opener.open(frame.0, &frame.1) {
+                match opener.open(kind, payload) {
                     Ok(m) => {
-                        rx.last_heard = Instant::now();
+                        *last_heard = Instant::now();
                         msgs.push(m);
                     }
                     Err(e) => {
@@ -501,9 +532,10 @@ impl Shared {
                     }
                 }
             }
-            (msgs, bad)
+            bad
         };
-        for m in msgs {
+        // Handled with no lock held; the vector keeps its room.
+        for m in msgs.drain(..) {
             self.handle(link, m);
         }
         if let Some(e) = bad {
@@ -533,10 +565,19 @@ fn wait_readable(fds: &mut [libc::pollfd], wait: Duration) {
 }
 
 /// The thread: heartbeats, silence, and every readable connection.
+///
+/// Everything a round needs (the read buffer, the poll set, the snapshot of
+/// the links, the messages read) is made here once and reused, so once the
+/// channel is up a heartbeat sent or received and an idle round allocate
+/// nothing; only rare events (a new link, a loss, a goodbye) do.
 fn run(shared: Arc<Shared>) {
     let mut next_beat = Instant::now();
-    let mut chunk = vec![0u8; 2 * MAX_FRAME];
-    let mut fds: Vec<libc::pollfd> = Vec::new();
+    let mut chunk = vec![0u8; READ_CHUNK];
+    let room = shared.world + 2;
+    let mut fds: Vec<libc::pollfd> = Vec::with_capacity(room);
+    let mut links: Vec<Arc<Link>> = Vec::with_capacity(room);
+    // The most frames one read can complete (a partial frame and a read).
+    let mut msgs: Vec<Msg> = Vec::with_capacity((READ_CHUNK + MAX_FRAME) / MIN_FRAME + 1);
     loop {
         let (ending, stop_by) = {
             let st = lock(&shared.state);
@@ -544,14 +585,14 @@ fn run(shared: Arc<Shared>) {
         };
         let now = Instant::now();
         if ending {
-            let drained = shared.links().is_empty() || stop_by.is_none_or(|t| now >= t);
+            let drained = !shared.has_links() || stop_by.is_none_or(|t| now >= t);
             if drained {
                 break;
             }
         } else {
             // A member that can take over keeps watching with no link: it
             // may become the hub, or be between two hubs.
-            if shared.links().is_empty()
+            if !shared.has_links()
                 && !shared.accepting.load(Ordering::Acquire)
                 && shared.takeover.is_none()
             {
@@ -567,17 +608,19 @@ fn run(shared: Arc<Shared>) {
                 }
             }
             if now >= next_beat {
-                for link in shared.links() {
+                shared.links_into(&mut links);
+                for link in &links {
                     // A failed write shows up on the reading side as EOF or
                     // a reset, with the right cause.
                     link.send(&Msg::Heartbeat);
                 }
                 next_beat = now + shared.heartbeat;
             }
-            for link in shared.links() {
+            shared.links_into(&mut links);
+            for link in &links {
                 let quiet = now.saturating_duration_since(link.last_heard());
                 if quiet >= shared.silence {
-                    shared.link_lost(&link, LossCause::Silent { for_: quiet });
+                    shared.link_lost(link, LossCause::Silent { for_: quiet });
                 }
             }
         }
@@ -587,7 +630,7 @@ fn run(shared: Arc<Shared>) {
         } else {
             next_beat.saturating_duration_since(Instant::now())
         };
-        let links = shared.links();
+        shared.links_into(&mut links);
         fds.clear();
         if let Some((_, rx)) = &shared.wake {
             fds.push(libc::pollfd {
@@ -622,9 +665,11 @@ fn run(shared: Arc<Shared>) {
         }
         for (link, fd) in links.iter().zip(&fds[first_link..]) {
             if fd.revents != 0 {
-                shared.service(link, &mut chunk);
+                shared.service(link, &mut chunk, &mut msgs);
             }
         }
+        // No link outlives the round in the snapshot.
+        links.clear();
     }
     for link in std::mem::take(&mut *lock(&shared.links)) {
         link.shut();

@@ -2,6 +2,7 @@
 //! opening frames (MAC and per-direction counter), and cutting frames out
 //! of a byte stream. Pure functions and small state machines, no sockets.
 
+use std::io::Write as _;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -176,38 +177,64 @@ pub(crate) struct Sealer {
     key: SessionKey,
     dir: Dir,
     next: u64,
+    /// A frame header as the rendezvous framing writes it (magic,
+    /// version); kind and length are filled in per frame.
+    header: [u8; HEADER],
 }
 
 impl Sealer {
     pub(crate) fn new(key: SessionKey, dir: Dir) -> Sealer {
-        Sealer { key, dir, next: 0 }
+        // The rendezvous framing's own header, made once per connection so
+        // sealing never allocates for it and the bytes stay that framing's.
+        let mut header = [0u8; HEADER];
+        header.copy_from_slice(&encode_frame(0, &[])[..HEADER]);
+        Sealer {
+            key,
+            dir,
+            next: 0,
+            header,
+        }
     }
 
     /// The whole frame for `msg`, header included; the counter advances.
     pub(crate) fn seal(&mut self, msg: &Msg) -> Result<Vec<u8>, LivenessError> {
-        let body = match msg {
-            Msg::Lost(loss) | Msg::Report(loss) => encode_loss(loss),
-            Msg::Attach { listen: Some(a) } => a.to_string().into_bytes(),
-            Msg::Roster(entries) => encode_roster(entries),
-            Msg::Left(rank) => (*rank as u32).to_be_bytes().to_vec(),
-            _ => Vec::new(),
-        };
-        if COUNTER + body.len() + TAG > MAX_PAYLOAD as usize {
-            // Cannot happen with the bounds above; a frame the peer would
-            // refuse is never sent.
-            return Err(LivenessError::Malformed("a message over the frame cap"));
-        }
+        let mut out = Vec::with_capacity(MAX_FRAME);
+        self.seal_into(msg, &mut out)?;
+        Ok(out)
+    }
+
+    /// As [`Sealer::seal`], into `out` (emptied first). With `out` holding
+    /// [`MAX_FRAME`] bytes of capacity this never allocates for a message
+    /// without a body (a heartbeat, a goodbye) or with a fixed-size one.
+    pub(crate) fn seal_into(&mut self, msg: &Msg, out: &mut Vec<u8>) -> Result<(), LivenessError> {
         let kind = msg.kind() as u8;
         let counter = self.next.to_be_bytes();
-        let t = tag(&self.key, self.dir, kind, &counter, &body)?
+        out.clear();
+        out.extend_from_slice(&self.header);
+        out.extend_from_slice(&counter);
+        let body_at = out.len();
+        match msg {
+            Msg::Lost(loss) | Msg::Report(loss) => encode_loss(loss, out),
+            Msg::Attach { listen: Some(a) } => write_addr(a, out),
+            Msg::Roster(entries) => encode_roster(entries, out),
+            Msg::Left(rank) => out.extend_from_slice(&(*rank as u32).to_be_bytes()),
+            Msg::Attach { listen: None } | Msg::Attached | Msg::Heartbeat | Msg::Goodbye => {}
+        }
+        let len = out.len() - HEADER + TAG;
+        if len > MAX_PAYLOAD as usize {
+            // Cannot happen with the bounds above; a frame the peer would
+            // refuse is never sent.
+            out.clear();
+            return Err(LivenessError::Malformed("a message over the frame cap"));
+        }
+        let t = tag(&self.key, self.dir, kind, &counter, &out[body_at..])?
             .finalize()
             .into_bytes();
-        let mut payload = Vec::with_capacity(COUNTER + body.len() + TAG);
-        payload.extend_from_slice(&counter);
-        payload.extend_from_slice(&body);
-        payload.extend_from_slice(&t);
+        out.extend_from_slice(&t);
+        out[6] = kind;
+        out[7..HEADER].copy_from_slice(&(len as u32).to_be_bytes());
         self.next = self.next.wrapping_add(1);
-        Ok(encode_frame(kind, &payload))
+        Ok(())
     }
 }
 
@@ -306,9 +333,9 @@ fn cut(text: &str) -> &str {
 }
 
 /// `rank u32 ‖ seen_by u32 ‖ cause u8 ‖ detail`: nothing for a closed
-/// connection, milliseconds (u64) for silence, UTF-8 text otherwise.
-fn encode_loss(loss: &PeerLoss) -> Vec<u8> {
-    let mut out = Vec::with_capacity(16);
+/// connection, milliseconds (u64) for silence, UTF-8 text otherwise;
+/// appended to `out`.
+fn encode_loss(loss: &PeerLoss, out: &mut Vec<u8>) {
     out.extend_from_slice(&(loss.rank as u32).to_be_bytes());
     out.extend_from_slice(&(loss.seen_by as u32).to_be_bytes());
     match &loss.cause {
@@ -327,7 +354,6 @@ fn encode_loss(loss: &PeerLoss) -> Vec<u8> {
             out.extend_from_slice(cut(reason).as_bytes());
         }
     }
-    out
 }
 
 fn decode_loss(body: &[u8], world: usize) -> Result<PeerLoss, LivenessError> {
@@ -374,17 +400,25 @@ fn decode_addr(text: &[u8]) -> Result<SocketAddr, LivenessError> {
         .ok_or(LivenessError::Malformed("not a socket address"))
 }
 
-/// `count u8 ‖ (rank u32 ‖ length u8 ‖ address as text)*`.
-fn encode_roster(entries: &[(usize, SocketAddr)]) -> Vec<u8> {
+/// An address as text, appended to `out` (no text in between).
+fn write_addr(addr: &SocketAddr, out: &mut Vec<u8>) {
+    // Writing to a `Vec` cannot fail.
+    let _ = write!(out, "{addr}");
+}
+
+/// `count u8 ‖ (rank u32 ‖ length u8 ‖ address as text)*`, appended to
+/// `out`.
+fn encode_roster(entries: &[(usize, SocketAddr)], out: &mut Vec<u8>) {
     let entries = &entries[..entries.len().min(ROSTER_CHUNK)];
-    let mut out = vec![entries.len() as u8];
+    out.push(entries.len() as u8);
     for (rank, addr) in entries {
-        let text = addr.to_string();
         out.extend_from_slice(&(*rank as u32).to_be_bytes());
-        out.push(text.len() as u8);
-        out.extend_from_slice(text.as_bytes());
+        let len_at = out.len();
+        out.push(0);
+        write_addr(addr, out);
+        // At most 58 bytes (the widest IPv6 socket address).
+        out[len_at] = (out.len() - len_at - 1) as u8;
     }
-    out
 }
 
 fn decode_roster(body: &[u8], world: usize) -> Result<Vec<(usize, SocketAddr)>, LivenessError> {
@@ -413,40 +447,62 @@ fn decode_roster(body: &[u8], world: usize) -> Result<Vec<(usize, SocketAddr)>, 
 }
 
 /// Bytes read from a connection, cut into frames. Holds at most one
-/// partial frame beyond what was last read, so it stays bounded.
+/// partial frame beyond what was last read, so it stays bounded; frames
+/// are handed out in place, so with enough capacity (see
+/// [`FrameBuf::with_capacity`]) cutting never allocates.
 #[derive(Debug, Default)]
 pub(crate) struct FrameBuf {
     buf: Vec<u8>,
+    /// Where the bytes not yet handed out start.
+    start: usize,
 }
 
 impl FrameBuf {
-    /// Appends bytes read from the connection.
+    /// An empty buffer with room for `bytes` (reads of up to `bytes` minus
+    /// one frame then never make it grow).
+    pub(crate) fn with_capacity(bytes: usize) -> FrameBuf {
+        FrameBuf {
+            buf: Vec::with_capacity(bytes),
+            start: 0,
+        }
+    }
+
+    /// Appends bytes read from the connection (first dropping the frames
+    /// already handed out).
     pub(crate) fn push(&mut self, bytes: &[u8]) {
+        if self.start > 0 {
+            self.buf.drain(..self.start);
+            self.start = 0;
+        }
         self.buf.extend_from_slice(bytes);
     }
 
-    /// The next whole frame (kind, payload), if one has arrived.
-    pub(crate) fn next_frame(&mut self) -> Result<Option<(u8, Vec<u8>)>, LivenessError> {
-        if self.buf.len() < HEADER {
+    /// The next whole frame (kind, payload), if one has arrived; the
+    /// payload is borrowed from the buffer.
+    pub(crate) fn next_frame(&mut self) -> Result<Option<(u8, &[u8])>, LivenessError> {
+        let rest = &self.buf[self.start..];
+        if rest.len() < HEADER {
             return Ok(None);
         }
-        let (kind, len) = decode_header(&self.buf[..HEADER]).map_err(|e| match e {
+        let (kind, len) = decode_header(&rest[..HEADER]).map_err(|e| match e {
             RendezvousError::Malformed(what) => LivenessError::Malformed(what),
             RendezvousError::Version { got } => LivenessError::Version { got },
             _ => LivenessError::Malformed("bad frame header"),
         })?;
         let end = HEADER + len as usize;
-        if self.buf.len() < end {
+        if rest.len() < end {
             return Ok(None);
         }
-        let payload = self.buf[HEADER..end].to_vec();
-        self.buf.drain(..end);
-        Ok(Some((kind, payload)))
+        let from = self.start;
+        self.start += end;
+        Ok(Some((kind, &self.buf[from + HEADER..from + end])))
     }
 }
 
 /// The largest frame there is, header included.
 pub(crate) const MAX_FRAME: usize = HEADER + MAX_PAYLOAD as usize;
+/// The smallest frame there is: header, counter and tag, no body.
+pub(crate) const MIN_FRAME: usize = HEADER + COUNTER + TAG;
 
 #[cfg(test)]
 mod tests {
@@ -463,8 +519,8 @@ mod tests {
         // One byte at a time: frames are cut right whatever the reads.
         for b in bytes {
             fb.push(&[*b]);
-            while let Some(f) = fb.next_frame().unwrap() {
-                out.push(f);
+            while let Some((k, p)) = fb.next_frame().unwrap() {
+                out.push((k, p.to_vec()));
             }
         }
         out
@@ -656,7 +712,7 @@ mod tests {
             fb.push(&bytes);
             let mut rx = Opener::new(key(1), Dir::Down, 4);
             while let Ok(Some((k, p))) = fb.next_frame() {
-                assert!(rx.open(k, &p).is_err());
+                assert!(rx.open(k, p).is_err());
             }
         }
     }
@@ -672,5 +728,99 @@ mod tests {
         fb.push(&big);
         assert!(fb.next_frame().is_err());
         assert_eq!(MAX_FRAME, 1035);
+    }
+
+    #[test]
+    fn sealed_frames_are_the_documented_bytes() {
+        // Each frame is rebuilt from the protocol docs alone: the
+        // rendezvous framing around `counter ‖ body ‖ tag`, with the tag
+        // over label, direction, kind, counter and body.
+        let expect = |dir: Dir, kind: Kind, counter: u64, body: &[u8]| {
+            let mut m = keyed(&key(1).0).unwrap();
+            m.update(b"nccl-rs liveness frame");
+            m.update(&[dir as u8, kind as u8]);
+            m.update(&counter.to_be_bytes());
+            m.update(body);
+            let mut payload = counter.to_be_bytes().to_vec();
+            payload.extend_from_slice(body);
+            payload.extend_from_slice(&m.finalize().into_bytes());
+            encode_frame(kind as u8, &payload)
+        };
+        let mut down = Sealer::new(key(1), Dir::Down);
+        let mut frame = Vec::new();
+        let cases: [(Msg, Kind, Vec<u8>); 7] = [
+            (Msg::Heartbeat, Kind::Heartbeat, vec![]),
+            (Msg::Attached, Kind::Attached, vec![]),
+            (Msg::Left(3), Kind::Left, vec![0, 0, 0, 3]),
+            (
+                Msg::Lost(loss(LossCause::ConnectionClosed)),
+                Kind::Lost,
+                vec![0, 0, 0, 3, 0, 0, 0, 0, 0],
+            ),
+            (
+                Msg::Lost(loss(LossCause::Silent {
+                    for_: Duration::from_millis(258),
+                })),
+                Kind::Lost,
+                vec![0, 0, 0, 3, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 1, 2],
+            ),
+            (
+                Msg::Lost(loss(LossCause::Panicked {
+                    message: "ab".into(),
+                })),
+                Kind::Lost,
+                vec![0, 0, 0, 3, 0, 0, 0, 0, 2, b'a', b'b'],
+            ),
+            (
+                Msg::Roster(vec![(1, "127.0.0.1:4000".parse().unwrap())]),
+                Kind::Roster,
+                [&[1, 0, 0, 0, 1, 14][..], b"127.0.0.1:4000"].concat(),
+            ),
+        ];
+        for (counter, (msg, kind, body)) in cases.into_iter().enumerate() {
+            let want = expect(Dir::Down, kind, counter as u64, &body);
+            // Into a reused buffer that holds a longer frame before.
+            frame.resize(MAX_FRAME, 0xaa);
+            down.seal_into(&msg, &mut frame).unwrap();
+            assert_eq!(frame, want, "{msg:?}");
+        }
+        let mut up = Sealer::new(key(1), Dir::Up);
+        let attach = Msg::Attach {
+            listen: Some("[::1]:7".parse().unwrap()),
+        };
+        assert_eq!(
+            up.seal(&attach).unwrap(),
+            expect(Dir::Up, Kind::Attach, 0, b"[::1]:7")
+        );
+        assert_eq!(
+            up.seal(&Msg::Report(loss(LossCause::Exited { reason: "x".into() })))
+                .unwrap(),
+            expect(Dir::Up, Kind::Report, 1, &[0, 0, 0, 3, 0, 0, 0, 0, 3, b'x'])
+        );
+    }
+
+    #[test]
+    fn frames_are_cut_in_place_across_reads() {
+        let mut tx = Sealer::new(key(1), Dir::Down);
+        let mut wire = Vec::new();
+        for _ in 0..5 {
+            wire.extend(tx.seal(&Msg::Heartbeat).unwrap());
+        }
+        wire.extend(tx.seal(&Msg::Left(2)).unwrap());
+        let mut fb = FrameBuf::with_capacity(3 * MAX_FRAME);
+        let room = fb.buf.capacity();
+        let mut rx = Opener::new(key(1), Dir::Down, 4);
+        let mut got = Vec::new();
+        // Reads that split frames anywhere.
+        for piece in wire.chunks(37) {
+            fb.push(piece);
+            while let Some((k, p)) = fb.next_frame().unwrap() {
+                got.push(rx.open(k, p).unwrap());
+            }
+        }
+        assert_eq!(got.len(), 6);
+        assert!(got[..5].iter().all(|m| *m == Msg::Heartbeat));
+        assert_eq!(got[5], Msg::Left(2));
+        assert_eq!(fb.buf.capacity(), room, "the buffer never grew");
     }
 }
