@@ -445,6 +445,7 @@ fn report(dir: &Path) -> Result<()> {
             "Plot: `busbw.svg` (busbw against size, out of place, per layer).\n"
         )?;
     }
+    watchdog_fired(&mut md, dir, &mut misses)?;
     let (summary, targets) = summary(&docs);
     targets_section(&mut md, &targets, &mut misses)?;
     latency_section(&mut md, &docs, &mut misses)?;
@@ -690,6 +691,15 @@ fn summary(docs: &BTreeMap<String, Value>) -> (Value, Vec<Target>) {
     (Value::Object(flat), targets)
 }
 
+/// `shown` with a sign, two decimals where they tell hit from miss.
+fn signed(v: f64, limit: f64) -> String {
+    let short = format!("{v:+.2}");
+    match short.parse::<f64>() {
+        Ok(r) if at_most(r, limit) != at_most(v, limit) => format!("{v:+}"),
+        _ => short,
+    }
+}
+
 /// Shows a value so that rounding never makes a miss look like a hit.
 fn shown(v: f64, limit: f64) -> String {
     let short = format!("{v:.3}");
@@ -744,6 +754,48 @@ fn targets_section(md: &mut String, targets: &[Target], misses: &mut Vec<String>
             "| `{}` | {value} | ≤ {} {} | {met} | {at} |",
             t.key, t.limit, t.unit
         )?;
+    }
+    writeln!(md)?;
+    Ok(())
+}
+
+/// Jobs whose stderr (`JOB.err`, the jobs run by this process rather than
+/// the launcher) holds the watchdog's report: an operation timed out, or
+/// a communicator was aborted with operations the watchdog still counted
+/// as unfinished. Each is a miss, whatever the job's exit status.
+fn watchdog_fired(md: &mut String, dir: &Path, misses: &mut Vec<String>) -> Result<()> {
+    let mut fired = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.extension().is_none_or(|e| e != "err") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        if let Some(line) = text.lines().find(|l| l.starts_with("nccl-dist watchdog:")) {
+            let job = path
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            fired.push((job, line.to_string()));
+        }
+    }
+    if fired.is_empty() {
+        return Ok(());
+    }
+    fired.sort();
+    writeln!(
+        md,
+        "## The watchdog fired
+"
+    )?;
+    writeln!(
+        md,
+        "Its first line in each job's stderr (the flight recorder follows it in `JOB.err`):
+"
+    )?;
+    for (job, line) in &fired {
+        writeln!(md, "- `{job}`: {line}")?;
+        misses.push(format!("the watchdog fired in {job} (see {job}.err)"));
     }
     writeln!(md)?;
     Ok(())
@@ -939,11 +991,12 @@ fn latency_section(
                         let d = x - raw;
                         if !at_most(d, 0.5) {
                             misses.push(format!(
-                                "{mode} {coll} {}: {layer} {d:+.2} µs over raw",
-                                human(smallest["bytes"].as_u64().unwrap_or(0))
+                                "{mode} {coll} {}: {layer} {} µs over raw",
+                                human(smallest["bytes"].as_u64().unwrap_or(0)),
+                                signed(d, 0.5)
                             ));
                         }
-                        deltas.push(format!("{d:+.2}"));
+                        deltas.push(signed(d, 0.5));
                     }
                     None => deltas.push("-".into()),
                 }
@@ -972,7 +1025,9 @@ fn latency_section(
                         )
                     }),
             )
-            .map_or("-".to_string(), |(d, at)| format!("{d:+.2} ({at})"));
+            .map_or("-".to_string(), |(d, at)| {
+                format!("{} ({at})", signed(d, 0.5))
+            });
             writeln!(
                 md,
                 "| {coll} | {} | {raw:.2} | {} | {} | {} | {} | {most} |",
