@@ -21,9 +21,12 @@
 //! [`WorldOptions::op_timeout`](crate::WorldOptions::op_timeout), 300 s by
 //! default; `NCCL_RS_WATCHDOG_TIMEOUT` still overrides it), the recorder's
 //! length `NCCL_RS_FLIGHT_RECORDER` (entries). A communicator without a
-//! watchdog pays one `RefCell` check per operation. With one, each
-//! operation records one CUDA event (events are reused, created without
-//! timing) under a mutex no other thread holds for long. The watchdog
+//! watchdog pays one `RefCell` check per operation. With one, an operation
+//! takes an uncontended lock and joins a batch; one CUDA event is recorded
+//! behind a batch, at most every 200 µs on the issuing thread, or by the
+//! watchdog thread once the batch stops growing (see `track.rs`), so a
+//! burst of small collectives pays a fraction of a driver call each.
+//! Operations captured into a CUDA graph are not tracked. The watchdog
 //! never waits behind a blocking NCCL call: it looks at a communicator
 //! only when no other thread is inside a call on it, and asks for aborts
 //! without waiting (the thread in the call performs it when it returns).
@@ -44,16 +47,18 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use std::collections::VecDeque;
 use std::fmt::Write as _;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
-use nccl_safe::cudarc::driver::{CudaContext, CudaEvent, CudaStream};
+use nccl_safe::cudarc::driver::{CudaContext, CudaStream};
 use nccl_safe::nccl_sys::{cudaStream_t, ncclDataType_t};
 use nccl_safe::{AbortCause, Comm, CommStatus, OpInfo, OpObserver, WeakAbortHandle};
 
 use crate::liveness::{LossCause, PeerLoss};
+
+mod track;
+use track::Tracker;
 
 use crate::error::{Error, Result};
 
@@ -215,7 +220,8 @@ pub struct OpRecord {
     pub state: OpState,
     /// When it was issued, counted from when the watch began.
     pub issued_at: Duration,
-    /// How long it took, as the watchdog saw it (issue to event complete).
+    /// How long it took, as the watchdog saw it: from the issue of the
+    /// first operation of its batch to the batch's completion.
     pub took: Option<Duration>,
 }
 
@@ -313,26 +319,21 @@ fn render(label: &str, history: &[OpRecord]) -> String {
     out
 }
 
-struct InFlight {
-    seq: u64,
-    event: CudaEvent,
-    issued: Instant,
-}
-
-#[derive(Default)]
 struct WatchState {
-    next_seq: u64,
-    in_flight: VecDeque<InFlight>,
-    history: VecDeque<OpRecord>,
-    spare: Vec<CudaEvent>,
+    tracker: Tracker,
     failure: Option<Failure>,
 }
 
-impl WatchState {
-    fn record_mut(&mut self, seq: u64) -> Option<&mut OpRecord> {
-        let first = self.history.front()?.seq;
-        let index = usize::try_from(seq.checked_sub(first)?).ok()?;
-        self.history.get_mut(index)
+impl std::ops::Deref for WatchState {
+    type Target = Tracker;
+    fn deref(&self) -> &Tracker {
+        &self.tracker
+    }
+}
+
+impl std::ops::DerefMut for WatchState {
+    fn deref_mut(&mut self) -> &mut Tracker {
+        &mut self.tracker
     }
 }
 
@@ -342,6 +343,9 @@ struct Watch {
     registry: Arc<Registry>,
     abort: WeakAbortHandle,
     ctx: Arc<CudaContext>,
+    /// The communicator's own stream, kept alive so the watchdog thread
+    /// may record behind a batch on it.
+    stream: Arc<CudaStream>,
     options: WatchdogOptions,
     began: Instant,
     state: Mutex<WatchState>,
@@ -353,18 +357,8 @@ impl Watch {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn event_on(&self, spare: Option<CudaEvent>, stream: cudaStream_t) -> Option<CudaEvent> {
-        let event = match spare {
-            Some(e) => e,
-            None => self.ctx.new_event(None).ok()?,
-        };
-        // SAFETY: the event and the stream belong to this communicator's
-        // context (NCCL just enqueued on the stream with it current); the
-        // event outlives the record.
-        unsafe {
-            nccl_safe::cudarc::driver::result::event::record(event.cu_event(), stream as _).ok()?;
-        }
-        Some(event)
+    fn own_stream(&self) -> cudaStream_t {
+        self.stream.cu_stream() as cudaStream_t
     }
 
     /// One look: finished operations, the timeout, NCCL's async error.
@@ -374,24 +368,13 @@ impl Watch {
             if st.failure.is_some() {
                 return;
             }
-            while let Some(front) = st.in_flight.front() {
-                if !matches!(front.event.try_is_complete(), Ok(true)) {
-                    break;
-                }
-                let Some(done) = st.in_flight.pop_front() else {
-                    break;
-                };
-                let took = done.issued.elapsed();
-                if let Some(r) = st.record_mut(done.seq) {
-                    r.state = OpState::Done;
-                    r.took = Some(took);
-                }
-                st.spare.push(done.event);
+            let own = self.own_stream();
+            st.settle(own, &self.ctx);
+            if st.retire() {
                 self.changed.notify_all();
             }
-            st.in_flight
-                .front()
-                .is_some_and(|f| f.issued.elapsed() >= self.options.timeout)
+            st.oldest()
+                .is_some_and(|(_, issued)| issued.elapsed() >= self.options.timeout)
         };
         if timed_out {
             self.fail(FailureKind::Timeout {
@@ -406,9 +389,7 @@ impl Watch {
         // again at the next poll.
         match handle.try_status() {
             Some(Ok(CommStatus::Failed(e))) => self.fail(FailureKind::AsyncError(e.to_string())),
-            Some(Err(nccl_safe::Error::Aborted { cause, .. }))
-                if !self.lock().in_flight.is_empty() =>
-            {
+            Some(Err(nccl_safe::Error::Aborted { cause, .. })) if self.lock().unfinished() => {
                 let kind = match cause {
                     AbortCause::PeerLost { rank, detail } => FailureKind::PeerLost(PeerLoss {
                         rank,
@@ -429,19 +410,20 @@ impl Watch {
             if st.failure.is_some() {
                 return;
             }
-            let (seq, issued) = match st.in_flight.front() {
-                Some(f) => (f.seq, f.issued),
-                None => (st.next_seq.saturating_sub(1), Instant::now()),
-            };
+            let (seq, issued) = st
+                .oldest()
+                .unwrap_or((st.next_seq.saturating_sub(1), Instant::now()));
             let first = matches!(kind, FailureKind::Timeout { .. });
-            let unfinished: Vec<u64> = st.in_flight.iter().map(|f| f.seq).collect();
-            for (i, s) in unfinished.into_iter().enumerate() {
-                if let Some(r) = st.record_mut(s) {
-                    r.state = if i == 0 && first {
-                        OpState::TimedOut
-                    } else {
-                        OpState::Aborted
-                    };
+            let unfinished: Vec<(u64, u64)> = st.unfinished_ranges().collect();
+            for (lo, hi) in unfinished {
+                for s in lo..=hi {
+                    if let Some(r) = st.record_mut(s) {
+                        r.state = if s == seq && first {
+                            OpState::TimedOut
+                        } else {
+                            OpState::Aborted
+                        };
+                    }
                 }
             }
             let op = st.record_mut(seq).map_or("(none)", |r| r.op);
@@ -486,41 +468,38 @@ impl Watch {
 
 impl OpObserver for Watch {
     fn issued(&self, info: &OpInfo, stream: cudaStream_t) {
+        let own = stream == self.own_stream();
         let mut st = self.lock();
         let seq = st.next_seq;
         st.next_seq += 1;
-        let spare = st.spare.pop();
-        let event = self.event_on(spare, stream);
-        let tracked = event.is_some() && st.failure.is_none();
-        st.history.push_back(OpRecord {
+        let failed = st.failure.is_some();
+        let record = OpRecord {
             seq,
             op: info.op,
             count: info.count,
             dtype: info.dtype,
             peer: info.peer,
-            state: if tracked {
-                OpState::InFlight
-            } else {
+            state: if failed {
                 OpState::Untracked
+            } else {
+                OpState::InFlight
             },
             issued_at: self.began.elapsed(),
             took: None,
-        });
-        while st.history.len() > self.options.history {
-            st.history.pop_front();
+        };
+        if failed {
+            st.history.push_back(record);
+            while st.history.len() > self.options.history {
+                st.history.pop_front();
+            }
+            return;
         }
-        if let (Some(event), true) = (event, tracked) {
-            st.in_flight.push_back(InFlight {
-                seq,
-                event,
-                issued: Instant::now(),
-            });
-        }
+        st.tracker.issued(record, stream, own, &self.ctx);
     }
 
     fn unfinished(&self) -> bool {
         let st = self.lock();
-        st.failure.is_none() && !st.in_flight.is_empty()
+        st.failure.is_none() && st.tracker.unfinished()
     }
 
     fn as_any(&self) -> Option<&dyn std::any::Any> {
@@ -597,9 +576,13 @@ impl Watchdog {
             registry: Arc::clone(&self.registry),
             abort: comm.abort_handle().downgrade(),
             ctx: Arc::clone(comm.stream().context()),
+            stream: Arc::clone(comm.stream()),
             options: self.registry.options.clone(),
             began: Instant::now(),
-            state: Mutex::new(WatchState::default()),
+            state: Mutex::new(WatchState {
+                tracker: Tracker::new(self.registry.options.history),
+                failure: None,
+            }),
             changed: Condvar::new(),
         });
         comm.set_observer(Some(watch.clone()));
@@ -705,7 +688,7 @@ impl Watched {
             if let Some(f) = &st.failure {
                 return Err(from_failure(f.clone()));
             }
-            if st.in_flight.is_empty() {
+            if !st.tracker.unfinished() {
                 return Ok(());
             }
             // The watchdog thread notifies on progress and failure; the
