@@ -407,7 +407,15 @@ impl Watch {
     fn fail(&self, kind: FailureKind) {
         let failure = {
             let mut st = self.lock();
-            if st.failure.is_some() {
+            if let Some(earlier) = &mut st.failure {
+                // NCCL may report a dead peer's closed socket before the
+                // liveness channel names it: the loss is the better cause.
+                if matches!(kind, FailureKind::PeerLost(_))
+                    && !matches!(earlier.kind, FailureKind::PeerLost(_))
+                {
+                    earlier.kind = kind;
+                    self.changed.notify_all();
+                }
                 return;
             }
             let (seq, issued) = st

@@ -14,7 +14,7 @@
 
 use std::net::{Ipv4Addr, TcpListener, ToSocketAddrs};
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nccl_safe::cudarc::driver::CudaContext;
 use std::sync::Arc;
@@ -435,6 +435,15 @@ impl Resolved {
 /// A creation error as [`Error::PeerLost`] when the job's signal fired
 /// because a peer was lost (the communicators were aborted for it).
 fn lost_or(signal: &AbortSignal, err: nccl_safe::Error) -> Error {
+    // NCCL often sees a dead peer's closed socket a few milliseconds before
+    // the liveness channel names it (seen: `ncclRemoteError` 1-4 ms before
+    // the loss on 2 H200s): give the channel a moment to say who it was.
+    if !signal.is_triggered() && may_be_a_loss(&err) {
+        let until = Instant::now() + LOSS_GRACE;
+        while !signal.is_triggered() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
     match signal.cause() {
         Some(AbortCause::PeerLost { rank, detail }) => {
             let loss = PeerLoss {
@@ -461,6 +470,21 @@ fn lost_or(signal: &AbortSignal, err: nccl_safe::Error) -> Error {
         }
         _ => Error::Nccl(err),
     }
+}
+
+/// How long an NCCL error that may come from a lost peer waits for the
+/// liveness channel to name it.
+const LOSS_GRACE: Duration = Duration::from_millis(500);
+
+/// NCCL's errors for a peer that went away (a closed socket, a remote
+/// failure), and our timeouts.
+fn may_be_a_loss(err: &nccl_safe::Error) -> bool {
+    use nccl_safe::nccl_sys::ncclResult_t as R;
+    matches!(err, nccl_safe::Error::Timeout { .. })
+        || matches!(
+            err.nccl_code(),
+            Some(R::ncclRemoteError | R::ncclSystemError | R::ncclInternalError)
+        )
 }
 
 /// On a loss: every watched communicator fails with it (naming the
