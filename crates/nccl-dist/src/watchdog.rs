@@ -343,9 +343,9 @@ struct Watch {
     registry: Arc<Registry>,
     abort: WeakAbortHandle,
     ctx: Arc<CudaContext>,
-    /// The communicator's own stream, kept alive so the watchdog thread
-    /// may record behind a batch on it.
-    stream: Arc<CudaStream>,
+    /// The streams whose batches the watchdog thread may close (the
+    /// communicator's own first), kept alive by this watch.
+    streams: Mutex<Vec<Arc<CudaStream>>>,
     options: WatchdogOptions,
     began: Instant,
     state: Mutex<WatchState>,
@@ -357,10 +357,6 @@ impl Watch {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn own_stream(&self) -> cudaStream_t {
-        self.stream.cu_stream() as cudaStream_t
-    }
-
     /// One look: finished operations, the timeout, NCCL's async error.
     fn poll(&self) {
         let timed_out = {
@@ -368,8 +364,7 @@ impl Watch {
             if st.failure.is_some() {
                 return;
             }
-            let own = self.own_stream();
-            st.settle(own, &self.ctx);
+            st.settle(&self.ctx);
             if st.retire() {
                 self.changed.notify_all();
             }
@@ -476,7 +471,6 @@ impl Watch {
 
 impl OpObserver for Watch {
     fn issued(&self, info: &OpInfo, stream: cudaStream_t) {
-        let own = stream == self.own_stream();
         let mut st = self.lock();
         let seq = st.next_seq;
         st.next_seq += 1;
@@ -502,7 +496,7 @@ impl OpObserver for Watch {
             }
             return;
         }
-        st.tracker.issued(record, stream, own, &self.ctx);
+        st.tracker.issued(record, stream, &self.ctx);
     }
 
     fn unfinished(&self) -> bool {
@@ -584,11 +578,15 @@ impl Watchdog {
             registry: Arc::clone(&self.registry),
             abort: comm.abort_handle().downgrade(),
             ctx: Arc::clone(comm.stream().context()),
-            stream: Arc::clone(comm.stream()),
+            streams: Mutex::new(vec![Arc::clone(comm.stream())]),
             options: self.registry.options.clone(),
             began: Instant::now(),
             state: Mutex::new(WatchState {
-                tracker: Tracker::new(self.registry.options.history),
+                tracker: {
+                    let mut t = Tracker::new(self.registry.options.history);
+                    t.kept.push(comm.stream().cu_stream() as cudaStream_t);
+                    t
+                },
                 failure: None,
             }),
             changed: Condvar::new(),
@@ -680,6 +678,31 @@ impl Watched {
     /// The flight recorder as a table.
     pub fn render_history(&self) -> String {
         render(&self.watch.label, &self.history())
+    }
+
+    /// Keeps `stream` alive with the watch, so operations on it are
+    /// tracked in batches (a fraction of a driver call each) instead of
+    /// one CUDA event per operation. The communicator's own stream is
+    /// always tracked so; give here a framework's stream that its
+    /// collectives go on (a stream of the communicator's device).
+    pub fn track_stream(&self, stream: Arc<CudaStream>) -> Result<()> {
+        let found = stream.context().ordinal();
+        if found != self.watch.ctx.ordinal() {
+            return Err(Error::Nccl(nccl_safe::Error::WrongDevice {
+                op: "Watched::track_stream",
+                role: nccl_safe::Role::Stream,
+                expected: self.watch.ctx.ordinal(),
+                found,
+            }));
+        }
+        let raw = stream.cu_stream() as cudaStream_t;
+        let mut streams = self.watch.streams.lock().unwrap_or_else(|p| p.into_inner());
+        if streams.iter().any(|s| s.cu_stream() as cudaStream_t == raw) {
+            return Ok(());
+        }
+        streams.push(stream);
+        self.watch.lock().tracker.kept.push(raw);
+        Ok(())
     }
 
     /// The sequence number the next operation will get.

@@ -135,6 +135,10 @@ const NOTHING_TO_REFUSE: &[(&str, &str)] = &[
     ),
     ("Error::lost_rank", "accessor"),
     (
+        "Watched::track_stream",
+        "refuses a stream of another device (WrongDevice) before anything is kept; not driven here (needs a watched communicator on a GPU)",
+    ),
+    (
         "Watchdog::peer_lost",
         "every loss is valid input; it fails the watched communicators",
     ),

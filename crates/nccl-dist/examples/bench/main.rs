@@ -155,8 +155,13 @@ pub fn bare_comm(world: &World, opts: &Opts) -> Result<Comm> {
 /// A watchdog observer for `comm` when the `safe_wd` layer is measured:
 /// the world's watchdog (or a new one, where the environment turned it
 /// off), set on `comm` and taken off again, for `Driver` to toggle.
+///
+/// The safe layers issue on `stream` (the dist communicator's, so every
+/// layer uses one stream): the watch keeps it alive and tracks it in
+/// batches, as it tracks a communicator's own stream.
 fn watch_for(
     comm: &Comm,
+    stream: &Arc<nccl_dist::nccl_safe::cudarc::driver::CudaStream>,
     watchdog: Option<&Watchdog>,
     opts: &Opts,
 ) -> Result<Option<Arc<dyn OpObserver>>> {
@@ -171,7 +176,8 @@ fn watch_for(
             &started
         }
     };
-    let _watched = watchdog.watch(comm, format!("bench/safe[{}]", comm.rank()));
+    let watched = watchdog.watch(comm, format!("bench/safe[{}]", comm.rank()));
+    watched.track_stream(Arc::clone(stream))?;
     let observer = comm.observer().ok_or("the watchdog set no observer")?;
     comm.set_observer(None);
     Ok(Some(observer))
@@ -232,7 +238,7 @@ fn main_typed<T: Elem>(opts: &Opts) -> Result<()> {
                     Ok(RankComms {
                         comm,
                         dist: None,
-                        watch: watch_for(comm, watchdog.as_ref(), &opts)?,
+                        watch: watch_for(comm, comm.stream(), watchdog.as_ref(), &opts)?,
                     })
                 })
                 .collect::<Result<Vec<_>>>()?;
@@ -246,7 +252,7 @@ fn main_typed<T: Elem>(opts: &Opts) -> Result<()> {
             World::spawn_local_with_options(&devices, &world_options(o), |world| {
                 let run = || -> Result<()> {
                     let bare = bare_comm(&world, o)?;
-                    let watch = watch_for(&bare, world.watchdog(), o)?;
+                    let watch = watch_for(&bare, world.comm().stream(), world.watchdog(), o)?;
                     let ranks = vec![RankComms {
                         comm: &bare,
                         dist: Some(world.comm()),
@@ -275,7 +281,7 @@ fn main_typed<T: Elem>(opts: &Opts) -> Result<()> {
             let ranks = vec![RankComms {
                 comm: &bare,
                 dist: Some(world.comm()),
-                watch: watch_for(&bare, world.watchdog(), &opts)?,
+                watch: watch_for(&bare, world.comm().stream(), world.watchdog(), &opts)?,
             }];
             sweep::<T>(ranks, &host, &opts, op, started, world.watchdog())
         }

@@ -6,13 +6,14 @@
 //! that way). Operations on one stream finish in issue order, so one event
 //! behind the last of a batch tells the whole batch finished. So:
 //!
-//! - on the issuing thread, an operation on the communicator's own stream
+//! - on the issuing thread, an operation on a stream the watch keeps alive
+//!   (the communicator's own, or one given to `Watched::track_stream`)
 //!   joins the open batch, and an event is recorded behind it only when the
 //!   last record is at least [`SAMPLE`] old: a burst of small collectives
 //!   pays one record per [`SAMPLE`];
 //! - the watchdog thread closes a batch that stopped growing (no operation
 //!   for [`SETTLE`]) by recording the event itself, on the communicator's
-//!   own stream, which the watch keeps alive;
+//!   stream, which the watch keeps alive;
 //! - an operation on any other stream (a framework's stream handed through
 //!   the `Communicator` trait) is recorded at once on the issuing thread,
 //!   since nothing here keeps that stream alive for a later record;
@@ -67,6 +68,9 @@ pub(super) struct Tracker {
     pub(super) history: VecDeque<OpRecord>,
     spare: Vec<CudaEvent>,
     limit: usize,
+    /// Streams the watch keeps alive (the communicator's own, and those
+    /// given to `Watched::track_stream`): operations on them are batched.
+    pub(super) kept: Vec<cudaStream_t>,
 }
 
 // SAFETY: the raw stream handle in `Open` is only an identifier and an
@@ -83,6 +87,7 @@ impl Tracker {
             history: VecDeque::with_capacity(history + 1),
             spare: Vec::with_capacity(RESERVE),
             limit: history,
+            kept: Vec::new(),
         }
     }
 
@@ -125,14 +130,13 @@ impl Tracker {
     }
 
     /// An operation was issued on `stream` (the issuing thread).
-    /// `own` says whether `stream` is the communicator's own stream.
     pub(super) fn issued(
         &mut self,
         record: OpRecord,
         stream: cudaStream_t,
-        own: bool,
         ctx: &std::sync::Arc<CudaContext>,
     ) {
+        let own = self.kept.contains(&stream);
         let seq = record.seq;
         let now = Instant::now();
         self.history.push_back(record);
@@ -168,11 +172,11 @@ impl Tracker {
         }
     }
 
-    /// The watchdog thread: closes a batch that stopped growing, on the
-    /// communicator's own stream (`own`, kept alive by the watch).
-    pub(super) fn settle(&mut self, own: cudaStream_t, ctx: &std::sync::Arc<CudaContext>) {
+    /// The watchdog thread: closes a batch that stopped growing, on a
+    /// stream the watch keeps alive.
+    pub(super) fn settle(&mut self, ctx: &std::sync::Arc<CudaContext>) {
         if let Some(open) = self.open
-            && open.stream == own
+            && self.kept.contains(&open.stream)
             && open.latest.elapsed() >= SETTLE
         {
             let _ = ctx.bind_to_thread();
