@@ -39,14 +39,16 @@ commands:
                     run the GPU test matrix (fails without the GPUs asked for)
   gpu-test --bundle DIR        pack the GPU tests, examples and xtask for a host without cargo
   gpu-test --from-bundle DIR   run a bundle's tests (on the GPU host)
-  gpu-test --faults [--filter TEXT]   the fault-injection suite (a process per GPU, up to 4)
+  gpu-test --faults [--filter TEXT] [--worlds 2,4] [--modes processes,threads] [--faults-report PATH]
+                    the fault-injection suite with default options (victim per case);
+                    PATH a directory gets <device kind>.md
   launch -n N [--timeout SECS] (--example NAME | PROGRAM) [--] [ARGS]
                     run N processes on this machine with the torchrun variables
                     and a fresh NCCL_RS_SECRET (World::init() picks them up)
   fuzz [--time SECS] [--targets a,b]
                     run each cargo-fuzz target in fuzz/ for SECS (default 60) s and
                     print a table of executions (needs nightly and cargo-fuzz)
-  bench [--gpus N] [--quick] [--phases sweep,latency,graph,events,setup] [--out DIR]
+  bench [--gpus N] [--quick] [--phases sweep,latency,graph,events,setup,step] [--out DIR]
                     the bench example in every launch mode: report.md, bench.json and
                     busbw.svg in DIR (default target/bench); fails without a GPU
   bench --from-bundle DIR ...  the same with a bundle's bench (on the GPU host)
