@@ -691,7 +691,7 @@ impl Drop for Comm {
     /// Leaves what the teardown needs to know whether work is still
     /// running: an event behind the work queued on the comm's stream, and
     /// the observer. The teardown itself happens when the last handle goes
-    /// (see [`Shared`]'s drop), bounded by the communicator's timeout.
+    /// (the shared state's drop), bounded by the communicator's timeout.
     fn drop(&mut self) {
         let live = matches!(self.shared.try_lock().as_deref(), Some(State::Live(_)));
         if !live {
