@@ -43,6 +43,7 @@
 
 mod communicator;
 mod device_mesh;
+mod env;
 mod error;
 mod host;
 pub mod launch;

@@ -161,18 +161,7 @@ impl WatchdogOptions {
             options = options.timeout(t);
         }
         if let Some(v) = lookup(WATCHDOG_TIMEOUT_ENV) {
-            let secs: f64 = v
-                .trim()
-                .parse()
-                .ok()
-                .filter(|s: &f64| s.is_finite() && *s >= 0.001 && *s < 1e9)
-                .ok_or_else(|| {
-                    bad(
-                        WATCHDOG_TIMEOUT_ENV,
-                        format!("{v:?} is not a number of seconds from 0.001 on"),
-                    )
-                })?;
-            options = options.timeout(Duration::from_secs_f64(secs));
+            options = options.timeout(crate::env::seconds(WATCHDOG_TIMEOUT_ENV, &v)?);
         }
         if let Some(v) = lookup(FLIGHT_RECORDER_ENV) {
             let n: usize = v.trim().parse().ok().filter(|n| *n > 0).ok_or_else(|| {

@@ -274,19 +274,9 @@ pub const TIMEOUT_ENV: &str = "NCCL_RS_TIMEOUT";
 /// The operation timeout from the environment (`NCCL_RS_TIMEOUT`, seconds,
 /// at least 0.001), `None` when unset.
 pub fn op_timeout_from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Option<Duration>> {
-    let Some(v) = lookup(TIMEOUT_ENV) else {
-        return Ok(None);
-    };
-    let secs: f64 = v
-        .trim()
-        .parse()
-        .ok()
-        .filter(|s: &f64| s.is_finite() && *s >= 0.001 && *s < 1e9)
-        .ok_or_else(|| Error::InvalidArgument {
-            op: TIMEOUT_ENV,
-            reason: format!("{v:?} is not a number of seconds from 0.001 on"),
-        })?;
-    Ok(Some(Duration::from_secs_f64(secs)))
+    lookup(TIMEOUT_ENV)
+        .map(|v| crate::env::seconds(TIMEOUT_ENV, &v))
+        .transpose()
 }
 
 /// Environment variable: `psk` encrypts NCCL's sockets with the key in

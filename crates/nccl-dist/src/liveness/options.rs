@@ -117,21 +117,7 @@ impl LivenessOptions {
             out.heartbeat = Duration::from_millis(ms);
         }
         if let Some(v) = get(LIVENESS_TIMEOUT_ENV) {
-            let secs: f64 = v.parse().map_err(|_| {
-                bad(
-                    LIVENESS_TIMEOUT_ENV,
-                    format!("{v:?} is not a number of seconds"),
-                )
-            })?;
-            out.silence = Duration::try_from_secs_f64(secs)
-                .ok()
-                .filter(|d| !d.is_zero())
-                .ok_or_else(|| {
-                    bad(
-                        LIVENESS_TIMEOUT_ENV,
-                        format!("{v:?} is not a positive, finite number of seconds"),
-                    )
-                })?;
+            out.silence = crate::env::seconds(LIVENESS_TIMEOUT_ENV, &v)?;
         }
         if out.heartbeat >= out.silence {
             return Err(bad(
