@@ -719,7 +719,7 @@ impl Watched {
                 .wait_timeout(st, self.watch.options.poll * 4)
                 .map(|(g, _)| g)
                 .unwrap_or_else(|p| p.into_inner().0);
-            if self.watch.abort.upgrade().is_none() {
+            if !self.watch.abort.is_alive() {
                 return Ok(());
             }
         }

@@ -42,8 +42,8 @@ const NOTHING_TO_REFUSE: &[(&str, &str)] = &[
     ),
     ("AbortHandle::is_aborted downgrade", "accessor"),
     (
-        "WeakAbortHandle::upgrade",
-        "None once the communicator is gone, not an error",
+        "WeakAbortHandle::upgrade is_alive",
+        "None / false once the communicator is gone, not an error",
     ),
     (
         "Comm::force_send_recv_collectives set_observer",

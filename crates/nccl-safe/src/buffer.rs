@@ -43,6 +43,22 @@ impl<'a> Access<'a> {
         }
     }
 
+    /// For memory whose drop waits for `own`'s work: work on another
+    /// stream `target` is joined into `own` after the enqueue (an event
+    /// recorded on `target`, waited for on `own`), so that wait covers it.
+    /// On `own` itself, nothing to do.
+    pub(crate) fn into_own(own: &Arc<CudaStream>, target: &'a CudaStream) -> Access<'a> {
+        if own.cu_stream() == target.cu_stream() {
+            Access(Inner::None)
+        } else {
+            Access(Inner::Joined {
+                guard: None,
+                own: Arc::clone(own),
+                target,
+            })
+        }
+    }
+
     /// Whether dropping it does nothing, so it need not be kept.
     pub(crate) fn is_none(&self) -> bool {
         matches!(self.0, Inner::None)

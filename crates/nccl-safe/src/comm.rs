@@ -119,9 +119,12 @@ impl Shared {
 
     /// Performs a due abort now if nothing refers to the communicator any
     /// more (the caller holds the lock). Returns whether it is aborted.
+    ///
+    /// `true` only for the transition from live to aborted made here, so
+    /// [`Shared::after_abort`] runs once per communicator.
     fn settle_abort(&self, state: &mut MutexGuard<'_, State>) -> bool {
         if !matches!(**state, State::Live(_)) {
-            return matches!(**state, State::Aborted);
+            return false;
         }
         if !self.abort_due() || self.in_open_group.load(Ordering::Acquire) {
             return false;
@@ -196,10 +199,10 @@ impl Shared {
         let Some(mut state) = self.try_lock() else {
             return false;
         };
-        let aborted = self.settle_abort(&mut state);
-        let was_live_now_aborted = aborted && matches!(*state, State::Aborted);
+        let aborted_here = self.settle_abort(&mut state);
+        let aborted = matches!(*state, State::Aborted);
         drop(state);
-        if was_live_now_aborted {
+        if aborted_here {
             self.after_abort();
         }
         aborted
@@ -277,9 +280,15 @@ impl Shared {
             State::Aborted => return Some(Err(self.aborted(OP))),
             State::Closed => return Some(Err(Error::Finalized { op: OP })),
         };
+        let mut state = state;
         if self.abort_due() {
+            // Performed on the guard held (never a blocking lock here).
+            let aborted_here = self.settle_abort(&mut state);
             drop(state);
-            return Some(self.status());
+            if aborted_here {
+                self.after_abort();
+            }
+            return Some(Err(self.aborted(OP)));
         }
         if let Err(source) = self.ctx.bind_to_thread() {
             return Some(Err(Error::Cuda { op: OP, source }));
@@ -385,7 +394,13 @@ impl Drop for Shared {
 /// and keeps what NCCL may still touch; nothing waits for it forever. If
 /// no thread can be started, the job is not run: its communicators leak
 /// rather than risk an unbounded wait.
+///
+/// Only the thread that drops a `Comm` waits (see [`WAITS_FOR_TEARDOWN`]);
+/// a teardown that another thread starts (a watchdog or liveness thread
+/// that held the last handle, an abort that completes a clique) runs
+/// detached, so those threads never stall.
 fn bounded(name: &str, deadline: Duration, job: impl FnOnce() + Send + 'static) {
+    let wait = WAITS_FOR_TEARDOWN.try_with(Cell::get).unwrap_or(false);
     let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
     let spawned = std::thread::Builder::new()
         .name(name.to_string())
@@ -394,6 +409,7 @@ fn bounded(name: &str, deadline: Duration, job: impl FnOnce() + Send + 'static) 
             let _ = done_tx.send(());
         });
     match spawned {
+        Ok(_) if !wait => {}
         Ok(_) => {
             let grace = deadline + Duration::from_secs(1);
             if done_rx.recv_timeout(grace).is_err() {
@@ -407,6 +423,12 @@ fn bounded(name: &str, deadline: Duration, job: impl FnOnce() + Send + 'static) 
             tracing::warn!(%error, "no thread for the teardown; the communicator leaks");
         }
     }
+}
+
+thread_local! {
+    /// Set while a `Comm` drops its handle: that thread waits (boundedly)
+    /// for the teardown it starts.
+    static WAITS_FOR_TEARDOWN: Cell<bool> = const { Cell::new(false) };
 }
 
 /// How long a wait polls without sleeping. A nonblocking group launch
@@ -561,12 +583,16 @@ impl Member {
 /// Communicators one thread created together; torn down together.
 pub(crate) struct Clique {
     pending: Mutex<(Vec<Member>, usize)>,
+    /// A member was aborted: the others are ranks of the same
+    /// communicator, so finalizing them would wait for it; all abort.
+    aborted: AtomicBool,
 }
 
 impl Clique {
     fn new(members: usize) -> Arc<Clique> {
         Arc::new(Clique {
             pending: Mutex::new((Vec::new(), members)),
+            aborted: AtomicBool::new(false),
         })
     }
 
@@ -576,6 +602,7 @@ impl Clique {
 
     /// A member was aborted: one fewer to wait for.
     fn withdraw(&self) {
+        self.aborted.store(true, Ordering::Release);
         let ready = {
             let mut pending = self.lock();
             pending.1 = pending.1.saturating_sub(1);
@@ -600,9 +627,14 @@ impl Clique {
     /// Tears the handed-in members down together, on a thread of its own,
     /// waiting at most their timeout.
     fn teardown(&self) {
-        let members = std::mem::take(&mut self.lock().0);
+        let mut members = std::mem::take(&mut self.lock().0);
         if members.is_empty() {
             return;
+        }
+        if self.aborted.load(Ordering::Acquire) {
+            for m in &mut members {
+                m.abort_only = true;
+            }
         }
         let deadline = members.iter().map(|m| m.timeout).max().unwrap_or_default();
         bounded("nccl-teardown", deadline, move || {
@@ -665,7 +697,9 @@ pub enum CommStatus {
 ///
 /// `Send`, not `Sync`: see the module docs for NCCL's rule.
 pub struct Comm {
-    shared: Arc<Shared>,
+    /// Dropped by hand in `Drop`, so the teardown it may start knows that
+    /// this thread waits for it.
+    shared: std::mem::ManuallyDrop<Arc<Shared>>,
     stream: Arc<CudaStream>,
     rank: usize,
     size: usize,
@@ -693,18 +727,23 @@ impl Drop for Comm {
     /// the observer. The teardown itself happens when the last handle goes
     /// (the shared state's drop), bounded by the communicator's timeout.
     fn drop(&mut self) {
-        let live = matches!(self.shared.try_lock().as_deref(), Some(State::Live(_)));
-        if !live {
-            return;
+        // `lock`, not `try_lock`: a watchdog's momentary look must not make
+        // the teardown skip the drain (only an abort holds it long).
+        let live = matches!(*self.shared.lock(), State::Live(_));
+        if live {
+            if let Ok(event) = self.stream.record_event(None) {
+                *self.shared.drain.lock().unwrap_or_else(|p| p.into_inner()) = Some(event);
+            }
+            *self
+                .shared
+                .last_observer
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = self.observer.borrow_mut().take();
         }
-        if let Ok(event) = self.stream.record_event(None) {
-            *self.shared.drain.lock().unwrap_or_else(|p| p.into_inner()) = Some(event);
-        }
-        *self
-            .shared
-            .last_observer
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = self.observer.borrow_mut().take();
+        let _ = WAITS_FOR_TEARDOWN.try_with(|w| w.set(true));
+        // SAFETY: dropped exactly once, here; `self` is not used after.
+        unsafe { std::mem::ManuallyDrop::drop(&mut self.shared) };
+        let _ = WAITS_FOR_TEARDOWN.try_with(|w| w.set(false));
     }
 }
 
@@ -737,6 +776,12 @@ impl WeakAbortHandle {
     /// The handle, while the communicator exists.
     pub fn upgrade(&self) -> Option<AbortHandle> {
         self.shared.upgrade().map(|shared| AbortHandle { shared })
+    }
+
+    /// Whether the communicator still exists, without taking a handle
+    /// (so the caller never ends up holding the last one and its teardown).
+    pub fn is_alive(&self) -> bool {
+        self.shared.strong_count() > 0
     }
 }
 
@@ -951,7 +996,7 @@ impl Comm {
         let rank = query("ncclCommUserRank", |l| l.raw().ncclCommUserRank())?;
         let device = query("ncclCommCuDevice", |l| l.raw().ncclCommCuDevice())?;
         Ok(Comm {
-            shared,
+            shared: std::mem::ManuallyDrop::new(shared),
             stream,
             rank,
             size,
@@ -1307,11 +1352,17 @@ impl Comm {
         // background job when it finishes, after the group end returned.
         let timeout = first.shared.timeout;
         let nonblocking = comms.iter().any(|c| !c.shared.blocking);
-        if nonblocking && (failure.is_some() || ended.is_err()) {
-            // The background job may not have finished (a timeout, an
-            // abort): it may still write the slots, so they and the
+        if nonblocking && ended.is_err() {
+            // The group's end failed or timed out, so the background job
+            // may not have finished: it may still write the slots, so they and the
             // configs are leaked rather than freed under it, with any
-            // child it makes.
+            // child it makes; and the parents are aborted (never
+            // finalized while the job may still use them: the abort stops
+            // and joins it).
+            for c in comms {
+                c.shared
+                    .request_abort(AbortCause::Timeout { op, seq: None });
+            }
             std::mem::forget(slots);
             std::mem::forget(raw_configs);
             return Err(failure.or(ended.err()).unwrap_or(Error::Timeout {
@@ -1321,7 +1372,12 @@ impl Comm {
         }
         if failure.is_none() && ended.is_ok() && !Comm::await_slots(&slots, expected, timeout) {
             // NCCL may still write into the slots and configs: leak them
-            // rather than let it write into freed memory.
+            // rather than let it write into freed memory, and abort the
+            // parents, whose background job may still run.
+            for c in comms {
+                c.shared
+                    .request_abort(AbortCause::Timeout { op, seq: None });
+            }
             std::mem::forget(slots);
             std::mem::forget(raw_configs);
             return Err(Error::Timeout {

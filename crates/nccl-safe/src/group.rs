@@ -239,7 +239,9 @@ impl<'g> GroupGuard<'g> {
         let mut info = ncclSimInfo_t::initializer();
         // SAFETY: `info` is an initialized ncclSimInfo_t NCCL may write.
         let code = unsafe { simulate(&mut info) };
-        recycle_touched(leave_group());
+        let touched = leave_group();
+        release(&touched);
+        recycle_touched(touched);
         if !in_group() {
             run_deferred();
         }
@@ -321,9 +323,6 @@ fn finish(lib: &'static Library) -> Result<()> {
     // exists).
     let code = unsafe { end() };
     let touched = leave_group();
-    if !in_group() {
-        run_deferred();
-    }
     let result = if code == ncclResult_t::ncclInProgress {
         touched
             .iter()
@@ -332,8 +331,13 @@ fn finish(lib: &'static Library) -> Result<()> {
     } else {
         lib.check("ncclGroupEnd", code, std::ptr::null_mut())
     };
+    // Aborts deferred to this end first, then teardowns deferred to it
+    // (which may wait), so neither delays the other.
     release(&touched);
     recycle_touched(touched);
+    if !in_group() {
+        run_deferred();
+    }
     report_observed(result.is_ok());
     result
 }

@@ -18,9 +18,10 @@ use crate::{Error, Feature, Result};
 /// Device memory from `ncclMemAlloc`, which every NCCL optimisation (user
 /// buffer registration, NVLS, symmetric windows) can use. Freed with
 /// `ncclMemFree` on drop, after the work queued on the communicator's
-/// stream has finished; if it does not finish within the communicator's
+/// stream has finished (collectives on another stream are joined into it
+/// after their enqueue); if it does not finish within the communicator's
 /// timeout (a stuck collective), the memory is leaked rather than freed
-/// under it. Work on other streams must be finished by the caller.
+/// under it.
 pub struct NcclMemory<T: NcclType> {
     ptr: u64,
     len: usize,
@@ -136,15 +137,16 @@ unsafe impl<T: NcclType> DeviceBuffer<T> for NcclMemory<T> {
     fn device(&self) -> usize {
         self.ctx.ordinal()
     }
-    fn read<'a>(&'a self, _stream: &'a CudaStream) -> (u64, Access<'a>) {
-        (self.ptr, Access::none())
+    fn read<'a>(&'a self, stream: &'a CudaStream) -> (u64, Access<'a>) {
+        (self.ptr, Access::into_own(&self.stream, stream))
     }
 }
 
-// SAFETY: as above; writes are ordered by the caller's stream.
+// SAFETY: as above; work on another stream is joined into the
+// communicator's stream after the enqueue, so the drop's wait covers it.
 unsafe impl<T: NcclType> DeviceBufferMut<T> for NcclMemory<T> {
-    fn write<'a>(&'a mut self, _stream: &'a CudaStream) -> (u64, Access<'a>) {
-        (self.ptr, Access::none())
+    fn write<'a>(&'a mut self, stream: &'a CudaStream) -> (u64, Access<'a>) {
+        (self.ptr, Access::into_own(&self.stream, stream))
     }
 }
 
@@ -324,7 +326,16 @@ impl<'c, B> Window<'c, B> {
         const OP: &str = "ncclCommWindowRegister";
         let lib = self.comm.library();
         let slot: *mut nccl_sys::ncclWindow_t = &mut *self.win;
+        // Inside a group NCCL refers to the communicator until its end: an
+        // abort from another thread must wait for it.
+        let grouped = crate::group::in_group();
+        if grouped {
+            crate::group::touch(self.comm.shared());
+        }
         self.comm.shared().with_raw(OP, |raw| {
+            if grouped {
+                self.comm.shared().enter_group();
+            }
             let register = lib.raw().ncclCommWindowRegister()?;
             // SAFETY: `raw` is live; `bytes` bytes of device memory at `ptr`
             // owned by this window; `slot` is a heap slot that lives as long
@@ -427,10 +438,17 @@ impl<'c, B> Window<'c, B> {
             return;
         }
         let lib = self.comm.library();
+        let grouped = crate::group::in_group();
+        if grouped {
+            crate::group::touch(self.comm.shared());
+        }
         let result = self
             .comm
             .shared()
             .with_raw("ncclCommWindowDeregister", |raw| {
+                if grouped {
+                    self.comm.shared().enter_group();
+                }
                 let deregister = lib.raw().ncclCommWindowDeregister()?;
                 // SAFETY: `win` came from `ncclCommWindowRegister` on `raw` and
                 // is released once (the slot is nulled below).

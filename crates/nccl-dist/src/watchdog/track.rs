@@ -23,6 +23,14 @@
 //!
 //! The timeout counts from the first operation of the oldest unfinished
 //! batch, so detection is as exact as before to within [`SETTLE`].
+//!
+//! One race is left: if another thread begins capturing the
+//! communicator's own stream between the watchdog thread's capture check
+//! and its record, the record lands in that capture (a harmless
+//! event-record dependency) and its batch turns untracked; an event query
+//! from this thread during a global-mode capture elsewhere may also make
+//! the driver refuse that capture. Capture on a stream the watchdog does
+//! not keep, or in thread-local or relaxed mode, to avoid both.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
