@@ -40,23 +40,26 @@ pub struct Spec {
     pub root: usize,
 }
 
-/// The nccl-sys entry points the raw layer calls, looked up once.
-struct Fns {
-    all_reduce: pfn::ncclAllReduce,
-    all_gather: pfn::ncclAllGather,
-    reduce_scatter: pfn::ncclReduceScatter,
-    broadcast: pfn::ncclBroadcast,
-    reduce: pfn::ncclReduce,
-    all_to_all: Option<pfn::ncclAlltoAll>,
-    send: pfn::ncclSend,
-    recv: pfn::ncclRecv,
-    group_start: pfn::ncclGroupStart,
-    group_end: pfn::ncclGroupEnd,
-    async_error: pfn::ncclCommGetAsyncError,
+/// The nccl-sys entry points the raw layer and the raw step call, looked
+/// up once.
+pub struct Fns {
+    pub all_reduce: pfn::ncclAllReduce,
+    pub all_gather: pfn::ncclAllGather,
+    pub reduce_scatter: pfn::ncclReduceScatter,
+    pub broadcast: pfn::ncclBroadcast,
+    pub reduce: pfn::ncclReduce,
+    pub all_to_all: Option<pfn::ncclAlltoAll>,
+    pub send: pfn::ncclSend,
+    pub recv: pfn::ncclRecv,
+    pub group_start: pfn::ncclGroupStart,
+    pub group_end: pfn::ncclGroupEnd,
+    pub async_error: pfn::ncclCommGetAsyncError,
+    pub premul_create: pfn::ncclRedOpCreatePreMulSum,
+    pub premul_destroy: pfn::ncclRedOpDestroy,
 }
 
 impl Fns {
-    fn load() -> Result<Fns> {
+    pub fn load() -> Result<Fns> {
         let raw = Library::get()?.raw();
         Ok(Fns {
             all_reduce: raw.ncclAllReduce()?,
@@ -70,6 +73,8 @@ impl Fns {
             group_start: raw.ncclGroupStart()?,
             group_end: raw.ncclGroupEnd()?,
             async_error: raw.ncclCommGetAsyncError()?,
+            premul_create: raw.ncclRedOpCreatePreMulSum()?,
+            premul_destroy: raw.ncclRedOpDestroy()?,
         })
     }
 }

@@ -7,45 +7,12 @@ use std::sync::Arc;
 
 use half::bf16;
 use nccl_dist::nccl_safe::cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
-use nccl_dist::nccl_safe::nccl_sys::{cudaStream_t, ncclComm_t, ncclRedOp_t, ncclResult_t, pfn};
-use nccl_dist::nccl_safe::{Library, NcclType, ReduceOp};
+use nccl_dist::nccl_safe::nccl_sys::{cudaStream_t, ncclComm_t, ncclRedOp_t, ncclResult_t};
+use nccl_dist::nccl_safe::{NcclType, ReduceOp};
 
+pub use crate::run::Fns;
 use crate::run::Result;
 use crate::step::{Bufs, Layout};
-
-/// The nccl-sys entry points of the raw step.
-pub struct Fns {
-    pub all_reduce: pfn::ncclAllReduce,
-    pub all_gather: pfn::ncclAllGather,
-    pub reduce_scatter: pfn::ncclReduceScatter,
-    pub broadcast: pfn::ncclBroadcast,
-    pub all_to_all: Option<pfn::ncclAlltoAll>,
-    pub send: pfn::ncclSend,
-    pub recv: pfn::ncclRecv,
-    pub group_start: pfn::ncclGroupStart,
-    pub group_end: pfn::ncclGroupEnd,
-    pub premul_create: pfn::ncclRedOpCreatePreMulSum,
-    pub premul_destroy: pfn::ncclRedOpDestroy,
-}
-
-impl Fns {
-    pub fn load() -> Result<Fns> {
-        let raw = Library::get()?.raw();
-        Ok(Fns {
-            all_reduce: raw.ncclAllReduce()?,
-            all_gather: raw.ncclAllGather()?,
-            reduce_scatter: raw.ncclReduceScatter()?,
-            broadcast: raw.ncclBroadcast()?,
-            all_to_all: raw.ncclAlltoAll().ok(),
-            send: raw.ncclSend()?,
-            recv: raw.ncclRecv()?,
-            group_start: raw.ncclGroupStart()?,
-            group_end: raw.ncclGroupEnd()?,
-            premul_create: raw.ncclRedOpCreatePreMulSum()?,
-            premul_destroy: raw.ncclRedOpDestroy()?,
-        })
-    }
-}
 
 pub fn ok(what: &str, code: ncclResult_t) -> Result<()> {
     if code == ncclResult_t::ncclSuccess {
