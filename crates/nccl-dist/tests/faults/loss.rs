@@ -12,8 +12,8 @@ use nccl_dist::{DeviceMesh, Error, Launch, World};
 
 use crate::hardware::nccl_loaded;
 use crate::{
-    LOSS_BOUND, OP_TIMEOUT, Rank, TestResult, checked_all_reduce, cuda, die, expect_error,
-    expect_peer_lost, kernel_runs, options, recover, run_process, run_threads,
+    LOSS_BOUND, OP_TIMEOUT, Rank, TestResult, checked_all_reduce, cuda, die, enqueue_all_reduces,
+    expect_error, expect_peer_lost, kernel_runs, options, recover, run_process, run_threads,
 };
 
 /// Elements of the large all-reduce (256 MiB of f32).
@@ -31,13 +31,7 @@ fn sigkill_mid_all_reduce(r: &mut Rank) -> TestResult {
     let mut buf = comm.stream().alloc_zeros::<f32>(BIG)?;
     let since = Instant::now();
     let ops = if r.is_victim() { 20 } else { 40 };
-    let mut issued = Ok(());
-    for _ in 0..ops {
-        issued = comm.all_reduce_in_place(&mut buf, ReduceOp::Sum);
-        if issued.is_err() {
-            break;
-        }
-    }
+    let issued = enqueue_all_reduces(comm, &mut buf, ops);
     if r.is_victim() {
         die(
             r.out(),
@@ -245,13 +239,7 @@ fn h_thread_panics_mid_collective() {
         let mut buf = comm.stream().alloc_zeros::<f32>(1 << 20)?;
         let since = Instant::now();
         let ops = if r.is_victim() { 1 } else { 10 };
-        let mut issued = Ok(());
-        for _ in 0..ops {
-            issued = comm.all_reduce_in_place(&mut buf, ReduceOp::Sum);
-            if issued.is_err() {
-                break;
-            }
-        }
+        let issued = enqueue_all_reduces(comm, &mut buf, ops);
         if r.is_victim() {
             r.record_death("panic after enqueueing an all-reduce");
             panic!(

@@ -258,6 +258,19 @@ pub(crate) fn checked_all_reduce(world: &World, n: usize) -> TestResult {
     Ok(())
 }
 
+/// Enqueues `ops` in-place all-reduces of `buf`, stopping at the first
+/// that fails, and returns that failure (the waits come later).
+pub(crate) fn enqueue_all_reduces(
+    comm: &nccl_safe::Comm,
+    buf: &mut nccl_safe::cudarc::driver::CudaSlice<f32>,
+    ops: usize,
+) -> nccl_safe::Result<()> {
+    for _ in 0..ops {
+        comm.all_reduce_in_place(buf, ReduceOp::Sum)?;
+    }
+    Ok(())
+}
+
 /// A CUDA allocation failure as this crate's error.
 pub(crate) fn cuda(source: nccl_safe::cudarc::driver::DriverError) -> Error {
     Error::Nccl(nccl_safe::Error::Cuda {
