@@ -82,28 +82,43 @@ impl From<nccl_safe::Error> for Error {
             nccl_safe::Error::Aborted {
                 op,
                 cause: nccl_safe::AbortCause::PeerLost { rank, detail },
-            } => {
-                let loss = crate::liveness::PeerLoss {
-                    rank,
-                    cause: crate::liveness::LossCause::Exited { reason: detail },
-                    seen_by: rank,
-                };
-                Error::PeerLost(Box::new(PeerLost {
-                    rank,
-                    loss: loss.clone(),
-                    failure: crate::watchdog::Failure {
-                        comm: String::new(),
-                        op,
-                        seq: 0,
-                        kind: crate::watchdog::FailureKind::PeerLost(loss),
-                        after: std::time::Duration::ZERO,
-                        history: Vec::new(),
-                    },
-                }))
-            }
+            } => peer_lost(loss_of(rank, detail), String::new(), op, 0, Vec::new()),
             other => Error::Nccl(other),
         }
     }
+}
+
+/// A loss known only from an abort's cause: the rank, and how the
+/// detector put it.
+pub(crate) fn loss_of(rank: usize, detail: String) -> crate::liveness::PeerLoss {
+    crate::liveness::PeerLoss {
+        rank,
+        cause: crate::liveness::LossCause::Exited { reason: detail },
+        seen_by: rank,
+    }
+}
+
+/// [`Error::PeerLost`] for `loss`, found by `op` (sequence number `seq`) on
+/// the communicator `comm`, with its flight recorder.
+pub(crate) fn peer_lost(
+    loss: crate::liveness::PeerLoss,
+    comm: String,
+    op: &'static str,
+    seq: u64,
+    history: Vec<crate::watchdog::OpRecord>,
+) -> Error {
+    Error::PeerLost(Box::new(PeerLost {
+        rank: loss.rank,
+        loss: loss.clone(),
+        failure: crate::watchdog::Failure {
+            comm,
+            op,
+            seq,
+            kind: crate::watchdog::FailureKind::PeerLost(loss),
+            after: std::time::Duration::ZERO,
+            history,
+        },
+    }))
 }
 
 /// `Result` with this crate's [`Error`].

@@ -55,7 +55,7 @@ use nccl_safe::cudarc::driver::{CudaContext, CudaStream};
 use nccl_safe::nccl_sys::{cudaStream_t, ncclDataType_t};
 use nccl_safe::{AbortCause, Comm, CommStatus, OpInfo, OpObserver, WeakAbortHandle};
 
-use crate::liveness::{LossCause, PeerLoss};
+use crate::liveness::PeerLoss;
 
 mod track;
 use track::Tracker;
@@ -375,11 +375,9 @@ impl Watch {
             Some(Ok(CommStatus::Failed(e))) => self.fail(FailureKind::AsyncError(e.to_string())),
             Some(Err(nccl_safe::Error::Aborted { cause, .. })) if self.lock().unfinished() => {
                 let kind = match cause {
-                    AbortCause::PeerLost { rank, detail } => FailureKind::PeerLost(PeerLoss {
-                        rank,
-                        cause: LossCause::Exited { reason: detail },
-                        seen_by: rank,
-                    }),
+                    AbortCause::PeerLost { rank, detail } => {
+                        FailureKind::PeerLost(crate::error::loss_of(rank, detail))
+                    }
                     _ => FailureKind::Aborted,
                 };
                 self.fail(kind)
@@ -749,24 +747,14 @@ pub fn explain(comm: &Comm, err: nccl_safe::Error) -> Error {
                 cause: AbortCause::PeerLost { rank, detail },
             } => {
                 let history = watched.map(|w| w.history()).unwrap_or_default();
-                let loss = PeerLoss {
-                    rank,
-                    cause: LossCause::Exited { reason: detail },
-                    seen_by: rank,
-                };
                 let seq = history.last().map_or(0, |r| r.seq);
-                Error::PeerLost(Box::new(crate::error::PeerLost {
-                    rank,
-                    loss: loss.clone(),
-                    failure: Failure {
-                        comm: format!("rank {}", comm.rank()),
-                        op,
-                        seq,
-                        kind: FailureKind::PeerLost(loss),
-                        after: Duration::ZERO,
-                        history,
-                    },
-                }))
+                crate::error::peer_lost(
+                    crate::error::loss_of(rank, detail),
+                    format!("rank {}", comm.rank()),
+                    op,
+                    seq,
+                    history,
+                )
             }
             other => Error::Nccl(other),
         },

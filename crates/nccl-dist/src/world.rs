@@ -28,7 +28,7 @@ use crate::launch::{Launch, Launcher};
 use crate::liveness::{Liveness, LivenessOptions, LossCause, PeerLoss};
 use crate::rendezvous;
 use crate::secret::Secret;
-use crate::watchdog::{FailureKind, Watchdog, WatchdogOptions};
+use crate::watchdog::{Watchdog, WatchdogOptions};
 
 /// Environment variable that sets the rendezvous port, overriding the
 /// launcher's (see [`WorldOptions::port`]).
@@ -436,27 +436,17 @@ fn lost_or(signal: &AbortSignal, err: nccl_safe::Error) -> Error {
     }
     match signal.cause() {
         Some(AbortCause::PeerLost { rank, detail }) => {
-            let loss = PeerLoss {
-                rank,
-                cause: LossCause::Exited { reason: detail },
-                seen_by: rank,
-            };
             let op = match &err {
                 nccl_safe::Error::Aborted { op, .. } | nccl_safe::Error::Timeout { op, .. } => op,
                 _ => "communicator creation",
             };
-            Error::PeerLost(Box::new(crate::error::PeerLost {
-                rank,
-                loss: loss.clone(),
-                failure: crate::watchdog::Failure {
-                    comm: "world".into(),
-                    op,
-                    seq: 0,
-                    kind: FailureKind::PeerLost(loss),
-                    after: Duration::ZERO,
-                    history: Vec::new(),
-                },
-            }))
+            crate::error::peer_lost(
+                crate::error::loss_of(rank, detail),
+                "world".into(),
+                op,
+                0,
+                Vec::new(),
+            )
         }
         _ => Error::Nccl(err),
     }
