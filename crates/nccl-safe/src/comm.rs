@@ -452,7 +452,7 @@ const SPIN: Duration = Duration::from_millis(1);
 /// passed (then `Ok(Some(elapsed))`): back to back (yielding the CPU) for
 /// the first [`SPIN`], then pausing 5 µs, doubling up to 1 ms. An error
 /// from `done` ends it.
-fn poll_with_backoff(
+pub(crate) fn poll_with_backoff(
     timeout: Duration,
     mut done: impl FnMut() -> Result<bool>,
 ) -> Result<Option<Duration>> {

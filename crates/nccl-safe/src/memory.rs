@@ -97,18 +97,13 @@ impl<T: NcclType> Drop for NcclMemory<T> {
         // wait behind every other stream's work, a stuck kernel included).
         let _ = self.ctx.bind_to_thread();
         let finished = self.stream.record_event(None).is_ok_and(|event| {
-            let started = std::time::Instant::now();
-            let mut pause = std::time::Duration::from_micros(5);
-            loop {
-                match event.try_is_complete() {
-                    Ok(true) => return true,
-                    Ok(false) if started.elapsed() < self.timeout => {
-                        std::thread::sleep(pause);
-                        pause = (pause * 2).min(std::time::Duration::from_millis(1));
-                    }
-                    _ => return false,
-                }
-            }
+            let waited = crate::comm::poll_with_backoff(self.timeout, || {
+                event.try_is_complete().map_err(|source| Error::Cuda {
+                    op: "ncclMemFree",
+                    source,
+                })
+            });
+            matches!(waited, Ok(None))
         });
         if !finished {
             tracing::warn!(
