@@ -9,7 +9,6 @@
 //! nonblocking init or split is still in progress, and every later call
 //! answers with the signal's cause.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use crate::comm::Shared;
@@ -66,7 +65,7 @@ impl AbortCause {
 }
 
 struct SignalInner {
-    triggered: AtomicBool,
+    /// Set once, when triggered: whether and why.
     cause: OnceLock<AbortCause>,
     members: Mutex<Vec<Weak<Shared>>>,
 }
@@ -118,7 +117,6 @@ impl AbortSignal {
     pub fn new() -> AbortSignal {
         AbortSignal {
             inner: Arc::new(SignalInner {
-                triggered: AtomicBool::new(false),
                 cause: OnceLock::new(),
                 members: Mutex::new(Vec::new()),
             }),
@@ -130,7 +128,6 @@ impl AbortSignal {
     /// wins; triggering again does nothing.
     pub fn trigger(&self, cause: AbortCause) {
         let _ = self.inner.cause.set(cause);
-        self.inner.triggered.store(true, Ordering::Release);
         let members: Vec<Arc<Shared>> = self
             .inner
             .members
@@ -147,7 +144,7 @@ impl AbortSignal {
 
     /// Whether it was triggered.
     pub fn is_triggered(&self) -> bool {
-        self.inner.triggered.load(Ordering::Acquire)
+        self.inner.cause.get().is_some()
     }
 
     /// The cause it was triggered with.
