@@ -50,11 +50,10 @@ pub(crate) struct Shared {
     blocking: bool,
     timeout: Duration,
     clique: Option<Arc<Clique>>,
-    /// An abort was asked for while it could not happen at once (the lock
-    /// was busy, or an open group refers to the communicator): whoever
-    /// holds the lock next performs it.
-    pending_abort: AtomicBool,
-    /// Why it was (or is to be) aborted; the first cause wins.
+    /// Why it was (or is to be) aborted; the first cause wins. Set when an
+    /// abort is asked for: while the abort cannot happen at once (the lock
+    /// is busy, or an open group refers to the communicator), whoever holds
+    /// the lock next performs it.
     cause: OnceLock<AbortCause>,
     /// Set, under the lock, while a group open on some thread holds calls
     /// on this communicator: NCCL still refers to it until that group
@@ -102,18 +101,15 @@ impl Shared {
 
     /// Whether an abort is due: asked for, or the job's signal fired.
     fn abort_due(&self) -> bool {
-        if self.pending_abort.load(Ordering::Acquire) {
+        if self.cause.get().is_some() {
             return true;
         }
-        match &self.signal {
-            Some(signal) if signal.is_triggered() => {
-                if let Some(cause) = signal.cause() {
-                    let _ = self.cause.set(cause);
-                }
-                self.pending_abort.store(true, Ordering::Release);
+        match self.signal.as_ref().and_then(AbortSignal::cause) {
+            Some(cause) => {
+                let _ = self.cause.set(cause);
                 true
             }
-            _ => false,
+            None => false,
         }
     }
 
@@ -160,7 +156,7 @@ impl Shared {
             State::Aborted => return Err(self.aborted(op)),
             State::Closed => return Err(Error::Finalized { op }),
         };
-        if self.pending_abort.load(Ordering::Acquire) && self.settle_abort(&mut state) {
+        if self.cause.get().is_some() && self.settle_abort(&mut state) {
             drop(state);
             self.after_abort();
         }
@@ -195,7 +191,6 @@ impl Shared {
     /// end). Returns whether it is aborted now.
     pub(crate) fn request_abort(&self, cause: AbortCause) -> bool {
         let _ = self.cause.set(cause);
-        self.pending_abort.store(true, Ordering::Release);
         let Some(mut state) = self.try_lock() else {
             return false;
         };
@@ -339,7 +334,6 @@ impl Shared {
     /// refers to the communicator.
     fn abort(&self, cause: AbortCause) -> Result<()> {
         let _ = self.cause.set(cause);
-        self.pending_abort.store(true, Ordering::Release);
         let mut state = self.lock();
         if !matches!(*state, State::Live(_)) || self.in_open_group.load(Ordering::Acquire) {
             return Ok(());
@@ -968,7 +962,6 @@ impl Comm {
             blocking,
             timeout,
             clique,
-            pending_abort: AtomicBool::new(false),
             cause: OnceLock::new(),
             in_open_group: AtomicBool::new(false),
             signal: signal.clone(),
