@@ -14,7 +14,7 @@
 //!   place, through raw, safe and dist, a thread per GPU, 3 rounds of at
 //!   least 20 iterations and 20 ms each.
 //! - `latency`: every collective from 8 B to 1 KiB (×2) with 1000
-//!   iterations and 5 rounds (`--quick`: 300), in each launch mode
+//!   iterations and 11 rounds (`--quick`: 300), in each launch mode
 //!   (single, threads, processes); in threads and processes mode also the
 //!   `safe_wd` layer (safe with the watchdog observing the same
 //!   communicator, toggled between layers, so interleaved with `safe`);
@@ -141,7 +141,14 @@ fn jobs(o: &Options) -> Vec<Job> {
         });
     }
     if want("latency") {
-        let (iters, rounds) = if o.quick { ("300", "5") } else { ("1000", "5") };
+        // Rounds are many and short: the summary takes the largest
+        // difference of medians over every size, so each median must be
+        // steady (11 rounds: one round in five may be disturbed).
+        let (iters, rounds) = if o.quick {
+            ("300", "11")
+        } else {
+            ("1000", "11")
+        };
         for mode in MODES {
             // The watchdog's cost is measured where the dist layer is:
             // with a thread or a process per GPU.

@@ -31,12 +31,12 @@
 use std::marker::PhantomData;
 use std::sync::Arc;
 
+use nccl_safe::cudarc::driver::CudaStream;
 use nccl_safe::cudarc::driver::sys::CUstream;
-use nccl_safe::cudarc::driver::{CudaStream, sys};
 use nccl_safe::nccl_sys::ncclDataType_t;
 use nccl_safe::{Access, Comm, DeviceBuffer, DeviceBufferMut, NcclType, ReduceOp};
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// An element type, known at run time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -193,33 +193,28 @@ unsafe impl<T: NcclType> DeviceBufferMut<T> for Raw<T> {
     }
 }
 
-/// The CUDA device that `ptr` belongs to, asking the driver; a pointer
-/// it does not know (host memory, garbage) is an error here rather than a
-/// fault inside NCCL.
-fn device_of(op: &'static str, ptr: u64) -> Result<usize> {
-    let mut ordinal: i32 = -1;
-    // SAFETY: one int is written; the driver validates `ptr` itself.
-    let code = unsafe {
-        sys::cuPointerGetAttribute(
-            (&mut ordinal as *mut i32).cast(),
-            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-            ptr,
-        )
-    };
-    if code != sys::CUresult::CUDA_SUCCESS || ordinal < 0 {
-        return Err(Error::InvalidArgument {
-            op,
-            reason: format!("{ptr:#x} is not CUDA device memory ({code:?})"),
-        });
-    }
-    Ok(ordinal as usize)
-}
-
 /// What each method of [`Communicator`] needs: the typed buffers and the
 /// stream.
 struct Call<'c> {
     comm: &'c Comm,
-    stream: Arc<CudaStream>,
+    stream: Stream<'c>,
+}
+
+/// The stream of one call: the communicator's own, borrowed for free, or
+/// the wrapper of a caller's stream.
+enum Stream<'c> {
+    Own(&'c CudaStream),
+    Theirs(Arc<CudaStream>),
+}
+
+impl std::ops::Deref for Stream<'_> {
+    type Target = CudaStream;
+    fn deref(&self) -> &CudaStream {
+        match self {
+            Stream::Own(s) => s,
+            Stream::Theirs(s) => s,
+        }
+    }
 }
 
 impl<'c> Call<'c> {
@@ -228,11 +223,12 @@ impl<'c> Call<'c> {
     /// `stream`, when given, is a live stream of the communicator's device.
     unsafe fn new(comm: &'c Comm, stream: Option<CUstream>) -> Call<'c> {
         let stream = match stream {
-            // The communicator's own stream, named or not: no new wrapper.
-            None => Arc::clone(comm.stream()),
-            Some(raw) if raw == comm.stream().cu_stream() => Arc::clone(comm.stream()),
-            // SAFETY: the caller's promise; the wrapper does not own it.
-            Some(raw) => unsafe { comm.stream().context().wrap_borrowed_stream(raw) },
+            None => Stream::Own(comm.stream()),
+            Some(raw) if raw == comm.stream().cu_stream() => Stream::Own(comm.stream()),
+            // SAFETY: the caller's promise. The wrapper is remembered by
+            // the communicator, so naming one stream on every call
+            // allocates once.
+            Some(raw) => Stream::Theirs(unsafe { comm.borrowed_stream(raw) }),
         };
         Call { comm, stream }
     }
@@ -241,7 +237,8 @@ impl<'c> Call<'c> {
         let device = if len == 0 {
             self.comm.device()
         } else {
-            device_of(op, ptr)?
+            let bytes = len.saturating_mul(std::mem::size_of::<T>()) as u64;
+            crate::pointers::device_of(op, ptr, bytes)?
         };
         Ok(Raw {
             ptr,
@@ -281,7 +278,12 @@ fn times(op: &'static str, count: usize, n: usize) -> Result<usize> {
 /// Checked for you, before NCCL is called: pointers known to the CUDA
 /// driver and on this communicator's device, dtype supported by the
 /// library and GPU, counts that do not overflow, roots and peers in range,
-/// buffers that overlap other than in NCCL's in-place layout.
+/// buffers that overlap other than in NCCL's in-place layout. The driver is
+/// asked about a pointer once per allocation: each thread remembers the
+/// extents of the last 16 allocations it passed, so a buffer inside one of
+/// them costs no driver call (an allocation freed and replaced at the same
+/// address by one on another device is therefore not caught until the
+/// thread forgets it).
 pub trait Communicator: Send {
     /// This rank.
     fn rank(&self) -> usize;

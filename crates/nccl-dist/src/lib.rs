@@ -49,6 +49,7 @@ mod host;
 pub mod launch;
 pub mod liveness;
 pub mod mesh;
+mod pointers;
 pub mod rendezvous;
 pub mod secret;
 pub mod watchdog;

@@ -458,6 +458,8 @@ impl Watch {
 
 impl OpObserver for Watch {
     fn issued(&self, info: &OpInfo, stream: cudaStream_t) {
+        // One clock read per call: the record's time and the batch's.
+        let now = Instant::now();
         let mut st = self.lock();
         let seq = st.next_seq;
         st.next_seq += 1;
@@ -473,7 +475,7 @@ impl OpObserver for Watch {
             } else {
                 OpState::InFlight
             },
-            issued_at: self.began.elapsed(),
+            issued_at: now.saturating_duration_since(self.began),
             took: None,
         };
         if failed {
@@ -483,7 +485,7 @@ impl OpObserver for Watch {
             }
             return;
         }
-        st.tracker.issued(record, stream, &self.ctx);
+        st.tracker.issued(record, stream, &self.ctx, now);
     }
 
     fn unfinished(&self) -> bool {
@@ -775,14 +777,30 @@ pub(crate) fn from_failure(failure: Failure) -> Error {
 }
 
 /// Watches `child` (split from `parent`) with `parent`'s watchdog, if it
-/// has one, under `parent`'s label and `suffix`.
+/// has one, under `parent`'s label and `suffix`. The child's operations
+/// are batched on every stream the parent's are (its own stream and those
+/// given to [`Watched::track_stream`]) as well as on the child's own: a
+/// program that orders a step on one stream, say a mesh's, and issues each
+/// axis's collectives there pays no event per call.
 pub(crate) fn inherit(parent: &Comm, child: &Comm, suffix: &str) {
     if let Some(w) = Watched::of(parent) {
         let label = format!("{}/{suffix}", w.watch.label);
-        Watchdog {
+        let watched = Watchdog {
             registry: Arc::clone(&w.watch.registry),
         }
         .watch(child, label);
+        let streams = w
+            .watch
+            .streams
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        for stream in streams {
+            // A split child lives on its parent's device: the check in
+            // `track_stream` cannot fail, and a stream it refused would
+            // only cost an event per call.
+            let _ = watched.track_stream(stream);
+        }
     }
 }
 

@@ -711,6 +711,8 @@ pub struct Comm {
     compute_capability: (i32, i32),
     force_send_recv: Cell<bool>,
     observer: RefCell<Option<Arc<dyn OpObserver>>>,
+    /// The last stream handed to [`Comm::borrowed_stream`], wrapped.
+    borrowed: RefCell<Option<Arc<CudaStream>>>,
     _not_sync: PhantomData<Cell<()>>,
 }
 
@@ -1007,6 +1009,7 @@ impl Comm {
             compute_capability,
             force_send_recv: Cell::new(false),
             observer: RefCell::new(None),
+            borrowed: RefCell::new(None),
             _not_sync: PhantomData,
         })
     }
@@ -1681,6 +1684,42 @@ impl Comm {
     /// The stream collectives use unless told otherwise.
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
+    }
+
+    /// A cudarc wrapper, not owning it, for a stream that someone else
+    /// created on this communicator's context (a framework's current
+    /// stream), to pass to [`Comm::on`]. The communicator's own stream is
+    /// returned as itself, and the last other stream asked for is
+    /// remembered, so a caller that names the same stream on every call
+    /// allocates nothing after the first.
+    ///
+    /// # Safety
+    ///
+    /// `raw` is a live stream of this communicator's CUDA context, and stays
+    /// alive while the returned wrapper is used.
+    ///
+    /// ```no_run
+    /// # fn demo(comm: &nccl_safe::Comm, theirs: nccl_safe::cudarc::driver::sys::CUstream)
+    /// # -> nccl_safe::Result<()> {
+    /// // SAFETY: `theirs` is a live stream on the communicator's device.
+    /// let stream = unsafe { comm.borrowed_stream(theirs) };
+    /// let mut grads = comm.stream().alloc_zeros::<f32>(1024).unwrap();
+    /// comm.on(&stream).all_reduce_in_place(&mut grads, nccl_safe::ReduceOp::Sum)?;
+    /// # Ok(()) }
+    /// ```
+    pub unsafe fn borrowed_stream(&self, raw: cudarc::driver::sys::CUstream) -> Arc<CudaStream> {
+        if raw == self.stream.cu_stream() {
+            return Arc::clone(&self.stream);
+        }
+        let mut last = self.borrowed.borrow_mut();
+        if let Some(s) = last.as_ref().filter(|s| s.cu_stream() == raw) {
+            return Arc::clone(s);
+        }
+        // SAFETY: the caller's promise: `raw` is a live stream of this
+        // context; the wrapper does not destroy it.
+        let wrapped = unsafe { self.stream.context().wrap_borrowed_stream(raw) };
+        *last = Some(Arc::clone(&wrapped));
+        wrapped
     }
 
     /// How long this communicator's own waits (nonblocking polling,

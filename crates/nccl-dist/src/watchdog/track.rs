@@ -137,16 +137,16 @@ impl Tracker {
             .chain(self.open.iter().map(|o| (o.first, o.last)))
     }
 
-    /// An operation was issued on `stream` (the issuing thread).
+    /// An operation was issued on `stream` at `now` (the issuing thread).
     pub(super) fn issued(
         &mut self,
         record: OpRecord,
         stream: cudaStream_t,
         ctx: &std::sync::Arc<CudaContext>,
+        now: Instant,
     ) {
         let own = self.kept.contains(&stream);
         let seq = record.seq;
-        let now = Instant::now();
         self.history.push_back(record);
         while self.history.len() > self.limit {
             self.history.pop_front();
