@@ -545,6 +545,34 @@ fn smallest<'d>(doc: &'d Value, layer: &str) -> Vec<(&'d str, &'d Value)> {
     out
 }
 
+/// How much slower `a` is than `b` (µs per call), two layers measured at
+/// the same point in interleaved rounds: the median over rounds of each
+/// round's difference, so a stretch of seconds in which the whole machine
+/// runs slow or fast moves both sides of a difference alike. Records
+/// without per-round times (older runs) give the difference of medians.
+fn paired_excess(a: &Value, b: &Value) -> f64 {
+    let rounds = |r: &Value| -> Option<Vec<f64>> {
+        r["rounds_us"]
+            .as_array()?
+            .iter()
+            .map(Value::as_f64)
+            .collect::<Option<Vec<f64>>>()
+    };
+    match (rounds(a), rounds(b)) {
+        (Some(x), Some(y)) if x.len() == y.len() && !x.is_empty() => {
+            let mut d: Vec<f64> = x.iter().zip(&y).map(|(p, q)| p - q).collect();
+            d.sort_by(f64::total_cmp);
+            let m = d.len() / 2;
+            if d.len() % 2 == 1 {
+                d[m]
+            } else {
+                (d[m - 1] + d[m]) / 2.0
+            }
+        }
+        _ => f(a, "time_us") - f(b, "time_us"),
+    }
+}
+
 /// The modes whose latency jobs count for the targets: a thread and a
 /// process per GPU, blocking.
 const TARGET_MODES: &[&str] = &["threads", "processes"];
@@ -553,12 +581,13 @@ const TARGET_MODES: &[&str] = &["threads", "processes"];
 ///
 /// - `default_minus_raw_small_us_max`: the largest, over every collective,
 ///   size ≤ 1 KiB and placement of the latency jobs in threads and
-///   processes mode, of the dist layer's median µs per call (the world
-///   made with default options) minus raw's, measured in the same run.
+///   processes mode, of the dist layer's µs per call (the world made
+///   with default options) minus raw's, measured in the same run: the
+///   median over rounds of each round's difference ([`paired_excess`]).
 /// - `watchdog_overhead_us`: the largest, over collectives and those
-///   modes, of `safe_wd − safe` (medians, µs per call) at each
-///   collective's smallest size, out of place: the same communicator with
-///   and without the watchdog's observer, interleaved.
+///   modes, of `safe_wd − safe` (µs per call, paired by round as above)
+///   at each collective's smallest size, out of place: the same
+///   communicator with and without the watchdog's observer, interleaved.
 /// - `default_step_over_raw`: the largest over the step jobs (threads,
 ///   processes) of median default step / median raw step.
 /// - `allocs_per_call_max`: the most heap allocations per call, counted
@@ -583,17 +612,17 @@ fn summary(docs: &BTreeMap<String, Value>) -> (Value, Vec<Target>) {
         rs.iter()
             .filter(|r| s(r, "layer") == "dist" && r["bytes"].as_u64().is_some_and(|b| b <= 1024))
             .map(|r| {
-                let raw = rs
+                let over = rs
                     .iter()
                     .find(|q| s(q, "layer") == "raw" && same(q, r))
-                    .map_or(f64::NAN, |q| f(q, "time_us"));
+                    .map_or(f64::NAN, |raw| paired_excess(r, raw));
                 let place = if r["in_place"] == true {
                     "in place"
                 } else {
                     "out of place"
                 };
                 (
-                    f(r, "time_us") - raw,
+                    over,
                     format!(
                         "{mode} {} {} {place}",
                         s(r, "coll"),
@@ -608,11 +637,11 @@ fn summary(docs: &BTreeMap<String, Value>) -> (Value, Vec<Target>) {
         smallest(doc, "safe_wd")
             .into_iter()
             .map(|(coll, on)| {
-                let off = results(doc)
+                let over = results(doc)
                     .find(|q| s(q, "layer") == "safe" && same(q, on))
-                    .map_or(f64::NAN, |q| f(q, "time_us"));
+                    .map_or(f64::NAN, |off| paired_excess(on, off));
                 (
-                    f(on, "time_us") - off,
+                    over,
                     format!("{mode} {coll} {}", human(on["bytes"].as_u64().unwrap_or(0))),
                 )
             })
@@ -817,14 +846,13 @@ fn watchdog_section(md: &mut String, docs: &BTreeMap<String, Value>) -> Result<(
             continue;
         };
         for (coll, on) in smallest(doc, "safe_wd") {
-            let off = results(doc)
-                .find(|q| s(q, "layer") == "safe" && same(q, on))
-                .map_or(f64::NAN, |q| f(q, "time_us"));
+            let off_rec = results(doc).find(|q| s(q, "layer") == "safe" && same(q, on));
+            let off = off_rec.map_or(f64::NAN, |q| f(q, "time_us"));
+            let over = off_rec.map_or(f64::NAN, |q| paired_excess(on, q));
             let t = f(on, "time_us");
             rows.push(format!(
-                "| {mode} | {coll} | {} | {off:.2} | {t:.2} | {:+.3} |",
+                "| {mode} | {coll} | {} | {off:.2} | {t:.2} | {over:+.3} |",
                 human(on["bytes"].as_u64().unwrap_or(0)),
-                t - off
             ));
         }
     }
@@ -838,7 +866,7 @@ fn watchdog_section(md: &mut String, docs: &BTreeMap<String, Value>) -> Result<(
     )?;
     writeln!(
         md,
-        "µs per call (median of rounds, slowest rank), out of place, at each collective's smallest size: the safe layer on one communicator, its watchdog observer removed (off) or set (on) between measurements, interleaved in every round. `watchdog_overhead_us` is the largest on − off.
+        "µs per call (median of rounds, slowest rank), out of place, at each collective's smallest size: the safe layer on one communicator, its watchdog observer removed (off) or set (on) between measurements, interleaved in every round. on − off is the median over rounds of each round's difference; `watchdog_overhead_us` is the largest.
 "
     )?;
     writeln!(md, "| mode | collective | size | off | on | on − off |")?;
@@ -964,7 +992,7 @@ fn latency_section(
     docs: &BTreeMap<String, Value>,
     misses: &mut Vec<String>,
 ) -> Result<()> {
-    let heading = "## Small messages\n\nµs per call (median of rounds, slowest rank), out of place, at each collective's smallest size; raw and safe on a blocking communicator without watchdog, dist on the world made with default options (watchdog on); target: safe and dist at most 0.5 µs above raw. The last column is the largest dist − raw over every size up to 1 KiB and both placements (what `default_minus_raw_small_us_max` takes).\n\n";
+    let heading = "## Small messages\n\nµs per call (median of rounds, slowest rank), out of place, at each collective's smallest size; raw and safe on a blocking communicator without watchdog, dist on the world made with default options (watchdog on); target: safe and dist at most 0.5 µs above raw. Each difference is the median over rounds of the round's difference (the layers take turns in every round), so it is not always the difference of the medians shown. The last column is the largest dist − raw over every size up to 1 KiB and both placements (what `default_minus_raw_small_us_max` takes).\n\n";
     for (mode, doc) in phase(md, docs, "latency-", heading) {
         writeln!(md, "### {mode}\n")?;
         writeln!(
@@ -984,18 +1012,19 @@ fn latency_section(
             else {
                 continue;
             };
-            let t = |layer: &str| {
+            let rec = |layer: &str| {
                 rs.iter()
                     .find(|r| s(r, "layer") == layer && same(r, smallest))
-                    .map(|r| f(r, "time_us"))
+                    .copied()
             };
+            let t = |layer: &str| rec(layer).map(|r| f(r, "time_us"));
             let raw = f(smallest, "time_us");
             let cell = |x: Option<f64>| x.map_or("-".into(), |x| format!("{x:.2}"));
             let mut deltas = Vec::new();
             for layer in ["safe", "dist"] {
-                match t(layer) {
-                    Some(x) => {
-                        let d = x - raw;
+                match rec(layer) {
+                    Some(r) => {
+                        let d = paired_excess(r, smallest);
                         if !at_most(d, 0.5) {
                             misses.push(format!(
                                 "{mode} {coll} {}: {layer} {} µs over raw",
@@ -1017,17 +1046,17 @@ fn latency_section(
                             && r["bytes"].as_u64().is_some_and(|b| b <= 1024)
                     })
                     .map(|r| {
-                        let raw = every
+                        let over = every
                             .iter()
                             .find(|q| s(q, "layer") == "raw" && same(q, r))
-                            .map_or(f64::NAN, |q| f(q, "time_us"));
+                            .map_or(f64::NAN, |q| paired_excess(r, q));
                         let place = if r["in_place"] == true {
                             " in place"
                         } else {
                             ""
                         };
                         (
-                            f(r, "time_us") - raw,
+                            over,
                             format!("{}{place}", human(r["bytes"].as_u64().unwrap_or(0))),
                         )
                     }),
@@ -1271,4 +1300,26 @@ fn plot(doc: &Value, path: &Path) -> Result<()> {
     }
     root.present()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn excess_is_paired_by_round_and_falls_back_to_medians() {
+        // Round 2 ran on a slow machine for both layers: pairing removes it.
+        let a = json!({"time_us": 6.0, "rounds_us": [4.3, 6.3, 4.2]});
+        let b = json!({"time_us": 6.0, "rounds_us": [4.0, 6.0, 4.0]});
+        let d = paired_excess(&a, &b);
+        assert!((d - 0.3).abs() < 1e-9, "{d}");
+        let even = json!({"time_us": 5.0, "rounds_us": [5.0, 5.4]});
+        let base = json!({"time_us": 5.0, "rounds_us": [5.0, 5.0]});
+        assert!((paired_excess(&even, &base) - 0.2).abs() < 1e-9);
+        // Older records, or rounds that do not line up: medians.
+        let old = json!({"time_us": 5.5});
+        assert!((paired_excess(&old, &b) + 0.5).abs() < 1e-9);
+        let short = json!({"time_us": 7.0, "rounds_us": [7.0]});
+        assert!((paired_excess(&short, &b) - 1.0).abs() < 1e-9);
+    }
 }

@@ -356,13 +356,18 @@ fn sweep<T: Elem>(
                 }
                 for (i, row) in rows.iter_mut().enumerate() {
                     let wrong = d.check(row.layer, &spec)?;
+                    // In round order (the median sorts): the report pairs
+                    // the layers round by round.
+                    let rounds_us: Vec<f64> = times[i].iter().map(|s| s * 1e6).collect();
                     let result = Measured {
                         seconds: median(&mut times[i]),
                         wrong,
                         allocs_per_call: allocs[i].0,
                         allocs_per_call_thread: allocs[i].1,
                     };
-                    records.push(record::<T>(opts, n, &spec, row.layer, &result));
+                    let mut rec = record::<T>(opts, n, &spec, row.layer, &result);
+                    rec["rounds_us"] = json!(rounds_us);
+                    records.push(rec);
                     row.set(in_place, result);
                 }
             }
