@@ -592,10 +592,17 @@ impl Watchdog {
     }
 }
 
+/// Watched communicators the watchdog thread has room for up front.
+const WATCHES_RESERVED: usize = 128;
+
 fn watch_loop(registry: Weak<Registry>) {
     // Reused every round: the watchdog allocates nothing while it polls
     // (the bench counts allocations on every thread).
-    let mut watches: Vec<Arc<Watch>> = Vec::new();
+    // Room for this many watched communicators from the start: the first
+    // poll that finds one would otherwise allocate then, in the middle of
+    // whatever the program is doing (the bench saw it as one allocation
+    // in its first timed window). More than this grows the list once.
+    let mut watches: Vec<Arc<Watch>> = Vec::with_capacity(WATCHES_RESERVED);
     loop {
         let poll = {
             let Some(registry) = registry.upgrade() else {
