@@ -2,38 +2,64 @@
 //! and (over TCP) keeping each authenticated connection as that rank's
 //! liveness connection.
 //!
-//! # TCP protocol (version 1)
+//! # TCP protocol (version 2)
 //!
 //! Every message is a frame: the magic `NCRV`, the protocol version (u16),
 //! a kind (u8), a payload length (u32, at most [`MAX_PAYLOAD`]) and the
-//! payload; integers are big-endian.
+//! payload; integers are big-endian. `K` is the shared secret, `H` is
+//! HMAC-SHA256 keyed by `K`, `hello` the 8 bytes `rank ‖ world` of step 1.
 //!
-//! 1. the joining rank sends `Hello { rank, world, nonce_c }`;
-//! 2. rank 0 answers `Challenge { nonce_s }`;
-//! 3. the joining rank sends `Proof { HMAC-SHA256(secret, "nccl-rs proof" ‖ nonce_s ‖ nonce_c ‖ rank ‖ world) }`;
+//! 1. the joining rank sends `Hello { rank u32, world u32, nonce_c [32] }`;
+//! 2. rank 0 answers `Challenge { nonce_s [32], H("nccl-rs server v2" ‖
+//!    nonce_c ‖ nonce_s ‖ hello) }`: rank 0 proves the secret first, bound
+//!    to the joining rank's fresh nonce, so a listener without the secret
+//!    (another job's rank 0, a stranger on the port) is recognised before
+//!    anything is sent to it;
+//! 3. the joining rank sends `Proof { H("nccl-rs proof v2" ‖ nonce_s ‖
+//!    nonce_c ‖ hello) }`;
 //! 4. rank 0 checks the proof, the world size and that the rank is new,
-//!    then sends `Id { id, HMAC(secret, "nccl-rs id" ‖ nonce_c ‖ id) }`, so
-//!    the joining rank knows the id came from someone with the secret; or
-//!    `Reject { reason }`.
+//!    then sends `Id { ChaCha20-Poly1305(key, nonce 0, id, aad) }` with
+//!    `key = HKDF-SHA256(salt = nonce_s ‖ nonce_c, ikm = K, info =
+//!    "nccl-rs id key v2" ‖ hello)` (fresh per connection, hence the fixed
+//!    AEAD nonce) and `aad = "nccl-rs id v2" ‖ hello`; or `Reject { code
+//!    u8, a u32, b u32, H("nccl-rs reject v2" ‖ nonce_c ‖ nonce_s ‖ code ‖
+//!    a ‖ b) }`. A reject carries numbers, never text, and the joining rank
+//!    believes it only if its MAC checks.
 //!
 //! 5. with the liveness channel ([`serve_live`], [`join_live`]), the
 //!    connection is not closed: the joining rank sends `Attach` and rank 0
 //!    answers `Attached`, both already MACed with a session key derived
 //!    from the secret and both nonces; from then on it carries heartbeats
 //!    and losses. Those frames and the key derivation are described in
-//!    [`crate::liveness`]. The handshake bytes above are the same either
-//!    way, so the version stays 1.
+//!    [`crate::liveness`].
 //!
-//! Rank 0 never sends the id before a valid proof. Each connection is read
-//! with a short deadline, so a peer that connects and says nothing delays
-//! the others by at most [`PEER_TIMEOUT`]; the whole rendezvous has its own
-//! deadline on both sides. Nothing here panics on bad input.
+//! What this gives: the id never crosses the wire in clear; neither side
+//! sends anything that depends on the secret to a peer that has not proven
+//! it (rank 0's challenge proof is bound to the joining rank's nonce, so
+//! it cannot be replayed); a recorded session replays nowhere (both sides
+//! contribute a fresh nonce); a frame changed in transit fails its MAC or
+//! its AEAD tag. `docs/security.md` has the threat model.
+//!
+//! Rank 0 runs each handshake on its own thread, at most
+//! [`MAX_HANDSHAKES`] at once, each with its own deadline ([`HELLO_TIMEOUT`]
+//! for the first frame, [`PEER_TIMEOUT`] in all), so silent or slow
+//! connections do not hold up the real ranks. A joining rank retries
+//! until its deadline after anything that does not come from a holder of
+//! the secret (a refused connection, garbage, an unauthenticated reject, a
+//! listener that cannot prove the secret); only an authenticated reject
+//! ends its join at once. Every read and write is bounded by the
+//! deadline. Nothing here panics on bad input.
 
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
+use chacha20poly1305::aead::{Aead, KeyInit, Payload};
+use chacha20poly1305::{ChaCha20Poly1305, Key, Nonce};
+use hkdf::Hkdf;
 use hmac::{Hmac, Mac};
 use nccl_safe::UniqueId;
 use sha2::Sha256;
@@ -48,14 +74,21 @@ mod file;
 pub use file::{decode_file, publish_file, wait_file};
 
 /// Protocol version on the wire.
-pub const PROTOCOL_VERSION: u16 = 1;
+pub const PROTOCOL_VERSION: u16 = 2;
 /// Largest payload a frame may carry.
 pub const MAX_PAYLOAD: u32 = 1024;
-/// How long rank 0 waits for one connected peer's next frame.
+/// How long rank 0 gives one connection for its whole handshake.
 pub const PEER_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long rank 0 waits for a new connection's first frame.
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(2);
+/// Handshakes rank 0 runs at once; a connection beyond them is closed at
+/// once (a real rank retries).
+pub const MAX_HANDSHAKES: usize = 64;
 const MAGIC: &[u8; 4] = b"NCRV";
 const NONCE: usize = 32;
 const TAG: usize = 32;
+/// Bytes of a sealed id: the id and the AEAD tag.
+const SEALED_ID: usize = UniqueId::BYTES + 16;
 
 /// What went wrong in a rendezvous, on the side that saw it.
 #[derive(Debug, thiserror::Error)]
@@ -103,9 +136,22 @@ pub enum RendezvousError {
         /// Theirs.
         got: u16,
     },
-    /// Rank 0 refused this rank.
-    #[error("rank 0 rejected this rank: {0}")]
-    Rejected(String),
+    /// Rank 0 refused this rank, in a reject whose MAC proves it came
+    /// from rank 0: the reason is what rank 0 saw.
+    #[error("rank 0 refused this rank: {0}")]
+    Rejected(Box<RendezvousError>),
+    /// The listener at the address never proved that it holds the shared
+    /// secret: a different secret on one side, or not this job's rank 0.
+    #[error(
+        "the listener never proved the shared secret within {waited:?} (a different secret on one side, or a stranger on the port)"
+    )]
+    Unauthenticated {
+        /// How long this side tried.
+        waited: Duration,
+    },
+    /// Rank 0 has served every rank and takes no more.
+    #[error("rank 0 is not accepting ranks any more")]
+    NotAccepting,
     /// A socket or file error.
     #[error("rendezvous I/O: {0}")]
     Io(#[from] std::io::Error),
@@ -240,10 +286,25 @@ fn read_exact_by(
     Ok(())
 }
 
-fn write_frame(stream: &mut TcpStream, kind: Kind, payload: &[u8]) -> Result<()> {
-    stream.set_write_timeout(Some(PEER_TIMEOUT))?;
-    stream.write_all(&encode_frame(kind as u8, payload))?;
-    Ok(())
+fn write_frame(stream: &mut TcpStream, kind: Kind, payload: &[u8], until: Instant) -> Result<()> {
+    write_bytes(stream, &encode_frame(kind as u8, payload), until)
+}
+
+/// Writes all of `bytes` by `until`.
+fn write_bytes(stream: &mut TcpStream, bytes: &[u8], until: Instant) -> Result<()> {
+    let started = Instant::now();
+    let left = deadline_left(until, "writing a frame", started)?;
+    stream.set_write_timeout(Some(left))?;
+    stream.write_all(bytes).map_err(|e| {
+        if is_timeout(&e) {
+            RendezvousError::Timeout {
+                phase: "writing a frame".into(),
+                waited: started.elapsed(),
+            }
+        } else {
+            e.into()
+        }
+    })
 }
 
 fn mac(secret: &Secret, parts: &[&[u8]]) -> Result<Hmac<Sha256>> {
@@ -343,6 +404,44 @@ struct Served {
     nonce_s: [u8; NONCE],
 }
 
+/// Which ranks rank 0 has handed the id to, shared with the handshake
+/// threads; a rank is claimed when its proof checks.
+struct Door {
+    served: Mutex<BTreeSet<usize>>,
+    open: AtomicBool,
+    world: usize,
+}
+
+impl Door {
+    fn claim(&self, rank: usize) -> Result<()> {
+        if rank == 0 || rank >= self.world {
+            return Err(RendezvousError::RankOutOfRange {
+                rank,
+                world: self.world,
+            });
+        }
+        let mut served = self.served.lock().unwrap_or_else(|p| p.into_inner());
+        if !self.open.load(Ordering::Acquire) {
+            return Err(RendezvousError::NotAccepting);
+        }
+        if !served.insert(rank) {
+            return Err(RendezvousError::DuplicateRank { rank });
+        }
+        Ok(())
+    }
+
+    /// The id could not be sent after all: the rank may come again.
+    fn unclaim(&self, rank: usize) {
+        self.served
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&rank);
+    }
+}
+
+/// What a handshake thread reports to the accept loop.
+type Outcome = Result<(TcpStream, Served, Instant)>;
+
 /// The accept loop; `keep` gets each served rank's connection and returns
 /// an error to list (the rank stays served: it has the id).
 fn serve_with(
@@ -356,63 +455,105 @@ fn serve_with(
     let started = Instant::now();
     let deadline = started + timeout;
     listener.set_nonblocking(true)?;
-    let mut served: BTreeSet<usize> = BTreeSet::new();
+    let door = Arc::new(Door {
+        served: Mutex::new(BTreeSet::new()),
+        open: AtomicBool::new(true),
+        world,
+    });
+    let (tx, rx) = mpsc::channel::<Outcome>();
+    let mut in_flight = 0usize;
+    let mut served = 0usize;
     let mut refused = Vec::new();
     let _span = tracing::debug_span!("nccl.rendezvous_serve", world).entered();
-    while served.len() + 1 < world {
-        let (mut stream, _) = match listener.accept() {
-            Ok(conn) => conn,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                deadline_left(
-                    deadline,
-                    &format!(
-                        "waiting for ranks (served {} of {})",
-                        served.len(),
-                        world - 1
-                    ),
-                    started,
-                )?;
-                std::thread::sleep(Duration::from_millis(5));
-                continue;
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e.into()),
-        };
-        stream.set_nonblocking(false)?;
-        let peer_deadline = deadline.min(Instant::now() + PEER_TIMEOUT);
-        let accept = |rank: usize| {
-            if rank == 0 || rank >= world {
-                return Err(RendezvousError::RankOutOfRange { rank, world });
-            }
-            if served.contains(&rank) {
-                return Err(RendezvousError::DuplicateRank { rank });
-            }
-            Ok(())
-        };
-        match handshake_server(
-            &mut stream,
-            world,
-            secret,
-            id,
-            &accept,
-            peer_deadline,
-            started,
-        ) {
-            Ok(who) => {
-                served.insert(who.rank);
-                if let Some(e) = keep(stream, who, peer_deadline) {
-                    tracing::debug!(error = %e, "rendezvous: no liveness connection");
-                    refused.push(e);
-                }
-            }
-            Err(e) => {
-                let _ = write_frame(&mut stream, Kind::Reject, e.to_string().as_bytes());
-                tracing::debug!(error = %e, "rendezvous peer refused");
+    // A finished handshake: a served rank's connection is kept (or its
+    // liveness attach refused) here, one at a time, while the other
+    // handshakes go on.
+    let mut finished = |outcome: Outcome, served: &mut usize, refused: &mut Vec<_>| match outcome {
+        Ok((stream, who, until)) => {
+            *served += 1;
+            if let Some(e) = keep(stream, who, until) {
+                tracing::debug!(error = %e, "rendezvous: no liveness connection");
                 refused.push(e);
             }
         }
-    }
-    Ok(refused)
+        Err(e) => {
+            tracing::debug!(error = %e, "rendezvous peer refused");
+            refused.push(e);
+        }
+    };
+    let result = loop {
+        while let Ok(outcome) = rx.try_recv() {
+            in_flight -= 1;
+            finished(outcome, &mut served, &mut refused);
+        }
+        if served + 1 >= world {
+            break Ok(());
+        }
+        match listener.accept() {
+            Ok((stream, _)) => {
+                if in_flight >= MAX_HANDSHAKES {
+                    // Closed at once: a real rank sees a reset and retries.
+                    refused.push(RendezvousError::Malformed("too many handshakes at once"));
+                    continue;
+                }
+                let until = deadline.min(Instant::now() + PEER_TIMEOUT);
+                let (door, tx) = (Arc::clone(&door), tx.clone());
+                let (secret, id) = (secret.clone(), *id);
+                let spawned = std::thread::Builder::new()
+                    .name("nccl-rdv-handshake".into())
+                    .spawn(move || {
+                        let outcome = handshake_thread(stream, &door, &secret, &id, until, started);
+                        let _ = tx.send(outcome);
+                    });
+                match spawned {
+                    Ok(_) => in_flight += 1,
+                    Err(e) => refused.push(RendezvousError::Io(e)),
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                let phase = format!("waiting for ranks (served {served} of {})", world - 1);
+                if let Err(e) = deadline_left(deadline, &phase, started) {
+                    break Err(e);
+                }
+                // Wakes at once when a handshake ends.
+                if let Ok(outcome) = rx.recv_timeout(Duration::from_millis(2)) {
+                    in_flight -= 1;
+                    finished(outcome, &mut served, &mut refused);
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => break Err(e.into()),
+        }
+    };
+    // Handshakes still running end by their own deadline and can no
+    // longer claim a rank.
+    door.open.store(false, Ordering::Release);
+    result.map(|()| refused)
+}
+
+/// One connection's handshake, on its own thread.
+fn handshake_thread(
+    mut stream: TcpStream,
+    door: &Door,
+    secret: &Secret,
+    id: &UniqueId,
+    until: Instant,
+    started: Instant,
+) -> Outcome {
+    stream.set_nonblocking(false)?;
+    let claim = |rank: usize| door.claim(rank);
+    let unclaim = |rank: usize| door.unclaim(rank);
+    let who = handshake_server(
+        &mut stream,
+        door.world,
+        secret,
+        id,
+        &claim,
+        &unclaim,
+        until,
+        started,
+    )?;
+    Ok((stream, who, until))
 }
 
 /// The hub's side: waits for a served rank's `Attach` and answers
@@ -436,8 +577,7 @@ fn attach_member(
         Msg::Attach { listen } => listen,
         _ => return Err(not_attached("the first frame was not an attach".into()).into()),
     };
-    stream.set_write_timeout(Some(PEER_TIMEOUT))?;
-    stream.write_all(&sealer.seal(&Msg::Attached)?)?;
+    write_bytes(&mut stream, &sealer.seal(&Msg::Attached)?, until)?;
     Ok((Link::new(rank, false, stream, sealer, opener)?, listen))
 }
 
@@ -454,7 +594,16 @@ pub(crate) fn takeover_accept(
     stream.set_nonblocking(false)?;
     let started = Instant::now();
     let until = started + TAKEOVER_HANDSHAKE;
-    let served = handshake_server(&mut stream, world, secret, id, accept, until, started)?;
+    let served = handshake_server(
+        &mut stream,
+        world,
+        secret,
+        id,
+        accept,
+        &|_| {},
+        until,
+        started,
+    )?;
     attach_member(stream, served, world, secret, until).map(|(link, _)| link)
 }
 
@@ -490,54 +639,179 @@ pub(crate) fn takeover_connect(
 /// How long a takeover handshake may take on the accepting side.
 const TAKEOVER_HANDSHAKE: Duration = Duration::from_secs(2);
 
+/// Why rank 0 refuses a rank, as numbers on the wire.
+fn reject_code(e: &RendezvousError) -> (u8, u32, u32) {
+    match e {
+        RendezvousError::BadSecret => (1, 0, 0),
+        RendezvousError::WorldSizeMismatch { expected, got } => (2, *expected as u32, *got as u32),
+        RendezvousError::DuplicateRank { rank } => (3, *rank as u32, 0),
+        RendezvousError::RankOutOfRange { rank, world } => (4, *rank as u32, *world as u32),
+        RendezvousError::NotAccepting => (5, 0, 0),
+        _ => (6, 0, 0),
+    }
+}
+
+/// The joining rank's reading of an authenticated reject: rank 0's view.
+fn reject_reason(code: u8, a: u32, b: u32) -> RendezvousError {
+    match code {
+        1 => RendezvousError::BadSecret,
+        2 => RendezvousError::WorldSizeMismatch {
+            expected: a as usize,
+            got: b as usize,
+        },
+        3 => RendezvousError::DuplicateRank { rank: a as usize },
+        4 => RendezvousError::RankOutOfRange {
+            rank: a as usize,
+            world: b as usize,
+        },
+        5 => RendezvousError::NotAccepting,
+        _ => RendezvousError::Malformed("rank 0 refused this rank for a reason it did not name"),
+    }
+}
+
+fn reject_tag(
+    secret: &Secret,
+    nonce_c: &[u8],
+    nonce_s: &[u8],
+    body: &[u8],
+) -> Result<Hmac<Sha256>> {
+    mac(secret, &[b"nccl-rs reject v2", nonce_c, nonce_s, body])
+}
+
+/// Tells the joining rank why it is refused (best effort: it is going
+/// anyway).
+fn send_reject(
+    stream: &mut TcpStream,
+    secret: &Secret,
+    nonce_c: &[u8],
+    nonce_s: &[u8],
+    why: &RendezvousError,
+    until: Instant,
+) {
+    let (code, a, b) = reject_code(why);
+    let mut body = vec![code];
+    body.extend_from_slice(&a.to_be_bytes());
+    body.extend_from_slice(&b.to_be_bytes());
+    if let Ok(m) = reject_tag(secret, nonce_c, nonce_s, &body) {
+        body.extend_from_slice(&m.finalize().into_bytes());
+        let _ = write_frame(stream, Kind::Reject, &body, until);
+    }
+}
+
+/// The AEAD that carries the id over one connection: its key is fresh
+/// for every connection (both nonces), so the AEAD nonce can be fixed.
+fn id_cipher(
+    secret: &Secret,
+    nonce_s: &[u8],
+    nonce_c: &[u8],
+    hello: &[u8],
+) -> Result<ChaCha20Poly1305> {
+    let mut salt = Vec::with_capacity(nonce_s.len() + nonce_c.len());
+    salt.extend_from_slice(nonce_s);
+    salt.extend_from_slice(nonce_c);
+    let hk = Hkdf::<Sha256>::new(Some(&salt), secret.bytes());
+    let mut info = b"nccl-rs id key v2".to_vec();
+    info.extend_from_slice(hello);
+    let mut key = [0u8; 32];
+    hk.expand(&info, &mut key)
+        .map_err(|_| LivenessError::Crypto)?;
+    Ok(ChaCha20Poly1305::new(Key::from_slice(&key)))
+}
+
+fn id_aad(hello: &[u8]) -> Vec<u8> {
+    let mut aad = b"nccl-rs id v2".to_vec();
+    aad.extend_from_slice(hello);
+    aad
+}
+
+fn server_proof(
+    secret: &Secret,
+    nonce_c: &[u8],
+    nonce_s: &[u8],
+    hello: &[u8],
+) -> Result<Hmac<Sha256>> {
+    mac(secret, &[b"nccl-rs server v2", nonce_c, nonce_s, hello])
+}
+
+fn client_proof(
+    secret: &Secret,
+    nonce_s: &[u8],
+    nonce_c: &[u8],
+    hello: &[u8],
+) -> Result<Hmac<Sha256>> {
+    mac(secret, &[b"nccl-rs proof v2", nonce_s, nonce_c, hello])
+}
+
+/// Rank 0's side of one handshake (module docs, steps 1 to 4). `claim`
+/// decides whether the (authenticated) rank may have the id and takes
+/// it; `unclaim` gives it back when the id could not be sent.
+#[allow(clippy::too_many_arguments)]
 fn handshake_server(
     stream: &mut TcpStream,
     world: usize,
     secret: &Secret,
     id: &UniqueId,
-    accept: &dyn Fn(usize) -> Result<()>,
+    claim: &dyn Fn(usize) -> Result<()>,
+    unclaim: &dyn Fn(usize),
     until: Instant,
     started: Instant,
 ) -> Result<Served> {
-    let (kind, hello) = read_frame(stream, until, "reading a peer's hello", started)?;
+    let hello_until = until.min(Instant::now() + HELLO_TIMEOUT);
+    let (kind, hello) = read_frame(stream, hello_until, "reading a peer's hello", started)?;
     if kind != Kind::Hello || hello.len() != 8 + NONCE {
         return Err(RendezvousError::Malformed("expected a hello"));
     }
     let rank = u32::from_be_bytes([hello[0], hello[1], hello[2], hello[3]]) as usize;
     let peer_world = u32::from_be_bytes([hello[4], hello[5], hello[6], hello[7]]) as usize;
-    let nonce_c = &hello[8..];
+    let (claims, nonce_c) = hello.split_at(8);
     let nonce_s = nonce()?;
-    write_frame(stream, Kind::Challenge, &nonce_s)?;
+    let mut challenge = nonce_s.to_vec();
+    challenge.extend_from_slice(
+        &server_proof(secret, nonce_c, &nonce_s, claims)?
+            .finalize()
+            .into_bytes(),
+    );
+    write_frame(stream, Kind::Challenge, &challenge, until)?;
     let (kind, proof) = read_frame(stream, until, "reading a peer's proof", started)?;
     if kind != Kind::Proof || proof.len() != TAG {
         return Err(RendezvousError::Malformed("expected a proof"));
     }
-    mac(
-        secret,
-        &[
-            b"nccl-rs proof",
-            &nonce_s,
-            nonce_c,
-            &hello[..4],
-            &hello[4..8],
-        ],
-    )?
-    .verify_slice(&proof)
-    .map_err(|_| RendezvousError::BadSecret)?;
+    let refuse = |stream: &mut TcpStream, why: RendezvousError| {
+        send_reject(stream, secret, nonce_c, &nonce_s, &why, until);
+        Err(why)
+    };
+    if client_proof(secret, &nonce_s, nonce_c, claims)?
+        .verify_slice(&proof)
+        .is_err()
+    {
+        return refuse(stream, RendezvousError::BadSecret);
+    }
     // Authenticated: now the claims may be trusted enough to answer them.
     if peer_world != world {
-        return Err(RendezvousError::WorldSizeMismatch {
-            expected: world,
-            got: peer_world,
-        });
+        return refuse(
+            stream,
+            RendezvousError::WorldSizeMismatch {
+                expected: world,
+                got: peer_world,
+            },
+        );
     }
-    accept(rank)?;
-    let tag = mac(secret, &[b"nccl-rs id", nonce_c, id.as_bytes()])?
-        .finalize()
-        .into_bytes();
-    let mut payload = id.as_bytes().to_vec();
-    payload.extend_from_slice(&tag);
-    write_frame(stream, Kind::Id, &payload)?;
+    if let Err(why) = claim(rank) {
+        return refuse(stream, why);
+    }
+    let sealed = id_cipher(secret, &nonce_s, nonce_c, claims)?
+        .encrypt(
+            Nonce::from_slice(&[0u8; 12]),
+            Payload {
+                msg: id.as_bytes(),
+                aad: &id_aad(claims),
+            },
+        )
+        .map_err(|_| LivenessError::Crypto)?;
+    if let Err(e) = write_frame(stream, Kind::Id, &sealed, until) {
+        unclaim(rank);
+        return Err(e);
+    }
     Ok(Served {
         rank,
         nonce_c: nonce_c.to_vec(),
@@ -631,9 +905,7 @@ fn attach_to_hub(
     let mut sealer = Sealer::new(key.clone(), Dir::Up);
     let mut opener = Opener::new(key, Dir::Down, world);
     let not_attached = |detail: String| LivenessError::NotAttached { rank, detail };
-    stream.set_write_timeout(Some(PEER_TIMEOUT))?;
-    stream
-        .write_all(&sealer.seal(&Msg::Attach { listen })?)
+    write_bytes(&mut stream, &sealer.seal(&Msg::Attach { listen })?, until)
         .map_err(|e| not_attached(format!("sending the attach: {e}")))?;
     let (kind, payload) = read_raw_frame(
         &mut stream,
@@ -680,14 +952,20 @@ fn join_stream(
     let addrs: Vec<SocketAddr> = addr.to_socket_addrs()?.collect();
     let _span = tracing::debug_span!("nccl.rendezvous_join", rank, world).entered();
     let mut pause = Duration::from_millis(10);
+    // What the last attempts ran into, for the error at the deadline.
+    let mut unauthenticated = false;
+    let mut last: Option<RendezvousError> = None;
     loop {
-        let left = deadline_left(deadline, "connecting to rank 0", started)?;
+        let Ok(left) = deadline_left(deadline, "connecting to rank 0", started) else {
+            return Err(at_deadline(unauthenticated, last, started));
+        };
         let connected = addrs
             .iter()
             .find_map(|a| TcpStream::connect_timeout(a, left.min(Duration::from_secs(2))).ok());
+        let attempt_until = deadline.min(Instant::now() + PEER_TIMEOUT);
         let outcome = match connected {
             Some(mut stream) => {
-                handshake_client(&mut stream, rank, world, secret, deadline, started).map(
+                handshake_client(&mut stream, rank, world, secret, attempt_until, started).map(
                     |(id, nonce_c, nonce_s)| Joined {
                         id,
                         stream,
@@ -701,18 +979,58 @@ fn join_stream(
             )),
         };
         match outcome {
-            // A dropped or refused connection is retried until the deadline:
-            // rank 0 may not be listening yet, or be restarting.
+            Ok(joined) => return Ok(joined),
+            // Anything that did not come from a holder of the secret is
+            // retried until the deadline: rank 0 may not be listening yet
+            // or be restarting, and a stranger on the port must not be
+            // able to end the join.
             Err(e) if retryable(&e) => {
-                std::thread::sleep(pause.min(deadline_left(
-                    deadline,
-                    "connecting to rank 0",
-                    started,
-                )?));
+                if matches!(e, RendezvousError::Unauthenticated { .. }) {
+                    if !unauthenticated {
+                        tracing::warn!(
+                            rank,
+                            "rendezvous: the listener did not prove the shared secret; retrying until the deadline (a different secret on one side, or not this job's rank 0)"
+                        );
+                    }
+                    unauthenticated = true;
+                }
+                last = Some(e);
+                let Ok(left) = deadline_left(deadline, "connecting to rank 0", started) else {
+                    return Err(at_deadline(unauthenticated, last, started));
+                };
+                std::thread::sleep(pause.min(left));
                 pause = (pause * 2).min(Duration::from_millis(500));
             }
-            other => return other,
+            Err(e) => return Err(e),
         }
+    }
+}
+
+/// The error a join ends with when its deadline passes: the most telling
+/// of what the attempts saw, in our own words.
+fn at_deadline(
+    unauthenticated: bool,
+    last: Option<RendezvousError>,
+    started: Instant,
+) -> RendezvousError {
+    let waited = started.elapsed();
+    if unauthenticated {
+        return RendezvousError::Unauthenticated { waited };
+    }
+    match last {
+        Some(RendezvousError::Version { got }) => RendezvousError::Version { got },
+        Some(RendezvousError::Malformed(what)) => RendezvousError::Timeout {
+            phase: format!("connecting to rank 0 (the last answer was refused: {what})"),
+            waited,
+        },
+        Some(RendezvousError::Io(e)) => RendezvousError::Timeout {
+            phase: format!("connecting to rank 0 (last attempt: {})", e.kind()),
+            waited,
+        },
+        _ => RendezvousError::Timeout {
+            phase: "connecting to rank 0".into(),
+            waited,
+        },
     }
 }
 
@@ -723,62 +1041,72 @@ fn retryable(e: &RendezvousError) -> bool {
             io.kind(),
             ConnectionRefused | ConnectionReset | ConnectionAborted | BrokenPipe | UnexpectedEof
         ),
-        RendezvousError::Malformed("connection closed mid-frame") => true,
+        RendezvousError::Malformed(_)
+        | RendezvousError::Version { .. }
+        | RendezvousError::Unauthenticated { .. }
+        | RendezvousError::Timeout { .. } => true,
         _ => false,
     }
 }
 
+/// A joining rank's side of one handshake (module docs, steps 1 to 4),
+/// by `until`.
 fn handshake_client(
     stream: &mut TcpStream,
     rank: usize,
     world: usize,
     secret: &Secret,
-    deadline: Instant,
+    until: Instant,
     started: Instant,
 ) -> Result<(UniqueId, [u8; NONCE], Vec<u8>)> {
     let nonce_c = nonce()?;
-    let mut hello = be32(rank).to_vec();
-    hello.extend_from_slice(&be32(world));
+    let mut claims = be32(rank).to_vec();
+    claims.extend_from_slice(&be32(world));
+    let mut hello = claims.clone();
     hello.extend_from_slice(&nonce_c);
-    write_frame(stream, Kind::Hello, &hello)?;
-    let (kind, challenge) =
-        read_frame(stream, deadline, "waiting for rank 0's challenge", started)?;
-    match kind {
-        Kind::Challenge if challenge.len() == NONCE => {}
-        Kind::Reject => {
-            return Err(RendezvousError::Rejected(
-                String::from_utf8_lossy(&challenge).into_owned(),
-            ));
-        }
-        _ => return Err(RendezvousError::Malformed("expected a challenge")),
+    write_frame(stream, Kind::Hello, &hello, until)?;
+    let (kind, challenge) = read_frame(stream, until, "waiting for rank 0's challenge", started)?;
+    if kind != Kind::Challenge || challenge.len() != NONCE + TAG {
+        return Err(RendezvousError::Malformed("expected a challenge"));
     }
-    let proof = mac(
-        secret,
-        &[
-            b"nccl-rs proof",
-            &challenge,
-            &nonce_c,
-            &be32(rank),
-            &be32(world),
-        ],
-    )?
-    .finalize()
-    .into_bytes();
-    write_frame(stream, Kind::Proof, &proof)?;
-    let (kind, answer) = read_frame(stream, deadline, "waiting for the id", started)?;
+    let (nonce_s, their_proof) = challenge.split_at(NONCE);
+    server_proof(secret, &nonce_c, nonce_s, &claims)?
+        .verify_slice(their_proof)
+        .map_err(|_| RendezvousError::Unauthenticated {
+            waited: started.elapsed(),
+        })?;
+    let proof = client_proof(secret, nonce_s, &nonce_c, &claims)?
+        .finalize()
+        .into_bytes();
+    write_frame(stream, Kind::Proof, &proof, until)?;
+    let (kind, answer) = read_frame(stream, until, "waiting for the id", started)?;
     match kind {
-        Kind::Id if answer.len() == UniqueId::BYTES + TAG => {
-            let (id_bytes, tag) = answer.split_at(UniqueId::BYTES);
-            mac(secret, &[b"nccl-rs id", &nonce_c, id_bytes])?
-                .verify_slice(tag)
-                .map_err(|_| RendezvousError::BadSecret)?;
+        Kind::Id if answer.len() == SEALED_ID => {
+            let opened = id_cipher(secret, nonce_s, &nonce_c, &claims)?
+                .decrypt(
+                    Nonce::from_slice(&[0u8; 12]),
+                    Payload {
+                        msg: &answer,
+                        aad: &id_aad(&claims),
+                    },
+                )
+                .map_err(|_| RendezvousError::Malformed("the id failed authentication"))?;
             let mut bytes = [0u8; UniqueId::BYTES];
-            bytes.copy_from_slice(id_bytes);
-            Ok((UniqueId::from_bytes(bytes), nonce_c, challenge))
+            bytes.copy_from_slice(&opened);
+            Ok((UniqueId::from_bytes(bytes), nonce_c, nonce_s.to_vec()))
         }
-        Kind::Reject => Err(RendezvousError::Rejected(
-            String::from_utf8_lossy(&answer).into_owned(),
-        )),
+        Kind::Reject if answer.len() == 9 + TAG => {
+            let (body, tag) = answer.split_at(9);
+            reject_tag(secret, &nonce_c, nonce_s, body)?
+                .verify_slice(tag)
+                .map_err(|_| RendezvousError::Malformed("an unauthenticated reject"))?;
+            let a = u32::from_be_bytes([body[1], body[2], body[3], body[4]]);
+            let b = u32::from_be_bytes([body[5], body[6], body[7], body[8]]);
+            Err(RendezvousError::Rejected(Box::new(reject_reason(
+                body[0], a, b,
+            ))))
+        }
+        Kind::Reject => Err(RendezvousError::Malformed("an unauthenticated reject")),
         _ => Err(RendezvousError::Malformed("expected the id")),
     }
 }
