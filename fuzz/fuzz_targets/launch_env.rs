@@ -285,10 +285,10 @@ fn check_secret(env: &Env) {
         _ => None,
     };
     let result = Secret::from_lookup(&lookup);
-    // What the secret must be: the variable's text, else the file's bytes
+    // What the secret must be: the variable's bytes, else the file's bytes
     // without trailing line ends.
     let expected: Option<Vec<u8>> = match (from_env, file) {
-        (Some(v), _) => Some(v.to_string_lossy().into_owned().into_bytes()),
+        (Some(v), _) => Some(v.as_encoded_bytes().to_vec()),
         (None, Some(contents)) => {
             let mut bytes = contents.as_bytes().to_vec();
             while bytes.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {

@@ -1,7 +1,16 @@
 //! The shared secret every rank of a job proves it knows before rank 0
 //! hands out the unique id.
+//!
+//! A secret is bytes, end to end: the environment variable's bytes are
+//! taken as they are (no UTF-8 conversion, which would make two different
+//! non-UTF-8 secrets equal and pad a short one past the minimum), and
+//! [`Secret::to_env_value`] gives the same bytes back for a child's
+//! environment.
 
+use std::ffi::{OsStr, OsString};
 use std::fmt;
+use std::io::Read;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::Path;
 
 /// Environment variable holding the secret itself.
@@ -10,6 +19,9 @@ pub const SECRET_ENV: &str = "NCCL_RS_SECRET";
 pub const SECRET_FILE_ENV: &str = "NCCL_RS_SECRET_FILE";
 /// Shortest secret accepted, in bytes.
 pub const MIN_SECRET_BYTES: usize = 16;
+/// Longest secret file read, in bytes: a secret file path that names
+/// something endless (`/dev/zero`) is refused instead of eating memory.
+pub const MAX_SECRET_FILE_BYTES: u64 = 64 * 1024;
 
 /// A shared secret. `Debug` never shows it.
 #[derive(Clone, PartialEq, Eq)]
@@ -31,6 +43,12 @@ pub enum SecretError {
         source_name: String,
         /// Its length.
         len: usize,
+    },
+    /// The secret file holds more than [`MAX_SECRET_FILE_BYTES`].
+    #[error("the secret file {path} holds more than {MAX_SECRET_FILE_BYTES} bytes")]
+    TooLong {
+        /// The file.
+        path: String,
     },
     /// The secret file could not be read.
     #[error("reading the secret file {path}: {error}")]
@@ -72,12 +90,11 @@ impl Secret {
         Secret::from_lookup(&|k| std::env::var_os(k))
     }
 
-    /// As [`Secret::from_env`], from any lookup.
-    pub fn from_lookup(
-        lookup: &dyn Fn(&str) -> Option<std::ffi::OsString>,
-    ) -> Result<Secret, SecretError> {
+    /// As [`Secret::from_env`], from any lookup. The variable's bytes are
+    /// the secret, whatever their encoding.
+    pub fn from_lookup(lookup: &dyn Fn(&str) -> Option<OsString>) -> Result<Secret, SecretError> {
         if let Some(v) = lookup(SECRET_ENV).filter(|v| !v.is_empty()) {
-            return Secret::from_bytes(v.to_string_lossy().into_owned().into_bytes(), SECRET_ENV);
+            return Secret::from_bytes(v.into_vec(), SECRET_ENV);
         }
         if let Some(path) = lookup(SECRET_FILE_ENV).filter(|v| !v.is_empty()) {
             return Secret::from_file(Path::new(&path));
@@ -85,12 +102,26 @@ impl Secret {
         Err(SecretError::Missing)
     }
 
-    /// The contents of `path`, trailing newline removed.
+    /// The contents of `path`, trailing newline removed. At most
+    /// [`MAX_SECRET_FILE_BYTES`] are read. A pipe is fine (`<(echo ...)`
+    /// in a shell): the file is the user's own configuration, so only
+    /// its size is bounded.
     pub fn from_file(path: &Path) -> Result<Secret, SecretError> {
-        let mut bytes = std::fs::read(path).map_err(|error| SecretError::File {
+        let io_error = |error| SecretError::File {
             path: path.display().to_string(),
             error,
-        })?;
+        };
+        let mut bytes = Vec::new();
+        std::fs::File::open(path)
+            .map_err(io_error)?
+            .take(MAX_SECRET_FILE_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .map_err(io_error)?;
+        if bytes.len() as u64 > MAX_SECRET_FILE_BYTES {
+            return Err(SecretError::TooLong {
+                path: path.display().to_string(),
+            });
+        }
         while bytes.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
             bytes.pop();
         }
@@ -102,10 +133,10 @@ impl Secret {
         &self.0
     }
 
-    /// The secret as text, for handing to child processes in their
-    /// environment.
-    pub fn to_env_value(&self) -> String {
-        String::from_utf8_lossy(&self.0).into_owned()
+    /// The secret as an environment value for child processes: exactly
+    /// its bytes, which [`Secret::from_lookup`] reads back unchanged.
+    pub fn to_env_value(&self) -> OsString {
+        OsStr::from_bytes(&self.0).to_os_string()
     }
 }
 
@@ -158,5 +189,59 @@ mod tests {
             b"from-the-environment!"
         );
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn only_the_variable(value: OsString) -> impl Fn(&str) -> Option<OsString> {
+        move |k: &str| (k == SECRET_ENV).then(|| value.clone())
+    }
+
+    #[test]
+    fn two_different_non_utf8_secrets_stay_different() {
+        // 0xff and 0xfe are invalid UTF-8; a lossy conversion turns both
+        // into U+FFFD and the two secrets into one.
+        let mut a = b"0123456789abcdef".to_vec();
+        let mut b = a.clone();
+        a.push(0xff);
+        b.push(0xfe);
+        let sa = Secret::from_lookup(&only_the_variable(OsString::from_vec(a.clone()))).unwrap();
+        let sb = Secret::from_lookup(&only_the_variable(OsString::from_vec(b.clone()))).unwrap();
+        assert_eq!(sa.bytes(), a.as_slice());
+        assert_eq!(sb.bytes(), b.as_slice());
+        assert_ne!(sa, sb);
+    }
+
+    #[test]
+    fn a_short_non_utf8_secret_is_refused_with_its_own_length() {
+        // Six bytes, each invalid UTF-8: lossily they were 18 bytes of
+        // U+FFFD, past the 16-byte minimum.
+        let short = OsString::from_vec(vec![0xff; 6]);
+        match Secret::from_lookup(&only_the_variable(short)) {
+            Err(SecretError::TooShort { source_name, len }) => {
+                assert_eq!(len, 6);
+                assert_eq!(source_name, SECRET_ENV);
+            }
+            other => panic!("expected TooShort, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_env_value_round_trips_every_byte() {
+        let raw: Vec<u8> = (0u8..=255).filter(|b| *b != 0).collect();
+        let secret = Secret::from_bytes(raw.clone(), "test").unwrap();
+        let value = secret.to_env_value();
+        assert_eq!(value.as_bytes(), raw.as_slice());
+        let back = Secret::from_lookup(&only_the_variable(value)).unwrap();
+        assert_eq!(back, secret);
+        let random = Secret::random().unwrap();
+        let again = Secret::from_lookup(&only_the_variable(random.to_env_value())).unwrap();
+        assert_eq!(again, random);
+    }
+
+    #[test]
+    fn an_endless_secret_file_is_refused_after_the_cap() {
+        match Secret::from_file(Path::new("/dev/zero")) {
+            Err(SecretError::TooLong { path }) => assert_eq!(path, "/dev/zero"),
+            other => panic!("expected TooLong, got {other:?}"),
+        }
     }
 }

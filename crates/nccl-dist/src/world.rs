@@ -42,8 +42,11 @@ pub enum RendezvousMethod {
     /// proves it knows the shared [`Secret`] (the default).
     Tcp,
     /// Rank 0 writes the id to this file (mode 0600, atomically), the
-    /// others wait for it. Use a fresh path per job: a file left over from
-    /// an earlier job would hand out a stale id.
+    /// others wait for it. The file is authenticated with the shared
+    /// [`Secret`] and dated: a file written without it, or older than ten
+    /// minutes, is refused (see [`crate::rendezvous`]). Use a fresh path
+    /// (or secret) per job all the same: a recent file of an earlier job
+    /// with the same secret would hand out its id.
     File(PathBuf),
 }
 
@@ -556,12 +559,22 @@ impl World {
             match &options.method {
                 RendezvousMethod::Tcp => World::exchange_tcp(&launch, options, &resolved)?,
                 RendezvousMethod::File(path) => {
+                    // The same secret as over TCP: given, else the
+                    // environment's (a missing one is the same error).
+                    let from_env;
+                    let secret = match &options.secret {
+                        Some(s) => s,
+                        None => {
+                            from_env = Secret::from_env()?;
+                            &from_env
+                        }
+                    };
                     let id = if launch.rank == 0 {
                         let id = UniqueId::new()?;
-                        rendezvous::publish_file(path, &id)?;
+                        rendezvous::publish_file(path, &id, secret)?;
                         id
                     } else {
-                        rendezvous::wait_file(path, options.timeout)?
+                        rendezvous::wait_file(path, secret, options.timeout)?
                     };
                     (id, None)
                 }
