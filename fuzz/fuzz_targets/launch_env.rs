@@ -215,22 +215,15 @@ fn check_watchdog(env: &Env) {
                 "watchdog on with a zero timeout ({WATCHDOG_TIMEOUT_ENV}={:?})",
                 lookup(WATCHDOG_TIMEOUT_ENV)
             );
+            // On by default: only an explicit "off" switches it off.
             assert!(!matches!(switch, Some("0" | "off" | "false" | "no")));
-            if matches!(switch, None | Some("")) {
-                assert!(
-                    lookup(WATCHDOG_TIMEOUT_ENV).is_some() || lookup(FLIGHT_RECORDER_ENV).is_some()
-                );
-            }
-            if lookup(WATCHDOG_TIMEOUT_ENV).is_none() {
+            if lookup(WATCHDOG_TIMEOUT_ENV).is_none() && lookup("NCCL_RS_TIMEOUT").is_none() {
                 assert_eq!(options.get_timeout(), WatchdogOptions::new().get_timeout());
             }
         }
         Ok(None) => {
             assert!(
-                matches!(switch, Some("0" | "off" | "false" | "no"))
-                    || (matches!(switch, None | Some(""))
-                        && lookup(WATCHDOG_TIMEOUT_ENV).is_none()
-                        && lookup(FLIGHT_RECORDER_ENV).is_none()),
+                matches!(switch, Some("0" | "off" | "false" | "no")),
                 "watchdog off with {switch:?}"
             );
         }

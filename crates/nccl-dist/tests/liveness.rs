@@ -475,17 +475,21 @@ fn a_stranger_with_the_wrong_secret_cannot_join_or_fake_a_loss() {
         let good = good.clone();
         move || rendezvous::serve_live(&l, 2, &good, &id(), Duration::from_secs(10), &fast())
     });
-    // A stranger claims rank 1 with the wrong secret: refused.
+    // A stranger claims rank 1 with the wrong secret: it cannot check the
+    // hub's proof, gets nothing and gives up at its deadline.
     let err = rendezvous::join_live(
         addr,
         1,
         2,
         &secret("a stranger's secret, long enough"),
-        Duration::from_secs(5),
+        Duration::from_millis(800),
         &fast(),
     )
     .expect_err("a stranger must not join");
-    assert!(matches!(err, RendezvousError::Rejected(_)), "{err}");
+    assert!(
+        matches!(err, RendezvousError::Unauthenticated { .. }),
+        "{err}"
+    );
     // A stranger who skips the handshake and sends liveness frames
     // (a report of rank 1's loss, a goodbye) is refused as garbage.
     for kind in [20u8, 21] {
@@ -503,9 +507,13 @@ fn a_stranger_with_the_wrong_secret_cannot_join_or_fake_a_loss() {
         rendezvous::join_live(addr, 1, 2, &good, Duration::from_secs(5), &fast()).expect("join");
     assert_eq!(id1, id());
     let (live, refused) = hub.join().expect("thread").expect("serve_live");
-    assert_eq!(refused.len(), 3, "{refused:?}");
+    // The stranger's attempts (each hung up after the hub's challenge) and
+    // the two frames sent without a handshake.
+    assert!(refused.len() >= 3, "{refused:?}");
     assert!(
-        matches!(refused[0], RendezvousError::BadSecret),
+        refused
+            .iter()
+            .all(|e| matches!(e, RendezvousError::Malformed(_))),
         "{refused:?}"
     );
     std::thread::sleep(Duration::from_millis(300));

@@ -555,7 +555,7 @@ fn attack_replayed_frames_open_nothing() {
     let joiner =
         std::thread::spawn(move || rendezvous::join(v.as_str(), 1, 3, &s1, Duration::from_secs(5)));
     let (l2, addr2) = listener();
-    let (a2, s2) = (addr2.clone(), s.clone());
+    let s2 = s.clone();
     // Rank 0 of a second job with the same secret: it waits for ranks 1
     // and 2 while the recorded bytes are replayed to it.
     let second = std::thread::spawn(move || {

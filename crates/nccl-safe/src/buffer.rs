@@ -43,20 +43,27 @@ impl<'a> Access<'a> {
         }
     }
 
-    /// For memory whose drop waits for `own`'s work: work on another
-    /// stream `target` is joined into `own` after the enqueue (an event
-    /// recorded on `target`, waited for on `own`), so that wait covers it.
-    /// On `own` itself, nothing to do.
+    /// For memory whose home is the stream `own` (its drop waits for
+    /// `own`'s work): work on another stream `target` is ordered both ways
+    /// through `own`. Before the enqueue `target` waits for `own`, which
+    /// covers every earlier use of the memory (each was joined into `own`);
+    /// after it, `own` waits for `target`, so the next use and the drop's
+    /// wait cover this one. Every use of the memory is thus ordered after
+    /// the ones before it, whatever streams they ran on. On `own` itself,
+    /// nothing to do.
     pub(crate) fn into_own(own: &Arc<CudaStream>, target: &'a CudaStream) -> Access<'a> {
         if own.cu_stream() == target.cu_stream() {
-            Access(Inner::None)
-        } else {
-            Access(Inner::Joined {
-                guard: None,
-                own: Arc::clone(own),
-                target,
-            })
+            return Access(Inner::None);
         }
+        if target.join(own).is_err() {
+            // Cannot order the streams: wait for the earlier uses instead.
+            let _ = own.synchronize();
+        }
+        Access(Inner::Joined {
+            guard: None,
+            own: Arc::clone(own),
+            target,
+        })
     }
 
     /// Whether dropping it does nothing, so it need not be kept.

@@ -370,7 +370,7 @@ fn decode_loss(body: &[u8], world: usize) -> Result<PeerLoss, LivenessError> {
     let detail = &body[9..];
     let text = || {
         std::str::from_utf8(detail)
-            .map(str::to_string)
+            .map(printable)
             .map_err(|_| LivenessError::Malformed("loss text that is not UTF-8"))
     };
     let cause = match body[8] {
@@ -391,6 +391,20 @@ fn decode_loss(body: &[u8], world: usize) -> Result<PeerLoss, LivenessError> {
         cause,
         seen_by,
     })
+}
+
+/// A peer's text made safe to print: control characters (terminal
+/// escapes, newlines that would forge log lines) become `\u{..}` escapes.
+fn printable(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() {
+            out.extend(c.escape_unicode());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 fn decode_addr(text: &[u8]) -> Result<SocketAddr, LivenessError> {
@@ -507,6 +521,15 @@ pub(crate) const MIN_FRAME: usize = HEADER + COUNTER + TAG;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_peers_loss_text_cannot_carry_terminal_escapes_or_forge_log_lines() {
+        assert_eq!(
+            printable("boom\x1b[31m\nFAKE line"),
+            "boom\\u{1b}[31m\\u{a}FAKE line"
+        );
+        assert_eq!(printable("plain text, ünïcode"), "plain text, ünïcode");
+    }
 
     fn key(n: u8) -> SessionKey {
         let s = Secret::from_bytes(b"a secret for the unit tests".to_vec(), "test").unwrap();

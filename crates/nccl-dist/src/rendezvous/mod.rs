@@ -70,8 +70,11 @@ use crate::liveness::{
 };
 use crate::secret::Secret;
 
-mod file;
-pub use file::{decode_file, publish_file, wait_file};
+pub mod file;
+pub use file::{
+    FILE_BYTES, FILE_FORMAT_VERSION, MAX_FILE_AGE, MAX_FILE_BYTES, MAX_FILE_CLOCK_SKEW,
+    decode_file, publish_file, wait_file,
+};
 
 /// Protocol version on the wire.
 pub const PROTOCOL_VERSION: u16 = 2;
