@@ -22,6 +22,12 @@ pub enum MeshError {
         /// World size.
         world: usize,
     },
+    /// The product of the axis sizes does not fit in a `usize`.
+    #[error("mesh shape {shape} has more ranks than a usize can count")]
+    Overflow {
+        /// The shape, as text.
+        shape: String,
+    },
     /// No axis of that name.
     #[error("no mesh axis named {0:?}")]
     UnknownAxis(String),
@@ -61,7 +67,9 @@ impl fmt::Display for MeshShape {
 }
 
 impl MeshShape {
-    /// Checks names and sizes and that the sizes multiply to `world`.
+    /// Checks names and sizes and that the sizes multiply to `world`
+    /// ([`MeshError::Overflow`] when their product does not fit in a
+    /// `usize`).
     pub fn new(axes: &[(&str, usize)], world: usize) -> Result<MeshShape, MeshError> {
         let shape = MeshShape::unchecked(axes)?;
         let product = shape.size();
@@ -87,9 +95,21 @@ impl MeshShape {
                 return Err(MeshError::ZeroSize(name.to_string()));
             }
         }
-        Ok(MeshShape {
+        let shape = MeshShape {
             axes: axes.iter().map(|(n, s)| (n.to_string(), *s)).collect(),
-        })
+        };
+        // Checked once here, so `size` and the arithmetic of every shape
+        // made from this one (slices and flattenings multiply subsets of
+        // these sizes) cannot overflow.
+        let product = axes
+            .iter()
+            .try_fold(1usize, |product, (_, size)| product.checked_mul(*size));
+        if product.is_none() {
+            return Err(MeshError::Overflow {
+                shape: shape.to_string(),
+            });
+        }
+        Ok(shape)
     }
 
     /// Number of ranks.
@@ -256,6 +276,38 @@ mod tests {
             MeshShape::new(&[("x", 0)], 0).unwrap_err(),
             MeshError::ZeroSize("x".into())
         );
+    }
+
+    #[test]
+    fn a_shape_whose_product_overflows_is_refused_naming_it() {
+        let half = usize::MAX / 2 + 1;
+        // 2^63 * 2 wrapped to 0 in release builds (and panicked in debug).
+        assert_eq!(
+            MeshShape::new(&[("dp", half), ("tp", 2)], 0).unwrap_err(),
+            MeshError::Overflow {
+                shape: format!("(dp={half}, tp=2)"),
+            }
+        );
+        // (2^63 + 1) * 2 wrapped to 2: a world of 2 used to accept it.
+        assert_eq!(
+            MeshShape::new(&[("a", half + 1), ("b", 2)], 2).unwrap_err(),
+            MeshError::Overflow {
+                shape: format!("(a={}, b=2)", half + 1),
+            }
+        );
+        // Only the last factor overflows: the first two multiply fine.
+        let quarter = 1usize << (usize::BITS / 4);
+        let err = MeshShape::new(&[("pp", quarter), ("dp", quarter), ("tp", half)], 4).unwrap_err();
+        assert_eq!(
+            err,
+            MeshError::Overflow {
+                shape: format!("(pp={quarter}, dp={quarter}, tp={half})"),
+            }
+        );
+        assert!(err.to_string().contains("tp="), "{err}");
+        // The largest product that fits is still a shape.
+        let fits = MeshShape::new(&[("a", usize::MAX / 3), ("b", 3)], usize::MAX / 3 * 3).unwrap();
+        assert_eq!(fits.size(), usize::MAX / 3 * 3);
     }
 
     #[test]

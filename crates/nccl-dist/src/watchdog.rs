@@ -53,7 +53,9 @@ use std::time::{Duration, Instant};
 
 use nccl_safe::cudarc::driver::{CudaContext, CudaStream};
 use nccl_safe::nccl_sys::{cudaStream_t, ncclDataType_t};
-use nccl_safe::{AbortCause, Comm, CommStatus, OpInfo, OpObserver, WeakAbortHandle};
+use nccl_safe::{
+    AbortCause, Comm, CommStatus, ObservedStream, OpInfo, OpObserver, WeakAbortHandle,
+};
 
 use crate::liveness::PeerLoss;
 
@@ -457,7 +459,7 @@ impl Watch {
 }
 
 impl OpObserver for Watch {
-    fn issued(&self, info: &OpInfo, stream: cudaStream_t) {
+    fn issued(&self, info: &OpInfo, stream: ObservedStream<'_>) {
         // One clock read per call: the record's time and the batch's.
         let now = Instant::now();
         let mut st = self.lock();
@@ -496,6 +498,18 @@ impl OpObserver for Watch {
     fn as_any(&self) -> Option<&dyn std::any::Any> {
         Some(self)
     }
+
+    fn into_any(self: Arc<Self>) -> Option<Arc<dyn std::any::Any + Send + Sync>> {
+        Some(self)
+    }
+}
+
+/// The observer as a `T`, when its allocation holds one. `Arc::downcast`
+/// checks the type of the allocation `into_any` hands back, so an observer
+/// that lies there can at worst name some other real `T` (never make a
+/// `T` of memory that holds something else).
+fn observer_as<T: std::any::Any + Send + Sync>(observer: Arc<dyn OpObserver>) -> Option<Arc<T>> {
+    observer.into_any()?.downcast::<T>().ok()
 }
 
 struct Registry {
@@ -644,15 +658,7 @@ impl std::fmt::Debug for Watched {
 impl Watched {
     /// The watch of `comm`, if a [`Watchdog`] watches it.
     pub fn of(comm: &Comm) -> Option<Watched> {
-        let observer = comm.observer()?;
-        let any = observer.as_any()?;
-        any.downcast_ref::<Watch>()?;
-        // The observer is the `Arc<Watch>` that `watch` set: rebuild it.
-        let raw = Arc::into_raw(observer) as *const Watch;
-        // SAFETY: the downcast above proved the allocation holds a `Watch`;
-        // `raw` came from `Arc::into_raw` of that allocation, whose strong
-        // count it carries.
-        let watch = unsafe { Arc::from_raw(raw) };
+        let watch = observer_as::<Watch>(comm.observer()?)?;
         Some(Watched { watch })
     }
 
@@ -845,6 +851,82 @@ mod tests {
         }
         assert!(WatchdogOptions::from_lookup(env(&[("NCCL_RS_FLIGHT_RECORDER", "0")])).is_err());
         assert!(WatchdogOptions::from_lookup(env(&[("NCCL_RS_WATCHDOG", "perhaps")])).is_err());
+    }
+
+    /// Stands in for `Watch` (which needs a GPU to exist): the type an
+    /// owner looks for behind `Comm::observer`.
+    struct Genuine(u64);
+
+    impl OpObserver for Genuine {
+        fn issued(&self, _: &OpInfo, _: ObservedStream<'_>) {}
+
+        fn as_any(&self) -> Option<&dyn std::any::Any> {
+            Some(self)
+        }
+
+        fn into_any(self: Arc<Self>) -> Option<Arc<dyn std::any::Any + Send + Sync>> {
+            Some(self)
+        }
+    }
+
+    /// A user's observer that forges both hooks: `as_any` answers with a
+    /// real `Genuine` (as a forger could with the reply of a real watch,
+    /// reachable through `Comm::observer`), `into_any` with whatever
+    /// allocation it likes.
+    struct Forger {
+        real: Arc<Genuine>,
+        hand_back: Arc<dyn std::any::Any + Send + Sync>,
+    }
+
+    impl OpObserver for Forger {
+        fn issued(&self, _: &OpInfo, _: ObservedStream<'_>) {}
+
+        fn as_any(&self) -> Option<&dyn std::any::Any> {
+            Some(&*self.real)
+        }
+
+        fn into_any(self: Arc<Self>) -> Option<Arc<dyn std::any::Any + Send + Sync>> {
+            Some(Arc::clone(&self.hand_back))
+        }
+    }
+
+    #[test]
+    fn a_forged_observer_cannot_pass_for_a_watch() {
+        let real = Arc::new(Genuine(7));
+        // Before the fix, `Watched::of` checked `as_any` and then rebuilt
+        // an `Arc<Watch>` from the observer's own allocation (here a
+        // `Forger`) with `Arc::from_raw`: undefined behaviour from safe
+        // code. Now only the allocation `into_any` hands back counts, and
+        // `Arc::downcast` checks its type.
+        let liar: Arc<dyn OpObserver> = Arc::new(Forger {
+            real: Arc::clone(&real),
+            hand_back: Arc::new(42u64),
+        });
+        assert!(liar.as_any().unwrap().downcast_ref::<Genuine>().is_some());
+        assert!(observer_as::<Genuine>(liar).is_none());
+
+        // Handing back a real `Genuine` gets that very one: some real
+        // watch, never a made-up one.
+        let liar: Arc<dyn OpObserver> = Arc::new(Forger {
+            real: Arc::clone(&real),
+            hand_back: real.clone(),
+        });
+        let found = observer_as::<Genuine>(liar).unwrap();
+        assert!(Arc::ptr_eq(&found, &real));
+        assert_eq!(found.0, 7);
+
+        // The genuine observer finds itself; one with the default hooks
+        // is nobody's.
+        let genuine: Arc<dyn OpObserver> = real.clone();
+        assert!(Arc::ptr_eq(
+            &observer_as::<Genuine>(genuine).unwrap(),
+            &real
+        ));
+        struct Plain;
+        impl OpObserver for Plain {
+            fn issued(&self, _: &OpInfo, _: ObservedStream<'_>) {}
+        }
+        assert!(observer_as::<Genuine>(Arc::new(Plain)).is_none());
     }
 
     #[test]

@@ -169,6 +169,14 @@ const NOTHING_TO_REFUSE: &[(&str, &str)] = &[
     ),
     ("OpObserver::unfinished", "a query an observer answers"),
     (
+        "Comm::borrowed_stream",
+        "unsafe: the caller vouches that the raw stream is live on the communicator's context",
+    ),
+    (
+        "ObservedStream::as_raw",
+        "accessor; only nccl-safe makes an ObservedStream",
+    ),
+    (
         "Secret::random bytes to_env_value",
         "constructor / accessor",
     ),
@@ -200,7 +208,7 @@ const NOTHING_TO_REFUSE: &[(&str, &str)] = &[
     ("Communicator::rank size device nccl of", "accessor"),
     ("DType::size of", "accessor / type mapping"),
     (
-        "OpObserver::issued as_any",
+        "OpObserver::issued as_any into_any",
         "implemented by the user, called by the library",
     ),
     (
@@ -332,7 +340,9 @@ fn table_without_a_gpu() {
         "format (not a library)",
         // A load error without a library yet, InvalidArgument once another
         // one is loaded: an error either way, never the other library.
-        Library::load_from("/nonexistent/libnccl.so.2").map(|_| ()),
+        // SAFETY: the path names no file, so nothing is loaded and no
+        // initialiser runs.
+        unsafe { Library::load_from("/nonexistent/libnccl.so.2") }.map(|_| ()),
         |_| true,
     );
     let too_many_axes = Topology::from_links(
@@ -476,6 +486,12 @@ fn table_without_a_gpu() {
         "format (duplicate axis)",
         MeshShape::new(&[("dp", 2), ("dp", 2)], 4),
         |e| matches!(e, MeshError::DuplicateAxis(_)),
+    );
+    case(
+        "MeshShape::new",
+        "length (product overflows)",
+        MeshShape::new(&[("dp", usize::MAX / 2 + 2), ("tp", 2)], 2),
+        |e| matches!(e, MeshError::Overflow { .. }),
     );
     let shape = MeshShape::new(&[("dp", 2), ("tp", 2)], 4).unwrap();
     case("MeshShape::axis_size", "name", shape.axis_size("pp"), |e| {
@@ -624,10 +640,11 @@ fn table_without_a_gpu() {
         rendezvous::decode_header(&big[..11]),
         |e| matches!(e, RendezvousError::Malformed(_)),
     );
+    let secret = Secret::from_bytes(vec![1u8; 32], "test").unwrap();
     case(
         "rendezvous::decode_file",
         "format",
-        rendezvous::decode_file(b"not an id"),
+        rendezvous::decode_file(b"not an id", &secret, std::time::SystemTime::now()),
         |e| matches!(e, RendezvousError::Malformed(_)),
     );
     case(
@@ -635,6 +652,7 @@ fn table_without_a_gpu() {
         "deadline",
         rendezvous::wait_file(
             std::path::Path::new("/nonexistent/dir/id"),
+            &secret,
             Duration::from_millis(50),
         ),
         |e| matches!(e, RendezvousError::Timeout { .. } | RendezvousError::Io(_)),
@@ -642,10 +660,9 @@ fn table_without_a_gpu() {
     case(
         "rendezvous::publish_file",
         "path",
-        rendezvous::publish_file(std::path::Path::new("/nonexistent/dir/id"), &id),
+        rendezvous::publish_file(std::path::Path::new("/nonexistent/dir/id"), &id, &secret),
         |e| matches!(e, RendezvousError::Io(_)),
     );
-    let secret = Secret::from_bytes(vec![1u8; 32], "test").unwrap();
     case(
         "rendezvous::join",
         "deadline (nobody serves)",
@@ -938,6 +955,19 @@ fn table_on_gpus() {
             "aliasing",
             c.all_reduce(&a, &mut b, ReduceOp::Sum),
             is_alias,
+        );
+        // A length whose size in bytes overflows: refused before
+        // ncclCommRegister sees the pointer.
+        case(
+            "Registration::new",
+            "length (size in bytes overflows)",
+            Registration::new(c, unsafe_view(base, usize::MAX / 2, 0)).map(|_| ()),
+            |e| {
+                matches!(
+                    e,
+                    SafeError::Overflow { .. } | SafeError::Unsupported { .. }
+                )
+            },
         );
     }
     // Device: a stream or buffer of another GPU.

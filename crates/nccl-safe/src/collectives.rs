@@ -14,12 +14,12 @@ use std::ffi::c_void;
 use cudarc::driver::CudaStream;
 use nccl_sys::{cudaStream_t, ncclComm_t, ncclResult_t};
 
-use crate::buffer::{Access, DeviceBuffer, DeviceBufferMut, Held};
+use crate::buffer::{Access, DeviceBuffer, DeviceBufferMut};
 use crate::capabilities::FP8_REDUCTION_MIN_CC;
 use crate::comm::Comm;
 use crate::dtype::NcclType;
 use crate::error::Role;
-use crate::group::{self, GroupGuard};
+use crate::group::{self, GroupGuard, GroupHold};
 use crate::observe::OpInfo;
 use crate::reduce_op::Reduction;
 use crate::validate::{Check, Span};
@@ -83,7 +83,7 @@ enum Rooted {
 pub struct OnStream<'s, 'a> {
     comm: &'a Comm,
     stream: &'a CudaStream,
-    hold: Option<&'s RefCell<Held<'a>>>,
+    hold: Option<&'s RefCell<GroupHold<'a>>>,
 }
 
 impl std::fmt::Debug for OnStream<'_, '_> {
@@ -115,7 +115,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
     pub(crate) fn grouped(
         comm: &'a Comm,
         stream: &'a CudaStream,
-        hold: &'s RefCell<Held<'a>>,
+        hold: &'s RefCell<GroupHold<'a>>,
     ) -> Self {
         OnStream {
             comm,
@@ -159,6 +159,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
     fn settle(&self, accesses: impl IntoIterator<Item = Access<'a>>) {
         if let Some(hold) = self.hold {
             hold.borrow_mut()
+                .accesses
                 .extend(accesses.into_iter().filter(|a| !a.is_none()));
         }
     }
@@ -193,8 +194,25 @@ impl<'s, 'a> OnStream<'s, 'a> {
             }
             code => return shared.with_raw(op, |raw| lib.check(op, code, raw)),
         }
-        self.comm.observe(info, stream, grouped);
+        debug_assert!(
+            self.hold.is_some() || !grouped,
+            "a call inside a group goes through the group's hold"
+        );
+        self.comm.observe(info, self.stream, self.hold);
         Ok(())
+    }
+
+    /// The same communicator and stream, issuing into the crate-internal
+    /// `group`: into the caller's group when there is one (the calls launch
+    /// at its end, which reports them), else into `group` itself, whose end
+    /// launches and reports them. Either way the calls and their streams
+    /// stay borrowed until the group that reports them ends.
+    fn within<'t>(&'t self, group: &'t GroupGuard<'a>) -> OnStream<'t, 'a> {
+        OnStream {
+            comm: self.comm,
+            stream: self.stream,
+            hold: Some(self.hold.unwrap_or(group.held())),
+        }
     }
 
     fn span<T: NcclType>(buffer: &(impl DeviceBuffer<T> + ?Sized)) -> Span {
@@ -875,13 +893,14 @@ impl<'s, 'a> OnStream<'s, 'a> {
     ) -> Result<()> {
         let lib = self.comm.library();
         let (send, recv) = (lib.raw().ncclSend()?, lib.raw().ncclRecv()?);
-        let group: GroupGuard<'_> = GroupGuard::start_internal()?;
+        let group: GroupGuard<'a> = GroupGuard::start_internal()?;
+        let on = self.within(&group);
         for peer in 0..self.comm.size() {
             let peer_c = peer as i32;
             if send_counts[peer] > 0 {
                 let p = ptr(sp, send_displs[peer], elem_bytes);
                 let n = send_counts[peer];
-                self.call(
+                on.call(
                     OpInfo::new(op, n, T::DATATYPE).peer(peer),
                     // SAFETY: the segment was validated to lie inside the send
                     // buffer on this device.
@@ -893,7 +912,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
             if recv_counts[peer] > 0 {
                 let p = ptr(rp, recv_displs[peer], elem_bytes);
                 let n = recv_counts[peer];
-                self.call(
+                on.call(
                     OpInfo::new(op, n, T::DATATYPE).peer(peer),
                     // SAFETY: the segment was validated to lie inside the
                     // receive buffer on this device.
@@ -1053,7 +1072,8 @@ impl<'s, 'a> OnStream<'s, 'a> {
         }
         let (send, recv) = (lib.raw().ncclSend()?, lib.raw().ncclRecv()?);
         let e = std::mem::size_of::<T>();
-        let group: GroupGuard<'_> = GroupGuard::start_internal()?;
+        let group: GroupGuard<'a> = GroupGuard::start_internal()?;
+        let on = self.within(&group);
         if is_root {
             for peer in 0..self.comm.size() {
                 // The root's block `peer`: written by gather, read by scatter.
@@ -1073,7 +1093,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
                 }
                 let peer_c = peer as i32;
                 match rooted {
-                    Rooted::Gather => self.call(
+                    Rooted::Gather => on.call(
                         OpInfo::new(op, count, T::DATATYPE).peer(peer),
                         // SAFETY: block `peer` of the validated receive buffer.
                         |comm, stream| unsafe {
@@ -1087,7 +1107,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
                             )
                         },
                     )?,
-                    Rooted::Scatter => self.call(
+                    Rooted::Scatter => on.call(
                         OpInfo::new(op, count, T::DATATYPE).peer(peer),
                         // SAFETY: block `peer` of the validated send buffer.
                         |comm, stream| unsafe {
@@ -1106,7 +1126,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
         } else {
             let root_c = root as i32;
             match rooted {
-                Rooted::Gather => self.call(
+                Rooted::Gather => on.call(
                     OpInfo::new(op, count, T::DATATYPE).peer(root),
                     // SAFETY: the validated send buffer.
                     |comm, stream| unsafe {
@@ -1120,7 +1140,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
                         )
                     },
                 )?,
-                Rooted::Scatter => self.call(
+                Rooted::Scatter => on.call(
                     OpInfo::new(op, count, T::DATATYPE).peer(root),
                     // SAFETY: the validated receive buffer.
                     |comm, stream| unsafe {

@@ -30,9 +30,9 @@ use nccl_sys::{NCCL_SPLIT_NOCOLOR, ncclComm_t, ncclResult_t};
 use crate::abort::{AbortCause, AbortSignal};
 use crate::capabilities::{Capabilities, FP8_REDUCTION_MIN_CC};
 use crate::config::{Config, RawConfig};
-use crate::group::GroupGuard;
+use crate::group::{GroupGuard, GroupHold};
 use crate::library::Library;
-use crate::observe::{OpInfo, OpObserver, Pending};
+use crate::observe::{ObservedStream, OpInfo, OpObserver, Pending};
 use crate::unique_id::UniqueId;
 use crate::{Error, Feature, Result};
 
@@ -1806,26 +1806,33 @@ impl Comm {
         *self.observer.borrow_mut() = observer;
     }
 
-    /// The observer set with [`Comm::set_observer`].
+    /// The observer set with [`Comm::set_observer`]. Its owner gets its
+    /// own type back with [`OpObserver::into_any`] and `Arc::downcast`.
     pub fn observer(&self) -> Option<Arc<dyn OpObserver>> {
         self.observer.borrow().clone()
     }
 
-    /// Reports an accepted call to the observer: now, or at the outermost
-    /// group end when `grouped`.
-    pub(crate) fn observe(&self, info: OpInfo, stream: nccl_sys::cudaStream_t, grouped: bool) {
+    /// Reports an accepted call on `stream` to the observer: now, or, for
+    /// a call issued into a group, at that group's outermost end (the
+    /// group's `hold` keeps it, with the stream borrowed for as long).
+    pub(crate) fn observe<'a>(
+        &self,
+        info: OpInfo,
+        stream: &'a CudaStream,
+        hold: Option<&RefCell<GroupHold<'a>>>,
+    ) {
         let observer = self.observer.borrow();
         let Some(observer) = observer.as_ref() else {
             return;
         };
-        if grouped {
-            crate::group::defer_observed(Pending {
+        let stream = ObservedStream::new(stream);
+        match hold {
+            Some(hold) => hold.borrow_mut().observed.push(Pending {
                 observer: Arc::clone(observer),
                 info,
                 stream,
-            });
-        } else {
-            observer.issued(&info, stream);
+            }),
+            None => observer.issued(&info, stream),
         }
     }
 

@@ -20,6 +20,15 @@ use crate::library::Library;
 use crate::observe::Pending;
 use crate::{Error, Feature, Result};
 
+/// What a group keeps until its outermost end: the accesses of the buffers
+/// its calls use, and its calls for their observers. Both borrow for the
+/// group's lifetime `'g`, so the compiler checks that the buffers and the
+/// streams outlive the report at the end.
+pub(crate) struct GroupHold<'g> {
+    pub(crate) accesses: Held<'g>,
+    pub(crate) observed: Vec<Pending<'g>>,
+}
+
 #[derive(Default)]
 struct GroupState {
     depth: usize,
@@ -33,9 +42,9 @@ struct GroupState {
     /// Teardown that must wait until the outermost group has ended
     /// (communicators dropped while a group that may use them is open).
     deferred: Vec<Box<dyn FnOnce()>>,
-    /// Calls made in the open group, for their observers at the outermost
-    /// end (only then is the work on its stream).
-    observed: Vec<Pending>,
+    /// The memory of the last ended group's list of observed calls, empty:
+    /// the next group takes it, so a watched group allocates nothing.
+    spare_observed: Vec<Pending<'static>>,
 }
 
 thread_local! {
@@ -71,34 +80,25 @@ fn run_deferred() {
     }
 }
 
-/// Keeps an observed call until the outermost group ends.
-pub(crate) fn defer_observed(pending: Pending) {
-    GROUP.with(|g| g.borrow_mut().observed.push(pending));
-}
-
-/// Reports the calls of the group that just ended to their observers; a
-/// failed group reports nothing.
-fn report_observed(launched: bool) {
-    let mut observed = GROUP.with(|g| {
-        let mut g = g.borrow_mut();
-        if g.depth == 0 {
-            std::mem::take(&mut g.observed)
-        } else {
-            Vec::new()
-        }
-    });
-    if launched {
-        for p in observed.drain(..) {
-            p.observer.issued(&p.info, p.stream);
-        }
+/// Gives the emptied list of a group's observed calls back, so the next
+/// group with an observer (a watchdog) reuses its memory.
+fn recycle_observed(mut observed: Vec<Pending<'_>>) {
+    if observed.capacity() == 0 {
+        return;
     }
-    // Give the emptied vector back, so the next group with an observer
-    // (a watchdog) reuses it instead of allocating.
     observed.clear();
+    // An empty list borrows nothing: rebuilt with the `'static` lifetime
+    // the thread-local needs. The element type keeps its layout, so the
+    // collection reuses the allocation in place.
+    #[allow(
+        clippy::unnecessary_filter_map,
+        reason = "the point is the new lifetime, which `filter` would not give"
+    )]
+    let observed: Vec<Pending<'static>> = observed.into_iter().filter_map(|_| None).collect();
     let _ = GROUP.try_with(|g| {
         let mut g = g.borrow_mut();
-        if g.observed.capacity() == 0 {
-            g.observed = observed;
+        if g.spare_observed.capacity() == 0 {
+            g.spare_observed = observed;
         }
     });
 }
@@ -123,8 +123,10 @@ pub(crate) fn touch(shared: &Arc<Shared>) {
 /// `'g` is how long the buffers given to the group's collectives stay
 /// borrowed: NCCL only launches the work at `ncclGroupEnd`, so the buffers
 /// must outlive the guard. The guard also keeps each buffer owner's stream
-/// bookkeeping until after the launch. Collectives called directly on a
-/// `Comm` while a group is open are refused for that reason.
+/// bookkeeping until after the launch, and the calls for the communicators'
+/// observers, which it reports at the outermost end with their streams
+/// (borrowed for `'g` too). Collectives called directly on a `Comm` while
+/// a group is open are refused for that reason.
 ///
 /// Not `Send`: NCCL's group state belongs to the thread that opened it.
 ///
@@ -142,7 +144,7 @@ pub(crate) fn touch(shared: &Arc<Shared>) {
 pub struct GroupGuard<'g> {
     lib: &'static Library,
     ended: bool,
-    held: RefCell<Held<'g>>,
+    held: RefCell<GroupHold<'g>>,
     _not_send: PhantomData<*const ()>,
 }
 
@@ -176,13 +178,48 @@ impl<'g> GroupGuard<'g> {
         // SAFETY: `ncclGroupStart` has no arguments and no preconditions.
         let code = unsafe { start() };
         lib.check("ncclGroupStart", code, std::ptr::null_mut())?;
-        GROUP.with(|g| g.borrow_mut().depth += 1);
+        let observed = GROUP.with(|g| {
+            let mut g = g.borrow_mut();
+            g.depth += 1;
+            // An empty `Vec<Pending<'static>>` is a `Vec<Pending<'g>>`.
+            std::mem::take(&mut g.spare_observed)
+        });
         Ok(GroupGuard {
             lib,
             ended: false,
-            held: RefCell::new(Held::new()),
+            held: RefCell::new(GroupHold {
+                accesses: Held::new(),
+                observed,
+            }),
             _not_send: PhantomData,
         })
+    }
+
+    /// What the group keeps until it ends, for the calls issued into it.
+    pub(crate) fn held(&self) -> &RefCell<GroupHold<'g>> {
+        &self.held
+    }
+
+    /// After `ncclGroupEnd` (or its simulation): reports the group's calls
+    /// to their observers if NCCL launched them, else forgets them.
+    ///
+    /// Every stream in the list is borrowed for `'g`, which is live here
+    /// (this guard is), so each `ObservedStream` still names a live stream
+    /// when its observer gets it. Calls of nested groups are in this list
+    /// too (they share this guard's hold); a crate-internal group nested
+    /// in this one puts its calls here as well, and one that is itself
+    /// outermost has its own list (see `OnStream::within`). The calls
+    /// launch only at the outermost end: when a level opened inside this
+    /// group was leaked (`mem::forget` of a `NestedGroup`), this end is not
+    /// the outermost, nothing launched, and nothing is reported.
+    fn report(&self, launched: bool) {
+        let mut observed = std::mem::take(&mut self.held.borrow_mut().observed);
+        if launched && !in_group() {
+            for p in observed.drain(..) {
+                p.observer.issued(&p.info, p.stream);
+            }
+        }
+        recycle_observed(observed);
     }
 
     /// Opens a nested group (`ncclGroupStart` again). Its collectives are
@@ -220,7 +257,8 @@ impl<'g> GroupGuard<'g> {
     pub fn end(mut self) -> Result<()> {
         self.ended = true;
         let result = finish(self.lib);
-        self.held.borrow_mut().clear();
+        self.report(result.is_ok());
+        self.held.borrow_mut().accesses.clear();
         result
     }
 
@@ -245,7 +283,11 @@ impl<'g> GroupGuard<'g> {
         if !in_group() {
             run_deferred();
         }
-        self.held.borrow_mut().clear();
+        // Nothing was launched: the calls are forgotten, never reported
+        // (and never left for a later group to report, with streams that
+        // may be gone by then).
+        self.report(false);
+        self.held.borrow_mut().accesses.clear();
         self.lib
             .check("ncclGroupSimulateEnd", code, std::ptr::null_mut())?;
         Ok((info.estimatedTime >= 0.0).then_some(info.estimatedTime))
@@ -254,13 +296,15 @@ impl<'g> GroupGuard<'g> {
 
 impl Drop for GroupGuard<'_> {
     fn drop(&mut self) {
-        if !self.ended
-            && let Err(e) = finish(self.lib)
-        {
-            tracing::debug!(error = %e, "group ended by drop failed");
-            GROUP.with(|g| g.borrow_mut().dropped_error = Some(e));
+        if !self.ended {
+            let result = finish(self.lib);
+            self.report(result.is_ok());
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "group ended by drop failed");
+                GROUP.with(|g| g.borrow_mut().dropped_error = Some(e));
+            }
         }
-        self.held.borrow_mut().clear();
+        self.held.borrow_mut().accesses.clear();
     }
 }
 
@@ -283,7 +327,7 @@ impl std::fmt::Debug for NestedGroup<'_, '_> {
 impl<'s, 'g> NestedGroup<'s, 'g> {
     /// Issues collectives of `comm` into the nested group.
     pub fn on(&self, comm: &'g Comm) -> OnStream<'s, 'g> {
-        OnStream::grouped(comm, comm.stream(), &self.outer.held)
+        OnStream::grouped(comm, comm.stream(), self.outer.held())
     }
 
     /// `ncclGroupEnd` of the nested level.
@@ -338,7 +382,6 @@ fn finish(lib: &'static Library) -> Result<()> {
     if !in_group() {
         run_deferred();
     }
-    report_observed(result.is_ok());
     result
 }
 
@@ -394,5 +437,26 @@ pub fn group<'g, R>(f: impl FnOnce(&GroupGuard<'g>) -> Result<R>) -> Result<R> {
             let _ = take_dropped_group_error();
             Err(e)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_ended_groups_observed_list_is_reused_without_allocating() {
+        let list: Vec<Pending<'_>> = Vec::with_capacity(24);
+        let memory = list.as_ptr() as usize;
+        recycle_observed(list);
+        // The next group starts with the same memory, typed for its own
+        // lifetime: the lifetime change did not reallocate.
+        let next: Vec<Pending<'_>> =
+            GROUP.with(|g| std::mem::take(&mut g.borrow_mut().spare_observed));
+        assert_eq!(next.as_ptr() as usize, memory);
+        assert!(next.capacity() >= 24 && next.is_empty());
+        // A list that never allocated leaves nothing to reuse.
+        recycle_observed(Vec::new());
+        assert_eq!(GROUP.with(|g| g.borrow().spare_observed.capacity()), 0);
     }
 }

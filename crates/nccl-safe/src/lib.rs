@@ -71,7 +71,7 @@ pub use error::{Error, Result, Role};
 pub use group::{GroupGuard, group, take_dropped_group_error};
 pub use library::Library;
 pub use memory::{NcclMemory, Registration, Window};
-pub use observe::{OpInfo, OpObserver};
+pub use observe::{ObservedStream, OpInfo, OpObserver};
 pub use reduce_op::{PreMulSum, ReduceOp, Reduction};
 pub use secrecy::{
     ALLOW_COMM_ID_ENV, COMM_ID_ENV, Encryption, MIN_PSK_BYTES, PresharedKey, set_encryption,

@@ -27,20 +27,40 @@ static LOADING: Mutex<()> = Mutex::new(());
 
 impl Library {
     /// The process's library, loaded on first call.
+    ///
+    /// Safe although loading a shared library runs its initialisers: the
+    /// file comes from the process's environment (`NCCL_LIBRARY`,
+    /// `NCCL_HOME`, the dynamic loader's search path, the active Python
+    /// prefixes), which this crate trusts as the dynamic loader does.
+    /// Whoever controls the environment can already run code in the
+    /// process (`LD_PRELOAD`, `LD_LIBRARY_PATH`), so `NCCL_LIBRARY` naming
+    /// a hostile file grants nothing new; a program that does not trust
+    /// its environment must clean it before starting, as for any library
+    /// it loads.
     pub fn get() -> Result<&'static Library> {
         Self::init_with(|| {
-            // SAFETY: we trust the libnccl the documented search order finds
-            // (NCCL_LIBRARY, NCCL_HOME, the system loader, pip wheels).
+            // SAFETY: the documented search order (NCCL_LIBRARY, NCCL_HOME,
+            // the system loader, pip wheels) reads the process environment,
+            // which is trusted like the dynamic loader's own (see above).
             unsafe { Nccl::load() }
         })
     }
 
     /// Loads the library at `path` as the process's library. Fails with
     /// `InvalidArgument` if another library was loaded already.
-    pub fn load_from(path: impl AsRef<Path>) -> Result<&'static Library> {
+    ///
+    /// # Safety
+    ///
+    /// `path` must name a genuine libnccl that the caller trusts: loading
+    /// it runs its initialisers (arbitrary code) in this process, and its
+    /// functions are then called with the signatures of NCCL's API. A path
+    /// from an untrusted source (a request, a config file another user can
+    /// write) is not enough.
+    pub unsafe fn load_from(path: impl AsRef<Path>) -> Result<&'static Library> {
         let path = path.as_ref();
         let lib = Self::init_with(|| {
-            // SAFETY: the caller names this file as its NCCL.
+            // SAFETY: the caller vouches that this file is a genuine NCCL
+            // it trusts (this function's contract).
             unsafe { Nccl::open(path) }
         })?;
         let wanted = std::fs::canonicalize(path).ok();

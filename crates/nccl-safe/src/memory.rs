@@ -185,7 +185,7 @@ impl<'c, B> Registration<'c, B> {
                 found: buffer.device(),
             });
         }
-        let bytes = buffer.len() * std::mem::size_of::<T>();
+        let bytes = byte_len::<T>(OP, buffer.len())?;
         if bytes == 0 {
             return Err(Error::InvalidArgument {
                 op: OP,
@@ -244,6 +244,8 @@ impl<B> Drop for Registration<'_, B> {
     }
 }
 
+/// `len` elements of `T` in bytes, or `Overflow` naming `op` when that
+/// does not fit in a `usize`: checked before the size reaches NCCL.
 fn byte_len<T>(op: &'static str, len: usize) -> Result<usize> {
     len.checked_mul(std::mem::size_of::<T>())
         .ok_or(Error::Overflow {
@@ -512,3 +514,43 @@ macro_rules! delegate_buffer {
 
 delegate_buffer!(Registration, buffer, option);
 delegate_buffer!(Window, buffer);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_registration_size_that_overflows_is_a_typed_error() {
+        // What `Registration::new` computes before `ncclCommRegister`: an
+        // unchecked `len * size_of::<T>()` wrapped (release) or panicked
+        // (debug) here, and a wrapped size would have registered the wrong
+        // range.
+        let len = usize::MAX / 4 + 1;
+        let err = byte_len::<f32>("ncclCommRegister", len).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::Overflow {
+                    op: "ncclCommRegister",
+                    count,
+                    factor: 4,
+                } if count == len
+            ),
+            "{err:?}"
+        );
+        assert!(matches!(
+            byte_len::<f64>("ncclCommRegister", usize::MAX),
+            Err(Error::Overflow { factor: 8, .. })
+        ));
+        // The largest length that fits still does, exactly.
+        assert_eq!(
+            byte_len::<f32>("ncclCommRegister", usize::MAX / 4).unwrap(),
+            usize::MAX / 4 * 4
+        );
+        assert_eq!(
+            byte_len::<u8>("ncclCommRegister", usize::MAX).unwrap(),
+            usize::MAX
+        );
+        assert_eq!(byte_len::<f32>("ncclCommRegister", 0).unwrap(), 0);
+    }
+}

@@ -6,10 +6,14 @@
 //! after NCCL accepted it: at once outside a group, and at the outermost
 //! `ncclGroupEnd` for calls made inside a group, because only then is the
 //! work on the stream. Calls refused by validation, or by NCCL, are not
-//! reported.
+//! reported, and neither are the calls of a group that failed or was only
+//! simulated.
 
+use std::any::Any;
+use std::marker::PhantomData;
 use std::sync::Arc;
 
+use cudarc::driver::CudaStream;
 use nccl_sys::{cudaStream_t, ncclDataType_t};
 
 /// One operation as NCCL received it: the NCCL function, its element count
@@ -42,6 +46,48 @@ impl OpInfo {
     }
 }
 
+/// The CUDA stream an observed operation was put on: a stream that is
+/// live (not destroyed) for the duration of the [`OpObserver::issued`]
+/// call it is given to.
+///
+/// Only this crate makes one, from a borrowed `CudaStream`, and the
+/// lifetime `'s` keeps it from outliving that borrow: an observer cannot
+/// be handed a forged or dangling handle. [`ObservedStream::as_raw`] gives
+/// the handle to the observer's own `unsafe` code (to record an event
+/// behind the operation, say), which may rely on it being live until
+/// `issued` returns and on nothing after that. Compared by the handle:
+/// two values are equal when they name the same stream.
+///
+/// A newtype over the raw handle: making one costs nothing.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ObservedStream<'s> {
+    raw: cudaStream_t,
+    _stream: PhantomData<&'s CudaStream>,
+}
+
+impl<'s> ObservedStream<'s> {
+    /// The stream `stream`, live while the borrow lasts.
+    pub(crate) fn new(stream: &'s CudaStream) -> ObservedStream<'s> {
+        ObservedStream {
+            raw: stream.cu_stream() as cudaStream_t,
+            _stream: PhantomData,
+        }
+    }
+
+    /// The raw handle. It names a live stream until the `issued` call that
+    /// received `self` returns; after that it is only an identifier (CUDA
+    /// may give the same handle to a stream created later).
+    pub fn as_raw(&self) -> cudaStream_t {
+        self.raw
+    }
+}
+
+impl std::fmt::Debug for ObservedStream<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("ObservedStream").field(&self.raw).finish()
+    }
+}
+
 /// Sees the operations of the communicators it is set on
 /// ([`crate::Comm::set_observer`]).
 ///
@@ -50,8 +96,8 @@ impl OpInfo {
 /// `stream` behind the operation. It must be quick and must not call back
 /// into the communicator.
 pub trait OpObserver: Send + Sync {
-    /// NCCL has put `info` on `stream`.
-    fn issued(&self, info: &OpInfo, stream: cudaStream_t);
+    /// NCCL has put `info` on `stream`, which is live until this returns.
+    fn issued(&self, info: &OpInfo, stream: ObservedStream<'_>);
 
     /// Whether work it saw issued has not finished yet, as far as it knows
     /// (`false` when it does not track completion). A communicator's drop
@@ -61,16 +107,25 @@ pub trait OpObserver: Send + Sync {
         false
     }
 
-    /// The observer as `Any`, so its owner can find it again behind
-    /// [`crate::Comm::observer`]. `None` by default.
-    fn as_any(&self) -> Option<&dyn std::any::Any> {
+    /// The observer as `Any`, for a look at its type by reference. `None`
+    /// by default.
+    fn as_any(&self) -> Option<&dyn Any> {
+        None
+    }
+
+    /// The observer as an `Arc<dyn Any>`, so its owner can get its own
+    /// type back from [`crate::Comm::observer`] with `Arc::downcast`,
+    /// which checks the type of the allocation itself. Implement it as
+    /// `Some(self)`. `None` by default.
+    fn into_any(self: Arc<Self>) -> Option<Arc<dyn Any + Send + Sync>> {
         None
     }
 }
 
-/// An observer with the call waiting for the outermost group end.
-pub(crate) struct Pending {
+/// A grouped call waiting for its group's outermost end, with its stream
+/// borrowed for the group's lifetime `'g`.
+pub(crate) struct Pending<'g> {
     pub(crate) observer: Arc<dyn OpObserver>,
     pub(crate) info: OpInfo,
-    pub(crate) stream: cudaStream_t,
+    pub(crate) stream: ObservedStream<'g>,
 }

@@ -35,6 +35,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use nccl_safe::ObservedStream;
 use nccl_safe::cudarc::driver::{CudaContext, CudaEvent, sys};
 use nccl_safe::nccl_sys::cudaStream_t;
 
@@ -138,13 +139,18 @@ impl Tracker {
     }
 
     /// An operation was issued on `stream` at `now` (the issuing thread).
+    ///
+    /// `stream` is live until this returns (`ObservedStream`'s promise), so
+    /// a batch on it may be closed here; one left open when this returns is
+    /// on a kept stream, which the watch keeps alive for a later close.
     pub(super) fn issued(
         &mut self,
         record: OpRecord,
-        stream: cudaStream_t,
+        stream: ObservedStream<'_>,
         ctx: &std::sync::Arc<CudaContext>,
         now: Instant,
     ) {
+        let stream = stream.as_raw();
         let own = self.kept.contains(&stream);
         let seq = record.seq;
         self.history.push_back(record);
@@ -200,9 +206,12 @@ impl Tracker {
         };
         self.last_record = Some(now);
         let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-        // SAFETY: `open.stream` is a live stream of this context: the
-        // issuing thread just used it, or it is the communicator's own
-        // stream, which the watch keeps alive; one status is written.
+        // SAFETY: `open.stream` is a live stream of this context: either
+        // this runs inside `issued` for the stream it was handed (live for
+        // that call, as `ObservedStream` promises), or the batch stayed
+        // open past its `issued`, which only a kept stream's batch does
+        // (`due` closes any other at once), and the watch keeps those
+        // alive; one status is written.
         let queried = unsafe { sys::cuStreamIsCapturing(open.stream as _, &mut status) };
         let capturing = queried != sys::CUresult::CUDA_SUCCESS
             || status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
