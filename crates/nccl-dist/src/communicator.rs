@@ -273,7 +273,10 @@ fn times(op: &'static str, count: usize, n: usize) -> Result<usize> {
 /// or writes it (for those it reads). `stream`, when `Some`, is a live
 /// stream of this communicator's device; `None` uses the communicator's
 /// own stream. The operation is queued on that stream: wait for it as for
-/// any other CUDA work.
+/// any other CUDA work. When the stream is being captured into a CUDA
+/// graph, "finished" means every launch of every graph made from the
+/// capture has finished, and the communicator must stay alive (not
+/// aborted or dropped) until then too.
 ///
 /// Checked for you, before NCCL is called: pointers known to the CUDA
 /// driver and on this communicator's device, dtype supported by the
@@ -474,16 +477,22 @@ impl Communicator for Comm {
         const OP: &str = "Communicator::all_reduce";
         // SAFETY: the caller's promise about `stream`.
         let c = unsafe { Call::new(self, stream) };
-        with_type!(dtype, T => {
-            let mut r = c.buf::<T>(OP, recv, count)?;
-            if send == recv {
-                self.on(&c.stream).all_reduce_in_place(&mut r, op)?;
-            } else {
-                let s = c.buf::<T>(OP, send, count)?;
-                self.on(&c.stream).all_reduce(&s, &mut r, op)?;
-            }
-        });
-        Ok(())
+        // SAFETY: the trait's contract covers graph capture: the memory
+        // and the communicator outlive every launch of a captured call.
+        unsafe {
+            nccl_safe::allow_capture(|| -> Result<()> {
+                with_type!(dtype, T => {
+                    let mut r = c.buf::<T>(OP, recv, count)?;
+                    if send == recv {
+                        self.on(&c.stream).all_reduce_in_place(&mut r, op)?;
+                    } else {
+                        let s = c.buf::<T>(OP, send, count)?;
+                        self.on(&c.stream).all_reduce(&s, &mut r, op)?;
+                    }
+                });
+                Ok(())
+            })
+        }
     }
 
     unsafe fn broadcast(
@@ -498,17 +507,23 @@ impl Communicator for Comm {
         const OP: &str = "Communicator::broadcast";
         // SAFETY: the caller's promise about `stream`.
         let c = unsafe { Call::new(self, stream) };
-        with_type!(dtype, T => {
-            let mut r = c.buf::<T>(OP, recv, count)?;
-            if send == recv {
-                self.on(&c.stream).broadcast_in_place(&mut r, root)?;
-            } else {
-                let on_root = Comm::rank(self) == root;
-                let s = c.buf::<T>(OP, send, if on_root { count } else { 0 })?;
-                self.on(&c.stream).broadcast(on_root.then_some(&s), &mut r, root)?;
-            }
-        });
-        Ok(())
+        // SAFETY: the trait's contract covers graph capture: the memory
+        // and the communicator outlive every launch of a captured call.
+        unsafe {
+            nccl_safe::allow_capture(|| -> Result<()> {
+                with_type!(dtype, T => {
+                    let mut r = c.buf::<T>(OP, recv, count)?;
+                    if send == recv {
+                        self.on(&c.stream).broadcast_in_place(&mut r, root)?;
+                    } else {
+                        let on_root = Comm::rank(self) == root;
+                        let s = c.buf::<T>(OP, send, if on_root { count } else { 0 })?;
+                        self.on(&c.stream).broadcast(on_root.then_some(&s), &mut r, root)?;
+                    }
+                });
+                Ok(())
+            })
+        }
     }
 
     unsafe fn reduce(
@@ -524,17 +539,23 @@ impl Communicator for Comm {
         const OP: &str = "Communicator::reduce";
         // SAFETY: the caller's promise about `stream`.
         let c = unsafe { Call::new(self, stream) };
-        with_type!(dtype, T => {
-            let mut s = c.buf::<T>(OP, send, count)?;
-            if send == recv {
-                self.on(&c.stream).reduce_in_place(&mut s, op, root)?;
-            } else {
-                let on_root = Comm::rank(self) == root;
-                let mut r = c.buf::<T>(OP, recv, if on_root { count } else { 0 })?;
-                self.on(&c.stream).reduce(&s, on_root.then_some(&mut r), op, root)?;
-            }
-        });
-        Ok(())
+        // SAFETY: the trait's contract covers graph capture: the memory
+        // and the communicator outlive every launch of a captured call.
+        unsafe {
+            nccl_safe::allow_capture(|| -> Result<()> {
+                with_type!(dtype, T => {
+                    let mut s = c.buf::<T>(OP, send, count)?;
+                    if send == recv {
+                        self.on(&c.stream).reduce_in_place(&mut s, op, root)?;
+                    } else {
+                        let on_root = Comm::rank(self) == root;
+                        let mut r = c.buf::<T>(OP, recv, if on_root { count } else { 0 })?;
+                        self.on(&c.stream).reduce(&s, on_root.then_some(&mut r), op, root)?;
+                    }
+                });
+                Ok(())
+            })
+        }
     }
 
     unsafe fn all_gather(
@@ -550,16 +571,22 @@ impl Communicator for Comm {
         let c = unsafe { Call::new(self, stream) };
         let total = times(OP, count, Comm::size(self))?;
         let own_slot = times(OP, times(OP, count, Comm::rank(self))?, dtype.size())?;
-        with_type!(dtype, T => {
-            let mut r = c.buf::<T>(OP, recv, total)?;
-            if recv.checked_add(own_slot as u64) == Some(send) {
-                self.on(&c.stream).all_gather_in_place(&mut r)?;
-            } else {
-                let s = c.buf::<T>(OP, send, count)?;
-                self.on(&c.stream).all_gather(&s, &mut r)?;
-            }
-        });
-        Ok(())
+        // SAFETY: the trait's contract covers graph capture: the memory
+        // and the communicator outlive every launch of a captured call.
+        unsafe {
+            nccl_safe::allow_capture(|| -> Result<()> {
+                with_type!(dtype, T => {
+                    let mut r = c.buf::<T>(OP, recv, total)?;
+                    if recv.checked_add(own_slot as u64) == Some(send) {
+                        self.on(&c.stream).all_gather_in_place(&mut r)?;
+                    } else {
+                        let s = c.buf::<T>(OP, send, count)?;
+                        self.on(&c.stream).all_gather(&s, &mut r)?;
+                    }
+                });
+                Ok(())
+            })
+        }
     }
 
     unsafe fn reduce_scatter(
@@ -576,16 +603,22 @@ impl Communicator for Comm {
         let c = unsafe { Call::new(self, stream) };
         let total = times(OP, count, Comm::size(self))?;
         let own_slot = times(OP, times(OP, count, Comm::rank(self))?, dtype.size())?;
-        with_type!(dtype, T => {
-            let mut s = c.buf::<T>(OP, send, total)?;
-            if send.checked_add(own_slot as u64) == Some(recv) {
-                self.on(&c.stream).reduce_scatter_in_place(&mut s, op)?;
-            } else {
-                let mut r = c.buf::<T>(OP, recv, count)?;
-                self.on(&c.stream).reduce_scatter(&s, &mut r, op)?;
-            }
-        });
-        Ok(())
+        // SAFETY: the trait's contract covers graph capture: the memory
+        // and the communicator outlive every launch of a captured call.
+        unsafe {
+            nccl_safe::allow_capture(|| -> Result<()> {
+                with_type!(dtype, T => {
+                    let mut s = c.buf::<T>(OP, send, total)?;
+                    if send.checked_add(own_slot as u64) == Some(recv) {
+                        self.on(&c.stream).reduce_scatter_in_place(&mut s, op)?;
+                    } else {
+                        let mut r = c.buf::<T>(OP, recv, count)?;
+                        self.on(&c.stream).reduce_scatter(&s, &mut r, op)?;
+                    }
+                });
+                Ok(())
+            })
+        }
     }
 
     unsafe fn all_to_all(
@@ -600,12 +633,18 @@ impl Communicator for Comm {
         // SAFETY: the caller's promise about `stream`.
         let c = unsafe { Call::new(self, stream) };
         let total = times(OP, count, Comm::size(self))?;
-        with_type!(dtype, T => {
-            let s = c.buf::<T>(OP, send, total)?;
-            let mut r = c.buf::<T>(OP, recv, total)?;
-            self.on(&c.stream).all_to_all(&s, &mut r)?;
-        });
-        Ok(())
+        // SAFETY: the trait's contract covers graph capture: the memory
+        // and the communicator outlive every launch of a captured call.
+        unsafe {
+            nccl_safe::allow_capture(|| -> Result<()> {
+                with_type!(dtype, T => {
+                    let s = c.buf::<T>(OP, send, total)?;
+                    let mut r = c.buf::<T>(OP, recv, total)?;
+                    self.on(&c.stream).all_to_all(&s, &mut r)?;
+                });
+                Ok(())
+            })
+        }
     }
 
     unsafe fn send(
@@ -619,11 +658,17 @@ impl Communicator for Comm {
         const OP: &str = "Communicator::send";
         // SAFETY: the caller's promise about `stream`.
         let c = unsafe { Call::new(self, stream) };
-        with_type!(dtype, T => {
-            let b = c.buf::<T>(OP, buf, count)?;
-            self.on(&c.stream).send(&b, peer)?;
-        });
-        Ok(())
+        // SAFETY: the trait's contract covers graph capture: the memory
+        // and the communicator outlive every launch of a captured call.
+        unsafe {
+            nccl_safe::allow_capture(|| -> Result<()> {
+                with_type!(dtype, T => {
+                    let b = c.buf::<T>(OP, buf, count)?;
+                    self.on(&c.stream).send(&b, peer)?;
+                });
+                Ok(())
+            })
+        }
     }
 
     unsafe fn recv(
@@ -637,11 +682,17 @@ impl Communicator for Comm {
         const OP: &str = "Communicator::recv";
         // SAFETY: the caller's promise about `stream`.
         let c = unsafe { Call::new(self, stream) };
-        with_type!(dtype, T => {
-            let mut b = c.buf::<T>(OP, buf, count)?;
-            self.on(&c.stream).recv(&mut b, peer)?;
-        });
-        Ok(())
+        // SAFETY: the trait's contract covers graph capture: the memory
+        // and the communicator outlive every launch of a captured call.
+        unsafe {
+            nccl_safe::allow_capture(|| -> Result<()> {
+                with_type!(dtype, T => {
+                    let mut b = c.buf::<T>(OP, buf, count)?;
+                    self.on(&c.stream).recv(&mut b, peer)?;
+                });
+                Ok(())
+            })
+        }
     }
 
     unsafe fn send_recv(
@@ -658,15 +709,21 @@ impl Communicator for Comm {
         const OP: &str = "Communicator::send_recv";
         // SAFETY: the caller's promise about `stream`.
         let c = unsafe { Call::new(self, stream) };
-        with_type!(dtype, T => {
-            let s = c.buf::<T>(OP, send, send_count)?;
-            let mut r = c.buf::<T>(OP, recv, recv_count)?;
-            nccl_safe::group(|g| {
-                g.on_stream(self, &c.stream).send(&s, send_peer)?;
-                g.on_stream(self, &c.stream).recv(&mut r, recv_peer)
-            })?;
-        });
-        Ok(())
+        // SAFETY: the trait's contract covers graph capture: the memory
+        // and the communicator outlive every launch of a captured call.
+        unsafe {
+            nccl_safe::allow_capture(|| -> Result<()> {
+                with_type!(dtype, T => {
+                    let s = c.buf::<T>(OP, send, send_count)?;
+                    let mut r = c.buf::<T>(OP, recv, recv_count)?;
+                    nccl_safe::group(|g| {
+                        g.on_stream(self, &c.stream).send(&s, send_peer)?;
+                        g.on_stream(self, &c.stream).recv(&mut r, recv_peer)
+                    })?;
+                });
+                Ok(())
+            })
+        }
     }
 
     fn barrier(&self) -> Result<()> {

@@ -140,6 +140,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
                 found: stream_device,
             });
         }
+        crate::capture::refuse_capture(op, self.stream)?;
         Ok(Check {
             op,
             rank: self.comm.rank(),

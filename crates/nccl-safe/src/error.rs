@@ -171,6 +171,17 @@ pub enum Error {
         waited: Duration,
     },
 
+    /// The stream is being captured into a CUDA graph outside
+    /// [`crate::allow_capture`]: a launch of the graph could outlive the
+    /// call's buffers and communicator.
+    #[error(
+        "{op}: the stream is being captured into a CUDA graph; capture inside nccl_safe::allow_capture, whose contract keeps the buffers and the communicator alive for every launch"
+    )]
+    Capturing {
+        /// The operation refused.
+        op: &'static str,
+    },
+
     /// The communicator was aborted (by [`crate::AbortHandle`], an
     /// [`crate::AbortSignal`] or after a failure) and can no longer be used.
     #[error("{op}: the communicator was aborted ({cause})")]

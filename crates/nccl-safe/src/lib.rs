@@ -45,6 +45,7 @@
 mod abort;
 mod buffer;
 mod capabilities;
+mod capture;
 mod collectives;
 mod comm;
 mod config;
@@ -63,6 +64,7 @@ mod validate;
 pub use abort::{AbortCause, AbortSignal};
 pub use buffer::{Access, DeviceBuffer, DeviceBufferMut};
 pub use capabilities::{Capabilities, FP8_REDUCTION_MIN_CC, Feature};
+pub use capture::allow_capture;
 pub use collectives::OnStream;
 pub use comm::{AbortHandle, Comm, CommStatus, WeakAbortHandle};
 pub use config::{Config, DEFAULT_TIMEOUT};

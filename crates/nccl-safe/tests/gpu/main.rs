@@ -1171,10 +1171,31 @@ fn graph_capture_replays_collectives() {
             r.stream()
                 .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
         }
-        each_rank!(ranks, pairs, |on, r, p| {
+        // Outside `allow_capture` the safe API refuses a capturing stream
+        // (a launch could outlive the buffers): a typed error, nothing
+        // enqueued, and the capture can still be used.
+        let refused = each_rank!(ranks, pairs, |on, r, p| {
             let _ = r;
             on.all_reduce(&p.0, &mut p.1, ReduceOp::Sum)
-        })?;
+        });
+        if !matches!(refused, Err(ref e) if e.to_string().contains("captured into a CUDA graph")) {
+            for r in ranks.iter() {
+                let _ = r.stream().end_capture(CUgraphInstantiate_flags(0));
+            }
+            return Err(
+                format!("a capture outside allow_capture was not refused: {refused:?}").into(),
+            );
+        }
+        // SAFETY: `pairs` and the communicators outlive `graphs`, whose
+        // launches are waited for (clone_dtoh) before the test returns.
+        unsafe {
+            nccl_safe::allow_capture(|| {
+                each_rank!(ranks, pairs, |on, r, p| {
+                    let _ = r;
+                    on.all_reduce(&p.0, &mut p.1, ReduceOp::Sum)
+                })
+            })
+        }?;
         let graphs: Vec<_> = ranks
             .iter()
             .map(|r| {
