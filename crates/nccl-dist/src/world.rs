@@ -485,6 +485,21 @@ fn abort_on_loss(liveness: &Liveness, watchdog: Option<Watchdog>, signal: AbortS
     }));
 }
 
+/// Tells `spawn_local` that a rank's thread ended, and how, even when it
+/// unwinds from a panic.
+struct EndNotice {
+    rank: usize,
+    tx: std::sync::mpsc::Sender<(usize, Option<String>)>,
+    /// `None`: it ended well.
+    failure: Option<String>,
+}
+
+impl Drop for EndNotice {
+    fn drop(&mut self) {
+        let _ = self.tx.send((self.rank, self.failure.take()));
+    }
+}
+
 fn watched(comm: &Comm, watchdog: &Option<Watchdog>) {
     if let Some(w) = watchdog {
         w.watch(comm, format!("world[{}]", comm.rank()));
@@ -743,53 +758,84 @@ impl World {
             abort_on_loss(l, watchdog.clone(), resolved.signal.clone());
         }
         let (id, f, watchdog, liveness, resolved) = (&id, &f, &watchdog, &liveness, &resolved);
+        // Each rank says when it ends, and whether well, so the first to
+        // fail (an error or a panic) aborts the others at once, whatever
+        // order they end in: a rank waiting in a collective for a rank that
+        // is gone would otherwise hold the join until its own timeout.
+        let (ended_tx, ended_rx) = std::sync::mpsc::channel::<(usize, Option<String>)>();
         std::thread::scope(|scope| {
             let handles: Vec<_> = devices
                 .iter()
                 .enumerate()
                 .map(|(rank, &device)| {
+                    let ended = EndNotice {
+                        rank,
+                        tx: ended_tx.clone(),
+                        failure: Some("it panicked".into()),
+                    };
                     scope.spawn(move || {
-                        let made = resolved.make_comms(id, rank, n, device);
-                        let (comm, control, child_config) = match made {
-                            Ok(m) => m,
-                            Err(e) => {
-                                if let Some(l) = liveness
-                                    && e.lost_rank().is_none()
-                                {
-                                    l.report(PeerLoss {
-                                        rank,
-                                        cause: LossCause::Exited {
-                                            reason: e.to_string(),
-                                        },
-                                        seen_by: rank,
-                                    });
+                        let mut ended = ended;
+                        let result = (|| {
+                            let made = resolved.make_comms(id, rank, n, device);
+                            let (comm, control, child_config) = match made {
+                                Ok(m) => m,
+                                Err(e) => {
+                                    if let Some(l) = liveness
+                                        && e.lost_rank().is_none()
+                                    {
+                                        l.report(PeerLoss {
+                                            rank,
+                                            cause: LossCause::Exited {
+                                                reason: e.to_string(),
+                                            },
+                                            seen_by: rank,
+                                        });
+                                    }
+                                    return Err(e);
                                 }
-                                return Err(e);
-                            }
-                        };
-                        watched(&comm, watchdog);
-                        f(World {
-                            presence: Presence {
-                                rank,
-                                liveness: liveness.clone(),
-                            },
-                            comm,
-                            control,
-                            child_config,
-                            launch: local_launch(rank, n),
-                            watchdog: watchdog.clone(),
-                            signal: resolved.signal.clone(),
-                        })
+                            };
+                            watched(&comm, watchdog);
+                            f(World {
+                                presence: Presence {
+                                    rank,
+                                    liveness: liveness.clone(),
+                                },
+                                comm,
+                                control,
+                                child_config,
+                                launch: local_launch(rank, n),
+                                watchdog: watchdog.clone(),
+                                signal: resolved.signal.clone(),
+                            })
+                        })();
+                        ended.failure = result.as_ref().err().map(|e| e.to_string());
+                        result
                     })
                 })
                 .collect();
+            drop(ended_tx);
+            for (rank, failure) in ended_rx.iter() {
+                if let Some(detail) = failure {
+                    // Ends the others' NCCL calls (the signal aborts every
+                    // communicator of this world); a no-op after the first.
+                    resolved.signal.trigger(AbortCause::PeerLost {
+                        rank,
+                        detail: format!("rank {rank} ended early: {detail}"),
+                    });
+                }
+            }
             let mut out = Vec::with_capacity(n);
             let mut first_error = None;
             for (rank, handle) in handles.into_iter().enumerate() {
                 match handle.join() {
                     Ok(Ok(r)) => out.push(r),
                     Ok(Err(e)) => {
-                        first_error.get_or_insert(e);
+                        // The root cause wins over the losses it caused.
+                        if first_error.as_ref().is_none_or(|f: &Error| {
+                            f.lost_rank().is_some() && e.lost_rank().is_none()
+                        }) {
+                            first_error = Some(e);
+                        }
                     }
                     Err(panic) => {
                         let message = panic

@@ -173,6 +173,10 @@ const NOTHING_TO_REFUSE: &[(&str, &str)] = &[
         "unsafe: the caller vouches that the raw stream is live on the communicator's context",
     ),
     (
+        "allow_capture",
+        "unsafe scope around a closure: every input is valid, the contract (buffers and communicator outlive the graph's launches) is the caller's",
+    ),
+    (
         "ObservedStream::as_raw",
         "accessor; only nccl-safe makes an ObservedStream",
     ),

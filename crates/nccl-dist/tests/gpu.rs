@@ -617,3 +617,48 @@ fn comm_stream_overlaps_and_orders_with_compute() {
         })
     });
 }
+
+/// H4: with a thread per GPU, a rank that fails while another waits for it
+/// in a collective used to leave the join waiting until that collective's
+/// timeout. Now the first rank to fail aborts the others at once, and they
+/// name it. The liveness channel and the watchdog are off, so nothing else
+/// could end the wait; the operation timeout is long.
+#[test]
+#[ignore = "needs 2 GPUs: cargo xtask gpu-test"]
+fn a_failing_rank_ends_the_others_at_once_with_a_thread_per_gpu() {
+    use std::time::{Duration, Instant};
+    // One cell is enough: this test makes its own world.
+    if mode() != Mode::Single || world_size() < 2 {
+        return;
+    }
+    let options = nccl_dist::WorldOptions::new()
+        .op_timeout(Duration::from_secs(120))
+        .no_watchdog()
+        .liveness(nccl_dist::liveness::LivenessOptions::new().enabled(false));
+    let started = Instant::now();
+    let outcome = World::spawn_local_with_options(&[0, 1], &options, |w| {
+        if w.rank() == 1 {
+            return Err(Error::InvalidArgument {
+                op: "test",
+                reason: "rank 1 gives up before the all_reduce".into(),
+            });
+        }
+        let comm = w.comm();
+        let mut x =
+            comm.stream()
+                .clone_htod(&[1f32; 1024])
+                .map_err(|e| Error::InvalidArgument {
+                    op: "test",
+                    reason: e.to_string(),
+                })?;
+        comm.all_reduce_in_place(&mut x, ReduceOp::Sum)?;
+        nccl_dist::synchronize(comm, comm.stream())
+    });
+    let took = started.elapsed();
+    let err = outcome.expect_err("rank 1 failed");
+    assert!(took < Duration::from_secs(30), "the join took {took:?}");
+    assert!(
+        err.to_string().contains("gives up"),
+        "the first failure is the one reported: {err}"
+    );
+}

@@ -1158,35 +1158,46 @@ impl Comm {
         let nranks = c_int(OP, "too many devices", devices.len())?;
         let id = UniqueId::new()?;
         let _span = tracing::debug_span!("nccl.init_all", nranks = devices.len()).entered();
+        // Everything that can fail on this side (contexts, configs, the
+        // symbol) is done before the group opens: once some ranks' inits
+        // are queued, a group ended without the others would wait for
+        // them forever. Inside the group only NCCL's calls remain, and a
+        // failure NCCL records fails the whole group at its end.
+        let mut parts_list = Vec::with_capacity(devices.len());
+        // Capacity reserved up front: pushing never moves the configs NCCL
+        // already holds pointers to.
+        let mut raw_configs: Vec<RawConfig> = Vec::with_capacity(devices.len());
+        for &device in devices {
+            let (parts, raw_config) = Comm::parts(device, config)?;
+            parts_list.push(parts);
+            raw_configs.push(raw_config);
+        }
+        let init = parts_list[0].lib.raw().ncclCommInitRankConfig()?;
         // As in `split_all`: out-slots and configs stay put until the group
         // has ended.
         let mut slots: Vec<ncclComm_t> = vec![std::ptr::null_mut(); devices.len()];
         let slot_base = slots.as_mut_ptr();
-        // Capacity reserved up front: pushing never moves the configs NCCL
-        // already holds pointers to.
-        let mut raw_configs: Vec<RawConfig> = Vec::with_capacity(devices.len());
-        let mut parts_list = Vec::with_capacity(devices.len());
+        let config_base = raw_configs.as_mut_ptr();
         let group = GroupGuard::start()?;
         let mut failure = None;
-        for (rank, &device) in devices.iter().enumerate() {
-            let (parts, raw_config) = match Comm::parts(device, config) {
-                Ok(p) => p,
-                Err(e) => {
-                    failure = Some(e);
-                    break;
-                }
+        for (rank, parts) in parts_list.iter().enumerate() {
+            if let Err(e) = parts.ctx.bind_to_thread() {
+                failure = Some(Error::Cuda { op: OP, source: e });
+                break;
+            }
+            // SAFETY: `rank < devices.len()`, the length of both vectors,
+            // which are not touched through any other path until the group
+            // has ended.
+            let (slot, config_ptr) = unsafe {
+                (
+                    slot_base.add(rank),
+                    &mut (*config_base.add(rank)).raw as *mut _,
+                )
             };
-            raw_configs.push(raw_config);
-            let init = parts.lib.raw().ncclCommInitRankConfig()?;
-            // SAFETY: `rank < devices.len() == slots.len()`; the vector is not
-            // touched through any other path until the group has ended.
-            let slot = unsafe { slot_base.add(rank) };
-            let config_ptr: *mut nccl_sys::ncclConfig_t = &mut raw_configs[rank].raw;
             // SAFETY: out-slot and config stay valid until after the group
             // ends, where NCCL finishes the initialization.
             let code = unsafe { init(slot, nranks, id.raw(), rank as i32, config_ptr) };
-            let failed = code != ncclResult_t::ncclSuccess && code != ncclResult_t::ncclInProgress;
-            if failed {
+            if code != ncclResult_t::ncclSuccess && code != ncclResult_t::ncclInProgress {
                 failure = Some(
                     parts
                         .lib
@@ -1197,9 +1208,6 @@ impl Comm {
                             reason: "init failed",
                         }),
                 );
-            }
-            parts_list.push(parts);
-            if failed {
                 break;
             }
         }
@@ -1225,21 +1233,52 @@ impl Comm {
             return Err(e);
         }
         let clique = Clique::new(created.len());
-        let mut comms = Vec::with_capacity(created.len());
-        for (raw, parts) in created {
-            // On failure the comms adopted so far drop through the clique;
-            // the rest are handed in as aborted members.
-            match Comm::adopt(raw, parts, Some(Arc::clone(&clique)), true) {
-                Ok(comm) => comms.push(comm),
+        Comm::adopt_together(created, Some(clique))?
+            .into_iter()
+            .map(|c| {
+                c.ok_or(Error::InvalidArgument {
+                    op: OP,
+                    reason: "NCCL returned no communicator",
+                })
+            })
+            .collect()
+    }
+
+    /// Wraps handles created together. On a failure nothing leaks: the
+    /// communicators wrapped so far are aborted, and the handles not yet
+    /// wrapped are aborted raw and withdrawn from the clique (which then
+    /// tears down the one that failed, instead of waiting for members that
+    /// never come). Null handles (a rank that took no part) give `None`.
+    fn adopt_together(
+        created: Vec<(ncclComm_t, Parts)>,
+        clique: Option<Arc<Clique>>,
+    ) -> Result<Vec<Option<Comm>>> {
+        let mut out: Vec<Option<Comm>> = Vec::with_capacity(created.len());
+        let mut rest = created.into_iter();
+        while let Some((raw, parts)) = rest.next() {
+            if raw.is_null() {
+                out.push(None);
+                continue;
+            }
+            match Comm::adopt(raw, parts, clique.clone(), true) {
+                Ok(comm) => out.push(Some(comm)),
                 Err(e) => {
-                    for c in comms {
-                        let _ = c.abort_handle().abort();
+                    for comm in out.into_iter().flatten() {
+                        let _ = comm.abort_handle().abort();
+                    }
+                    for (raw, parts) in rest {
+                        if !raw.is_null() {
+                            Comm::adopt_failed(raw, parts);
+                            if let Some(clique) = &clique {
+                                clique.withdraw();
+                            }
+                        }
                     }
                     return Err(e);
                 }
             }
         }
-        Ok(comms)
+        Ok(out)
     }
 
     /// `ncclCommSplit` on this communicator alone (one thread per rank).
@@ -1403,15 +1442,7 @@ impl Comm {
         }
         let live = children.iter().filter(|(raw, _)| !raw.is_null()).count();
         let clique = (comms.len() > 1 && live > 0).then(|| Clique::new(live));
-        let mut out = Vec::with_capacity(children.len());
-        for (raw, parts) in children {
-            if raw.is_null() {
-                out.push(None);
-            } else {
-                out.push(Some(Comm::adopt(raw, parts, clique.clone(), true)?));
-            }
-        }
-        Ok(out)
+        Comm::adopt_together(children, clique)
     }
 
     /// Waits (up to `timeout`) until every expected slot holds a handle.
@@ -1544,10 +1575,12 @@ impl Comm {
                 reason: "the new size must exceed the current one",
             });
         }
+        // Everything that can fail on this side, before NCCL is called.
+        let new_size_c = c_int(OP, "size exceeds i32", new_size)?;
         let mut raw_config = config.map(|c| c.to_raw(lib.version())).transpose()?;
+        let grow = lib.raw().ncclCommGrow()?;
         let raw_id = id.map(UniqueId::raw);
-        let child = self.shared.with_raw(OP, |raw| {
-            let grow = lib.raw().ncclCommGrow()?;
+        let (child, code) = self.shared.with_raw(OP, |raw| {
             let mut child: ncclComm_t = std::ptr::null_mut();
             let id_ptr = raw_id.as_ref().map_or(std::ptr::null(), |i| i as *const _);
             let config_ptr = raw_config
@@ -1555,28 +1588,31 @@ impl Comm {
                 .map_or(std::ptr::null_mut(), |c| &mut c.raw as *mut _);
             // SAFETY: `raw` is live; id null or valid; rank -1 marks an
             // existing rank; valid out-pointer; config null or valid.
-            let code = unsafe {
-                grow(
-                    raw,
-                    c_int(OP, "size exceeds i32", new_size)?,
-                    id_ptr,
-                    -1,
-                    &mut child,
-                    config_ptr,
-                )
-            };
-            if code != ncclResult_t::ncclSuccess && code != ncclResult_t::ncclInProgress {
-                lib.check(OP, code, raw)?;
-            }
-            Ok(child)
+            let code = unsafe { grow(raw, new_size_c, id_ptr, -1, &mut child, config_ptr) };
+            Ok((child, code))
         })?;
+        let parts = Parts::child_of(&self.shared, config);
+        if code != ncclResult_t::ncclSuccess && code != ncclResult_t::ncclInProgress {
+            let err = self
+                .shared
+                .with_raw(OP, |raw| lib.check(OP, code, raw))
+                .err();
+            // A handle NCCL made before failing is aborted, not leaked.
+            if !child.is_null() {
+                Comm::adopt_failed(child, parts);
+            }
+            return Err(err.unwrap_or(Error::InvalidArgument {
+                op: OP,
+                reason: "grow failed",
+            }));
+        }
         if child.is_null() {
             return Err(Error::InvalidArgument {
                 op: OP,
                 reason: "NCCL returned no communicator",
             });
         }
-        Comm::adopt(child, Parts::child_of(&self.shared, config), None, true)
+        Comm::adopt(child, parts, None, true)
     }
 
     /// `ncclCommRevoke`: stops in-flight work so that the communicator can

@@ -270,10 +270,17 @@ impl<'g> GroupGuard<'g> {
     /// On a one-rank communicator NCCL runs collectives at the call rather
     /// than at group end (its one-rank path is a plain copy), so their work
     /// has already happened when the group is simulated.
+    ///
+    /// On a library that cannot simulate, the error comes back and the
+    /// group is ended for real as the guard goes: its work is launched,
+    /// and the group is never left open.
     pub fn simulate(mut self) -> Result<Option<f32>> {
+        // Looked up while the guard still owns the group: on an error its
+        // drop ends the group (launching the queued work) instead of
+        // leaving it open on this thread for good.
         self.lib.capabilities().require(Feature::GroupSimulate)?;
-        self.ended = true;
         let simulate = self.lib.raw().ncclGroupSimulateEnd()?;
+        self.ended = true;
         let mut info = ncclSimInfo_t::initializer();
         // SAFETY: `info` is an initialized ncclSimInfo_t NCCL may write.
         let code = unsafe { simulate(&mut info) };

@@ -217,3 +217,156 @@ fn nccl_memory_drop_behind_a_stuck_kernel_is_bounded() {
         Ok(())
     })());
 }
+
+/// Runs `f` on a thread and fails the test if it has not returned within
+/// `limit` (a regression would otherwise hang the whole test binary).
+fn within<T: Send + 'static>(
+    limit: Duration,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> TestResult<T> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(limit)
+        .map_err(|_| format!("did not return within {limit:?}").into())
+}
+
+/// H1 and L4: `init_all` used to prepare each device inside the group, so
+/// a device that could not be prepared (here one that does not exist) left
+/// the ranks before it queued in a group whose end then waited for the
+/// missing ranks forever. Now every device is prepared before the group
+/// opens: a typed error at once, and the thread's group state is clean
+/// (a new `init_all` on the real device works).
+#[test]
+#[ignore = "needs a GPU: cargo xtask gpu-test"]
+fn init_all_with_a_device_that_is_missing_fails_at_once() {
+    gpus();
+    check((|| {
+        let missing = CudaContext::device_count()? as usize + 3;
+        let started = Instant::now();
+        let result = within(Duration::from_secs(30), move || {
+            Comm::init_all(&[0, missing], &Config::new()).map(|c| c.len())
+        })?;
+        if result.is_ok() {
+            return Err(format!("device {missing} was accepted").into());
+        }
+        if started.elapsed() > Duration::from_secs(10) {
+            return Err(format!("refused only after {:?}", started.elapsed()).into());
+        }
+        let comms = within(Duration::from_secs(60), || {
+            Comm::init_all(&[0], &Config::new()).map(|c| c.len())
+        })??;
+        if comms != 1 {
+            return Err("no communicator after the failed init_all".into());
+        }
+        Ok(())
+    })());
+}
+
+/// The process's thread count (NCCL keeps service threads per live
+/// communicator, so communicators that leak leave threads behind).
+fn threads() -> TestResult<usize> {
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|n| n.trim().parse().ok())
+        .ok_or_else(|| "no Threads: line in /proc/self/status".into())
+}
+
+/// L1 and L2: when wrapping the handles of `init_all` or `split_all`
+/// failed for one of them, the handles after it were dropped raw (never
+/// aborted or destroyed) and the clique waited for members that never
+/// came. A signal triggered before the call makes every wrap fail; over
+/// several rounds no communicator may be left behind (counted by NCCL's
+/// threads, which end when their communicator is aborted).
+#[test]
+#[ignore = "needs 2 GPUs: cargo xtask gpu-test"]
+fn init_all_and_split_all_leak_nothing_when_wrapping_fails() {
+    if gpus() < 2 {
+        return;
+    }
+    check((|| {
+        // Warm up: contexts and NCCL's process-wide threads exist.
+        drop(Comm::init_all(&[0, 1], &Config::new())?);
+        std::thread::sleep(Duration::from_secs(2));
+        let before = threads()?;
+        for _ in 0..4 {
+            let signal = AbortSignal::new();
+            signal.trigger(AbortCause::Requested);
+            let config = Config::new()
+                .timeout(Duration::from_secs(20))
+                .abort_signal(&signal);
+            if Comm::init_all(&[0, 1], &config).is_ok() {
+                return Err("init_all with a triggered signal succeeded".into());
+            }
+            let parents = Comm::init_all(&[0, 1], &Config::new())?;
+            let refs: Vec<&Comm> = parents.iter().collect();
+            if Comm::split_all(&refs, &[Some(0), Some(0)], &[0, 1], Some(&config)).is_ok() {
+                return Err("split_all with a triggered signal succeeded".into());
+            }
+            drop(parents);
+        }
+        // Teardown runs on threads of its own: give it time.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let now = threads()?;
+            if now <= before + 2 {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(
+                    format!("{before} threads before, {now} after: communicators leaked").into(),
+                );
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    })());
+}
+
+/// U6: `NcclMemory` used on a stream other than its home stream was not
+/// ordered after its earlier uses: a read on stream B could run before a
+/// write queued just before on stream A. Two independent one-rank
+/// communicators (so NCCL does not order them itself): the first writes
+/// the memory on A behind a long copy, the second reads it on B at once.
+#[test]
+#[ignore = "needs a GPU: cargo xtask gpu-test"]
+fn nccl_memory_used_on_two_streams_keeps_the_order_of_its_uses() {
+    gpus();
+    check((|| {
+        let one = Comm::init_rank(&UniqueId::new()?, 0, 1, 0, &Config::new())?;
+        let two = Comm::init_rank(&UniqueId::new()?, 0, 1, 0, &Config::new())?;
+        if !one.capabilities().has(nccl_safe::Feature::MemAlloc) {
+            return Ok(());
+        }
+        let ctx = one.stream().context().clone();
+        let (a, b) = (ctx.new_stream()?, ctx.new_stream()?);
+        const N: usize = 1 << 20;
+        let input = a.clone_htod(&vec![7.0f32; N])?;
+        let mut output = b.alloc_zeros::<f32>(N)?;
+        let mut memory = NcclMemory::<f32>::alloc(&one, N)?;
+        // Make the memory 0 first, on its home stream, and wait.
+        let zeros = one.stream().alloc_zeros::<f32>(N)?;
+        one.on(one.stream())
+            .all_reduce(&zeros, &mut memory, ReduceOp::Sum)?;
+        one.stream().synchronize()?;
+        // A long copy on A, then the write of 7s into the memory on A.
+        let big = a.alloc_zeros::<u8>(1 << 30)?;
+        let mut big2 = a.alloc_zeros::<u8>(1 << 30)?;
+        a.synchronize()?;
+        for _ in 0..8 {
+            a.memcpy_dtod(&big, &mut big2)?;
+        }
+        one.on(&a).all_reduce(&input, &mut memory, ReduceOp::Sum)?;
+        // At once, the read on B by the other communicator.
+        two.on(&b).all_reduce(&memory, &mut output, ReduceOp::Sum)?;
+        b.synchronize()?;
+        a.synchronize()?;
+        let got = b.clone_dtoh(&output)?;
+        if got.iter().any(|v| *v != 7.0) {
+            return Err(format!("the read on B saw {} before the write on A", got[0]).into());
+        }
+        Ok(())
+    })());
+}
