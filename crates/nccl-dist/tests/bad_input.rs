@@ -173,6 +173,18 @@ const NOTHING_TO_REFUSE: &[(&str, &str)] = &[
         "unsafe: the caller vouches that the raw stream is live on the communicator's context",
     ),
     (
+        "capture",
+        "its refusals (memory the graph does not own, a PreMulSum, a replaced buffer) need a GPU: a_captured_graph_owns_its_buffers_and_replays_bit_exact in tests/abort.rs",
+    ),
+    (
+        "CapturedGraph::buffers into_buffers",
+        "accessors of what the graph owns; into_buffers waits with the communicators' deadline",
+    ),
+    (
+        "Captured::open Opened::push",
+        "the trait's own plumbing (an unsafe trait: implementors vouch for what they push)",
+    ),
+    (
         "allow_capture",
         "unsafe scope around a closure: every input is valid, the contract (buffers and communicator outlive the graph's launches) is the caller's",
     ),

@@ -5,9 +5,34 @@
 //! are safe functions, and nothing in them ties a captured collective to
 //! its buffers or its communicator: a launch after either is gone reads and
 //! writes freed memory. So the safe API refuses to enqueue on a stream that
-//! is being captured ([`crate::Error::Capturing`]), and capturing is done
-//! inside [`allow_capture`], whose caller promises what the borrow checker
-//! cannot see.
+//! is being captured ([`crate::Error::Capturing`]), and offers two ways to
+//! capture:
+//!
+//! - [`capture`]: the graph ([`CapturedGraph`]) owns the buffers the
+//!   captured calls use and borrows their communicators, so neither can go
+//!   while it may still launch; calls may use only those buffers and
+//!   built-in reductions, and a launch checks that no buffer was replaced.
+//!
+//! ```no_run
+//! # fn demo(comm: &nccl_safe::Comm) -> Result<(), Box<dyn std::error::Error>> {
+//! use nccl_safe::{ReduceOp, capture};
+//! let stream = comm.stream();
+//! // cudarc's cross-stream events cannot be waited for inside a capture.
+//! // SAFETY: these buffers are used on `stream` only.
+//! unsafe { stream.context().disable_event_tracking() };
+//! let grads = (stream.clone_htod(&[1.0f32; 1024])?, stream.alloc_zeros::<f32>(1024)?);
+//! let mut graph = capture(stream, grads, |cap, (send, recv)| {
+//!     cap.on(comm).all_reduce(send, recv, ReduceOp::Sum)
+//! })?;
+//! graph.launch()?;
+//! let (_, recv) = graph.into_buffers()?;
+//! assert_eq!(stream.clone_dtoh(&recv)?[0], comm.size() as f32);
+//! # Ok(()) }
+//! ```
+//!
+//! - [`allow_capture`]: an `unsafe` scope in which the safe API enqueues on
+//!   capturing streams; its caller keeps everything alive for every launch
+//!   (several streams, groups over several GPUs, PreMulSum).
 //!
 //! ```no_run
 //! # fn demo(comm: &nccl_safe::Comm, x: &mut nccl_safe::cudarc::driver::CudaSlice<f32>)
@@ -26,11 +51,19 @@
 //! # Ok(()) }
 //! ```
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::time::Duration;
 
-use cudarc::driver::CudaStream;
-use cudarc::driver::sys::CUstreamCaptureStatus;
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode, CUstreamCaptureStatus};
+use cudarc::driver::{CudaGraph, CudaSlice, CudaStream};
 
+use crate::buffer::{Access, DeviceBuffer, DeviceBufferMut};
+use crate::collectives::OnStream;
+use crate::comm::{AbortHandle, Comm, poll_with_backoff};
+use crate::dtype::NcclType;
+use crate::memory::NcclMemory;
 use crate::{Error, Result};
 
 thread_local! {
@@ -70,6 +103,327 @@ pub(crate) fn refuse_capture(op: &'static str, stream: &CudaStream) -> Result<()
         Ok(CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE) => Ok(()),
         Ok(_) => Err(Error::Capturing { op }),
         Err(source) => Err(Error::Cuda { op, source }),
+    }
+}
+
+/// The device buffers of one [`Captured`] value, opened on a stream: the
+/// address and size in bytes of each, and the access that orders it with
+/// the work on the stream (kept until that work is queued).
+pub struct Opened<'a>(smallvec::SmallVec<[(u64, usize, Access<'a>); 8]>);
+
+impl<'a> Opened<'a> {
+    fn new() -> Self {
+        Opened(smallvec::SmallVec::new())
+    }
+
+    /// Adds one buffer, as its [`DeviceBufferMut::write`] gave it.
+    pub fn push(&mut self, address: u64, bytes: usize, access: Access<'a>) {
+        self.0.push((address, bytes, access));
+    }
+
+    fn extents(&self) -> Vec<(u64, u64)> {
+        self.0
+            .iter()
+            .map(|(p, b, _)| (*p, p.saturating_add(*b as u64)))
+            .collect()
+    }
+}
+
+/// Device memory that a [`CapturedGraph`] owns: one buffer, or several in a
+/// tuple, an array or a `Vec`.
+///
+/// # Safety
+///
+/// [`Captured::open`] pushes every device buffer the value owns, each as
+/// its [`DeviceBufferMut::write`] on `stream` returns it (address, size in
+/// bytes, access), in the same order every time while the value is not
+/// changed; the memory stays allocated until the value is dropped, and a
+/// dropped buffer frees it ordered after the work recorded through its
+/// accesses (as cudarc's slices do with event tracking on).
+pub unsafe trait Captured {
+    /// Opens every buffer for use on `stream`.
+    fn open<'a>(&'a mut self, stream: &'a CudaStream, out: &mut Opened<'a>);
+}
+
+// SAFETY: one buffer, opened through its own `write`; cudarc frees a slice
+// after the events its accesses recorded.
+unsafe impl<T: NcclType> Captured for CudaSlice<T> {
+    fn open<'a>(&'a mut self, stream: &'a CudaStream, out: &mut Opened<'a>) {
+        let bytes = DeviceBuffer::<T>::len(self) * std::mem::size_of::<T>();
+        let (ptr, access) = DeviceBufferMut::<T>::write(self, stream);
+        out.push(ptr, bytes, access);
+    }
+}
+
+// SAFETY: as above; `NcclMemory`'s drop waits for the work joined into its
+// stream (and leaks the memory when it does not finish).
+unsafe impl<T: NcclType> Captured for NcclMemory<T> {
+    fn open<'a>(&'a mut self, stream: &'a CudaStream, out: &mut Opened<'a>) {
+        let bytes = DeviceBuffer::<T>::len(self) * std::mem::size_of::<T>();
+        let (ptr, access) = DeviceBufferMut::<T>::write(self, stream);
+        out.push(ptr, bytes, access);
+    }
+}
+
+macro_rules! captured_tuple {
+    ($($name:ident),+) => {
+        // SAFETY: each member keeps its own promise, in a fixed order.
+        unsafe impl<$($name: Captured),+> Captured for ($($name,)+) {
+            #[allow(non_snake_case)]
+            fn open<'a>(&'a mut self, stream: &'a CudaStream, out: &mut Opened<'a>) {
+                let ($($name,)+) = self;
+                $($name.open(stream, out);)+
+            }
+        }
+    };
+}
+captured_tuple!(A, B);
+captured_tuple!(A, B, C);
+captured_tuple!(A, B, C, D);
+
+// SAFETY: each element keeps its own promise, in index order.
+unsafe impl<X: Captured, const N: usize> Captured for [X; N] {
+    fn open<'a>(&'a mut self, stream: &'a CudaStream, out: &mut Opened<'a>) {
+        for x in self {
+            x.open(stream, out);
+        }
+    }
+}
+
+// SAFETY: as for arrays; a `Vec` whose length changes has other extents,
+// which a launch refuses.
+unsafe impl<X: Captured> Captured for Vec<X> {
+    fn open<'a>(&'a mut self, stream: &'a CudaStream, out: &mut Opened<'a>) {
+        for x in self {
+            x.open(stream, out);
+        }
+    }
+}
+
+/// What the closure given to [`capture`] issues its calls through.
+pub struct Capturing<'c, 'x> {
+    stream: &'x CudaStream,
+    extents: &'x [(u64, u64)],
+    comms: &'x RefCell<Vec<(AbortHandle, Duration)>>,
+    /// Invariant in `'c`: a `&Capturing<'c, _>` must not shrink to a
+    /// shorter borrow of the communicators than the graph keeps.
+    _comms: PhantomData<Cell<&'c Comm>>,
+}
+
+impl<'c, 'x> Capturing<'c, 'x> {
+    /// Calls on `comm`, captured on the graph's stream. They may use only
+    /// the buffers the graph owns and built-in reductions; `comm` stays
+    /// borrowed as long as the graph lives.
+    pub fn on<'s>(&'s self, comm: &'c Comm) -> OnStream<'s, 's>
+    where
+        'c: 's,
+        'x: 's,
+    {
+        let mut comms = self.comms.borrow_mut();
+        let handle = comm.abort_handle();
+        if !comms.iter().any(|(h, _)| h.same_as(&handle)) {
+            comms.push((handle, comm.timeout()));
+        }
+        OnStream::capturing(comm, self.stream, self.extents)
+    }
+}
+
+/// A CUDA graph of collectives that owns the buffers it uses and borrows
+/// the communicators it runs on ([`capture`]). Dropping it waits for its
+/// launches (at most the communicators' timeout, then aborts them); memory
+/// a launch may still use is leaked rather than freed.
+pub struct CapturedGraph<'c, B: Captured> {
+    graph: Option<CudaGraph>,
+    stream: Arc<CudaStream>,
+    buffers: Option<B>,
+    extents: Vec<(u64, u64)>,
+    comms: Vec<(AbortHandle, Duration)>,
+    _comms: PhantomData<&'c Comm>,
+}
+
+impl<B: Captured> std::fmt::Debug for CapturedGraph<'_, B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CapturedGraph")
+            .field("buffers", &self.extents.len())
+            .field("communicators", &self.comms.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Captures the calls `f` makes through its [`Capturing`] on `stream` into a
+/// graph that owns `buffers`. The calls are not run now: each
+/// [`CapturedGraph::launch`] runs them all.
+///
+/// Refused, with the capture ended and nothing launched: a call on memory
+/// that `buffers` does not own, a PreMulSum, a buffer replaced inside `f`,
+/// and whatever `f` returns as an error. With cudarc's event tracking on,
+/// the buffers' events cannot be waited for inside the capture: turn it off
+/// for their context (or use [`allow_capture`]).
+pub fn capture<'c, B: Captured>(
+    stream: &Arc<CudaStream>,
+    mut buffers: B,
+    f: impl for<'x> FnOnce(&Capturing<'c, 'x>, &'x mut B) -> Result<()>,
+) -> Result<CapturedGraph<'c, B>> {
+    const OP: &str = "capture";
+    let extents = {
+        let mut opened = Opened::new();
+        buffers.open(stream, &mut opened);
+        opened.extents()
+    };
+    let comms = RefCell::new(Vec::new());
+    stream
+        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        .map_err(|source| Error::Cuda { op: OP, source })?;
+    let issued = {
+        let cap = Capturing {
+            stream,
+            extents: &extents,
+            comms: &comms,
+            _comms: PhantomData,
+        };
+        f(&cap, &mut buffers)
+    };
+    // Always ended, so the stream is usable again whatever happened.
+    let ended = stream.end_capture(CUgraphInstantiate_flags(0));
+    issued?;
+    let graph = ended.map_err(|source| Error::Cuda { op: OP, source })?;
+    let mut graph = CapturedGraph {
+        graph,
+        stream: Arc::clone(stream),
+        buffers: Some(buffers),
+        extents,
+        comms: comms.into_inner(),
+        _comms: PhantomData,
+    };
+    // `f` had the buffers mutably: one it replaced was captured at an
+    // address the graph no longer owns.
+    graph.check_extents(OP)?;
+    Ok(graph)
+}
+
+impl<'c, B: Captured> CapturedGraph<'c, B> {
+    fn check_extents(&mut self, op: &'static str) -> Result<()> {
+        let Some(buffers) = self.buffers.as_mut() else {
+            return Err(Error::InvalidArgument {
+                op,
+                reason: "the graph gave its buffers back",
+            });
+        };
+        let mut opened = Opened::new();
+        buffers.open(&self.stream, &mut opened);
+        if opened.extents() != self.extents {
+            return Err(Error::InvalidArgument {
+                op,
+                reason: "a buffer the graph owns was replaced since the capture",
+            });
+        }
+        Ok(())
+    }
+
+    /// Runs the captured calls once more, on the stream they were captured
+    /// on, ordered after earlier work on the buffers (through their
+    /// accesses, as a collective would be). Refused when a buffer was
+    /// replaced or a communicator aborted.
+    pub fn launch(&mut self) -> Result<()> {
+        const OP: &str = "CapturedGraph::launch";
+        if self.comms.iter().any(|(h, _)| h.is_aborted()) {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                reason: "a communicator of the graph was aborted",
+            });
+        }
+        let Some(graph) = self.graph.as_ref() else {
+            // Nothing was captured: nothing to run.
+            return Ok(());
+        };
+        let Some(buffers) = self.buffers.as_mut() else {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                reason: "the graph gave its buffers back",
+            });
+        };
+        let mut opened = Opened::new();
+        buffers.open(&self.stream, &mut opened);
+        if opened.extents() != self.extents {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                reason: "a buffer the graph owns was replaced since the capture",
+            });
+        }
+        graph
+            .launch()
+            .map_err(|source| Error::Cuda { op: OP, source })?;
+        // The accesses record the launch for each buffer as they go.
+        drop(opened);
+        Ok(())
+    }
+
+    /// The buffers, between launches: work queued on them through the safe
+    /// API (or cudarc with event tracking on) is ordered with the launches;
+    /// a buffer replaced here makes the next launch refuse.
+    pub fn buffers(&mut self) -> Option<&mut B> {
+        self.buffers.as_mut()
+    }
+
+    /// Waits for the launches (at most the communicators' timeout) and
+    /// hands the buffers back.
+    pub fn into_buffers(mut self) -> Result<B> {
+        const OP: &str = "CapturedGraph::into_buffers";
+        if !self.settle() {
+            return Err(Error::Timeout {
+                op: OP,
+                waited: self.timeout(),
+            });
+        }
+        self.buffers.take().ok_or(Error::InvalidArgument {
+            op: OP,
+            reason: "the graph gave its buffers back",
+        })
+    }
+
+    fn timeout(&self) -> Duration {
+        self.comms
+            .iter()
+            .map(|(_, t)| *t)
+            .max()
+            .unwrap_or(crate::DEFAULT_TIMEOUT)
+    }
+
+    /// Waits for the work queued on the graph's stream; when it does not
+    /// finish within the timeout, aborts the communicators (their kernels
+    /// then stop) and waits once more. Whether it finished.
+    fn settle(&mut self) -> bool {
+        let timeout = self.timeout();
+        let Ok(event) = self.stream.record_event(None) else {
+            return false;
+        };
+        let done = || {
+            poll_with_backoff(timeout, || {
+                event.try_is_complete().map_err(|source| Error::Cuda {
+                    op: "CapturedGraph",
+                    source,
+                })
+            })
+        };
+        if matches!(done(), Ok(None)) {
+            return true;
+        }
+        for (h, _) in &self.comms {
+            let _ = h.abort();
+        }
+        matches!(done(), Ok(None))
+    }
+}
+
+impl<B: Captured> Drop for CapturedGraph<'_, B> {
+    fn drop(&mut self) {
+        if self.buffers.is_none() {
+            return;
+        }
+        if !self.settle() {
+            tracing::warn!("a captured graph's launches did not finish: its buffers are leaked");
+            std::mem::forget(self.buffers.take());
+        }
     }
 }
 

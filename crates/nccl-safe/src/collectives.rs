@@ -84,6 +84,9 @@ pub struct OnStream<'s, 'a> {
     comm: &'a Comm,
     stream: &'a CudaStream,
     hold: Option<&'s RefCell<GroupHold<'a>>>,
+    /// Inside [`crate::capture`]: the extents (start, end) of the buffers
+    /// the graph owns, the only ones a captured call may use.
+    capture: Option<&'s [(u64, u64)]>,
 }
 
 impl std::fmt::Debug for OnStream<'_, '_> {
@@ -109,6 +112,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
             comm,
             stream,
             hold: None,
+            capture: None,
         }
     }
 
@@ -121,7 +125,84 @@ impl<'s, 'a> OnStream<'s, 'a> {
             comm,
             stream,
             hold: Some(hold),
+            capture: None,
         }
+    }
+
+    /// Calls captured into a graph that owns the buffers at `extents`.
+    pub(crate) fn capturing(
+        comm: &'a Comm,
+        stream: &'a CudaStream,
+        extents: &'s [(u64, u64)],
+    ) -> Self {
+        OnStream {
+            comm,
+            stream,
+            hold: None,
+            capture: Some(extents),
+        }
+    }
+
+    /// `buffer` opened for reading; while capturing, it must be one the
+    /// graph owns.
+    fn read_buf<T: NcclType>(
+        &self,
+        op: &'static str,
+        buffer: &'a (impl DeviceBuffer<T> + ?Sized),
+    ) -> Result<(u64, Access<'a>)> {
+        let (ptr, access) = buffer.read(self.stream);
+        self.owned_by_graph(op, ptr, buffer.len() * std::mem::size_of::<T>())?;
+        Ok((ptr, access))
+    }
+
+    /// `buffer` opened for writing; while capturing, it must be one the
+    /// graph owns.
+    fn write_buf<T: NcclType>(
+        &self,
+        op: &'static str,
+        buffer: &'a mut (impl DeviceBufferMut<T> + ?Sized),
+    ) -> Result<(u64, Access<'a>)> {
+        let len = buffer.len();
+        let (ptr, access) = buffer.write(self.stream);
+        self.owned_by_graph(op, ptr, len * std::mem::size_of::<T>())?;
+        Ok((ptr, access))
+    }
+
+    /// While capturing: refuses memory the graph does not own (it could be
+    /// freed before a launch).
+    fn owned_by_graph(&self, op: &'static str, ptr: u64, bytes: usize) -> Result<()> {
+        let Some(extents) = self.capture else {
+            return Ok(());
+        };
+        let end = ptr.checked_add(bytes as u64);
+        if bytes == 0
+            || extents
+                .iter()
+                .any(|&(s, e)| ptr >= s && end.is_some_and(|x| x <= e))
+        {
+            return Ok(());
+        }
+        Err(Error::InvalidArgument {
+            op,
+            reason: "a captured call may only use buffers the graph owns (those given to capture)",
+        })
+    }
+
+    /// The reduction's NCCL handle; while capturing, a built-in one only (a
+    /// PreMulSum is destroyed with its value, before a later launch).
+    fn redop<T: NcclType>(
+        &self,
+        op: &'static str,
+        reduction: &impl Reduction<'a, T>,
+    ) -> Result<nccl_sys::ncclRedOp_t> {
+        let raw = reduction.raw_for(self.comm)?;
+        if self.capture.is_some() && raw.is_dynamic() {
+            return Err(Error::InvalidArgument {
+                op,
+                reason: "a captured call may only use a built-in reduction (a PreMulSum could be destroyed before a launch)",
+            });
+        }
+        Ok(raw)
     }
 
     fn check<T>(&self, op: &'static str) -> Result<Check> {
@@ -140,7 +221,9 @@ impl<'s, 'a> OnStream<'s, 'a> {
                 found: stream_device,
             });
         }
-        crate::capture::refuse_capture(op, self.stream)?;
+        if self.capture.is_none() {
+            crate::capture::refuse_capture(op, self.stream)?;
+        }
         Ok(Check {
             op,
             rank: self.comm.rank(),
@@ -213,6 +296,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
             comm: self.comm,
             stream: self.stream,
             hold: Some(self.hold.unwrap_or(group.held())),
+            capture: self.capture,
         }
     }
 
@@ -244,9 +328,9 @@ impl<'s, 'a> OnStream<'s, 'a> {
         let count = s.len;
         c.times(count, 1)?;
         c.at_least(Role::Recv, r, count)?;
-        let redop = op.raw_for(self.comm)?;
-        let (sp, sa) = send.read(self.stream);
-        let (rp, ra) = recv.write(self.stream);
+        let redop = self.redop(OP, &op)?;
+        let (sp, sa) = self.read_buf(OP, send)?;
+        let (rp, ra) = self.write_buf(OP, recv)?;
         (s.ptr, r.ptr) = (sp, rp);
         c.aliasing(s, count, r, count, Some(0))?;
         if count == 0 {
@@ -292,11 +376,11 @@ impl<'s, 'a> OnStream<'s, 'a> {
         c.device(Role::InPlace, b)?;
         let count = b.len;
         c.times(count, 1)?;
-        let redop = op.raw_for(self.comm)?;
+        let redop = self.redop(OP, &op)?;
         if count == 0 {
             return Ok(());
         }
-        let (p, a) = buf.write(self.stream);
+        let (p, a) = self.write_buf(OP, buf)?;
         let scalar = op.scalar_access(self.stream);
         let _span = tracing::trace_span!("nccl.all_reduce", count, dtype = ?T::DATATYPE, op = op.name(), in_place = true).entered();
         let f = self.comm.library().raw().ncclAllReduce()?;
@@ -355,13 +439,13 @@ impl<'s, 'a> OnStream<'s, 'a> {
             c.device(Role::Recv, r)?;
             c.at_least(Role::Recv, r, count)?;
         }
-        let redop = op.raw_for(self.comm)?;
-        let (sp, sa) = send.read(self.stream);
+        let redop = self.redop(OP, &op)?;
+        let (sp, sa) = self.read_buf(OP, send)?;
         s.ptr = sp;
         let (rp, ra) = match recv {
             Some(r) => {
                 let mut span = Self::span(&*r);
-                let (rp, ra) = r.write(self.stream);
+                let (rp, ra) = self.write_buf(OP, r)?;
                 span.ptr = rp;
                 c.aliasing(s, count, span, count, Some(0))?;
                 (rp, Some(ra))
@@ -418,11 +502,11 @@ impl<'s, 'a> OnStream<'s, 'a> {
         c.device(Role::InPlace, b)?;
         let count = b.len;
         c.times(count, 1)?;
-        let redop = op.raw_for(self.comm)?;
+        let redop = self.redop(OP, &op)?;
         if count == 0 {
             return Ok(());
         }
-        let (p, a) = buf.write(self.stream);
+        let (p, a) = self.write_buf(OP, buf)?;
         let scalar = op.scalar_access(self.stream);
         let _span = tracing::trace_span!("nccl.reduce", count, dtype = ?T::DATATYPE, op = op.name(), root, in_place = true).entered();
         let f = self.comm.library().raw().ncclReduce()?;
@@ -469,9 +553,9 @@ impl<'s, 'a> OnStream<'s, 'a> {
         let count = r.len;
         let total = c.times(count, c.size)?;
         c.at_least(Role::Send, s, total)?;
-        let redop = op.raw_for(self.comm)?;
-        let (sp, sa) = send.read(self.stream);
-        let (rp, ra) = recv.write(self.stream);
+        let redop = self.redop(OP, &op)?;
+        let (sp, sa) = self.read_buf(OP, send)?;
+        let (rp, ra) = self.write_buf(OP, recv)?;
         (s.ptr, r.ptr) = (sp, rp);
         // In place when recv == send + rank * count.
         c.aliasing(Span { ptr: rp, ..r }, count, s, total, Some(c.rank * count))
@@ -528,11 +612,11 @@ impl<'s, 'a> OnStream<'s, 'a> {
             });
         }
         let count = b.len / c.size;
-        let redop = op.raw_for(self.comm)?;
+        let redop = self.redop(OP, &op)?;
         if count == 0 {
             return Ok(());
         }
-        let (p, a) = buf.write(self.stream);
+        let (p, a) = self.write_buf(OP, buf)?;
         let scalar = op.scalar_access(self.stream);
         let rp = ptr(p, c.rank * count, c.elem_bytes);
         let _span = tracing::trace_span!("nccl.reduce_scatter", count, dtype = ?T::DATATYPE, op = op.name(), in_place = true).entered();
@@ -593,12 +677,12 @@ impl<'s, 'a> OnStream<'s, 'a> {
         }
         let (sp, sa) = match send {
             Some(s) => {
-                let (p, a) = s.read(self.stream);
+                let (p, a) = self.read_buf(OP, s)?;
                 (p, Some(a))
             }
             None => (0, None),
         };
-        let (rp, ra) = recv.write(self.stream);
+        let (rp, ra) = self.write_buf(OP, recv)?;
         r.ptr = rp;
         if let Some(s) = send {
             c.aliasing(
@@ -659,7 +743,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
         if count == 0 {
             return Ok(());
         }
-        let (p, a) = buf.write(self.stream);
+        let (p, a) = self.write_buf(OP, buf)?;
         let _span = tracing::trace_span!("nccl.broadcast", count, dtype = ?T::DATATYPE, root, in_place = true).entered();
         let f = self.comm.library().raw().ncclBroadcast()?;
         let root_c = root as i32;
@@ -702,8 +786,8 @@ impl<'s, 'a> OnStream<'s, 'a> {
         let count = s.len;
         let total = c.times(count, c.size)?;
         c.at_least(Role::Recv, r, total)?;
-        let (sp, sa) = send.read(self.stream);
-        let (rp, ra) = recv.write(self.stream);
+        let (sp, sa) = self.read_buf(OP, send)?;
+        let (rp, ra) = self.write_buf(OP, recv)?;
         (s.ptr, r.ptr) = (sp, rp);
         c.aliasing(s, count, r, total, Some(c.rank * count))?;
         if count == 0 {
@@ -751,7 +835,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
         if count == 0 {
             return Ok(());
         }
-        let (p, a) = buf.write(self.stream);
+        let (p, a) = self.write_buf(OP, buf)?;
         let sp = ptr(p, c.rank * count, c.elem_bytes);
         let _span =
             tracing::trace_span!("nccl.all_gather", count, dtype = ?T::DATATYPE, in_place = true)
@@ -800,8 +884,8 @@ impl<'s, 'a> OnStream<'s, 'a> {
         let count = s.len / c.size;
         let total = c.times(count, c.size)?;
         c.at_least(Role::Recv, r, total)?;
-        let (sp, sa) = send.read(self.stream);
-        let (rp, ra) = recv.write(self.stream);
+        let (sp, sa) = self.read_buf(OP, send)?;
+        let (rp, ra) = self.write_buf(OP, recv)?;
         (s.ptr, r.ptr) = (sp, rp);
         c.aliasing(s, total, r, total, None)?;
         if count == 0 {
@@ -854,8 +938,8 @@ impl<'s, 'a> OnStream<'s, 'a> {
         c.device(Role::Recv, r)?;
         c.segments(Role::Send, send_counts, send_displs, s.len)?;
         c.segments(Role::Recv, recv_counts, recv_displs, r.len)?;
-        let (sp, sa) = send.read(self.stream);
-        let (rp, ra) = recv.write(self.stream);
+        let (sp, sa) = self.read_buf(OP, send)?;
+        let (rp, ra) = self.write_buf(OP, recv)?;
         (s.ptr, r.ptr) = (sp, rp);
         c.aliasing(s, s.len, r, r.len, None)?;
         if send_counts.iter().chain(recv_counts).all(|n| *n == 0) {
@@ -959,12 +1043,12 @@ impl<'s, 'a> OnStream<'s, 'a> {
             c.device(Role::Recv, r)?;
             c.at_least(Role::Recv, r, total)?;
         }
-        let (sp, sa) = send.read(self.stream);
+        let (sp, sa) = self.read_buf(OP, send)?;
         s.ptr = sp;
         let (rp, ra) = match recv {
             Some(r) => {
                 let mut span = Self::span(&*r);
-                let (rp, ra) = r.write(self.stream);
+                let (rp, ra) = self.write_buf(OP, r)?;
                 span.ptr = rp;
                 c.aliasing(s, count, span, total, Some(root * count))?;
                 (rp, Some(ra))
@@ -1014,7 +1098,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
         if count == 0 {
             return Ok(());
         }
-        let (p, a) = buf.write(self.stream);
+        let (p, a) = self.write_buf(OP, buf)?;
         let (sp, rp) = if is_root {
             (ptr(p, root * count, c.elem_bytes), p)
         } else {
@@ -1211,12 +1295,12 @@ impl<'s, 'a> OnStream<'s, 'a> {
         }
         let (sp, sa) = match send {
             Some(s) => {
-                let (p, a) = s.read(self.stream);
+                let (p, a) = self.read_buf(OP, s)?;
                 (p, Some(a))
             }
             None => (0, None),
         };
-        let (rp, ra) = recv.write(self.stream);
+        let (rp, ra) = self.write_buf(OP, recv)?;
         r.ptr = rp;
         if let Some(s) = send {
             let s = Span {
@@ -1275,7 +1359,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
         if count == 0 {
             return Ok(());
         }
-        let (p, a) = buf.write(self.stream);
+        let (p, a) = self.write_buf(OP, buf)?;
         let (sp, rp) = if is_root {
             (p, ptr(p, root * count, c.elem_bytes))
         } else {
@@ -1311,7 +1395,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
         if count == 0 {
             return Ok(());
         }
-        let (p, a) = buf.read(self.stream);
+        let (p, a) = self.read_buf(OP, buf)?;
         let _span = tracing::trace_span!("nccl.send", count, dtype = ?T::DATATYPE, peer).entered();
         let f = self.comm.library().raw().ncclSend()?;
         let peer_c = peer as i32;
@@ -1346,7 +1430,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
         if count == 0 {
             return Ok(());
         }
-        let (p, a) = buf.write(self.stream);
+        let (p, a) = self.write_buf(OP, buf)?;
         let _span = tracing::trace_span!("nccl.recv", count, dtype = ?T::DATATYPE, peer).entered();
         let f = self.comm.library().raw().ncclRecv()?;
         let peer_c = peer as i32;

@@ -792,6 +792,11 @@ impl WeakAbortHandle {
 }
 
 impl AbortHandle {
+    /// Whether both are handles of one communicator.
+    pub(crate) fn same_as(&self, other: &AbortHandle) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
+    }
+
     /// A handle that does not keep the communicator alive.
     pub fn downgrade(&self) -> WeakAbortHandle {
         WeakAbortHandle {

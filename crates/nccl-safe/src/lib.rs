@@ -64,7 +64,7 @@ mod validate;
 pub use abort::{AbortCause, AbortSignal};
 pub use buffer::{Access, DeviceBuffer, DeviceBufferMut};
 pub use capabilities::{Capabilities, FP8_REDUCTION_MIN_CC, Feature};
-pub use capture::allow_capture;
+pub use capture::{Captured, CapturedGraph, Capturing, Opened, allow_capture, capture};
 pub use collectives::OnStream;
 pub use comm::{AbortHandle, Comm, CommStatus, WeakAbortHandle};
 pub use config::{Config, DEFAULT_TIMEOUT};

@@ -370,3 +370,60 @@ fn nccl_memory_used_on_two_streams_keeps_the_order_of_its_uses() {
         Ok(())
     })());
 }
+
+/// U4: a graph captured with `nccl_safe::capture` owns its buffers and
+/// borrows its communicator (the compile-fail tests show neither can go
+/// first); a call on memory it does not own, or with a PreMulSum, is
+/// refused at capture; replays with new inputs are bit-exact; a replaced
+/// buffer makes the next launch refuse.
+#[test]
+#[ignore = "needs a GPU: cargo xtask gpu-test"]
+fn a_captured_graph_owns_its_buffers_and_replays_bit_exact() {
+    gpus();
+    check((|| {
+        let comm = Comm::init_rank(&UniqueId::new()?, 0, 1, 0, &Config::new())?;
+        let stream = comm.stream();
+        // SAFETY: every buffer here is used on `stream` only.
+        unsafe { stream.context().disable_event_tracking() };
+        const N: usize = 4096;
+        let mut stranger = stream.alloc_zeros::<f32>(N)?;
+        let owned = (
+            stream.clone_htod(&[1.0f32; N])?,
+            stream.alloc_zeros::<f32>(N)?,
+        );
+        let refused = nccl_safe::capture(stream, owned, |cap, (send, _)| {
+            cap.on(&comm).all_reduce(send, &mut stranger, ReduceOp::Sum)
+        });
+        if !matches!(refused, Err(Error::InvalidArgument { .. })) {
+            return Err(format!("a call on memory the graph does not own: {refused:?}").into());
+        }
+        let owned = (
+            stream.clone_htod(&[1.0f32; N])?,
+            stream.alloc_zeros::<f32>(N)?,
+        );
+        let mut graph = nccl_safe::capture(stream, owned, |cap, (send, recv)| {
+            cap.on(&comm).all_reduce(send, recv, ReduceOp::Sum)
+        })?;
+        for round in 1..=3u32 {
+            let (send, _) = graph.buffers().ok_or("no buffers")?;
+            stream.memcpy_htod(&vec![round as f32; N], send)?;
+            graph.launch()?;
+            let (_, recv) = graph.buffers().ok_or("no buffers")?;
+            let got = stream.clone_dtoh(recv)?;
+            if got.iter().any(|v| *v != round as f32) {
+                return Err(format!("replay {round}: {} != {round}", got[0]).into());
+            }
+        }
+        // A buffer replaced between launches: the next launch refuses.
+        let (_, recv) = graph.buffers().ok_or("no buffers")?;
+        *recv = stream.alloc_zeros::<f32>(N)?;
+        if graph.launch().is_ok() {
+            return Err("a launch after a buffer was replaced ran".into());
+        }
+        let (_, recv) = graph.into_buffers()?;
+        if recv.len() != N {
+            return Err("the buffers did not come back".into());
+        }
+        Ok(())
+    })());
+}

@@ -9,6 +9,9 @@
 //! - An `ObservedStream` cannot be made from a raw handle, nor kept past
 //!   the `issued` call that got it.
 //! - `Library::load_from` (it runs the file's initialisers) needs `unsafe`.
+//! - A graph made by `nccl_safe::capture` owns its buffers (they are moved
+//!   in; borrowed ones are refused) and borrows its communicators: none of
+//!   them can go while the graph may still launch.
 //!
 //! Regenerate the messages after a compiler or API change with
 //! `TRYBUILD=overwrite cargo test -p nccl-safe --test compile_fail`, then
