@@ -99,10 +99,23 @@ pub(crate) fn refuse_capture(op: &'static str, stream: &CudaStream) -> Result<()
     if ALLOWED.with(Cell::get) > 0 {
         return Ok(());
     }
-    match stream.capture_status() {
-        Ok(CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE) => Ok(()),
-        Ok(_) => Err(Error::Capturing { op }),
-        Err(source) => Err(Error::Cuda { op, source }),
+    // One driver call on the hot path: the stream names its context, so
+    // no binding is needed first; cudarc's query (which binds) is the
+    // fallback should the driver want one.
+    let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: `stream` is a live stream (borrowed for the call); one status
+    // is written.
+    let code = unsafe { cudarc::driver::sys::cuStreamIsCapturing(stream.cu_stream(), &mut status) };
+    let status = if code == cudarc::driver::sys::CUresult::CUDA_SUCCESS {
+        status
+    } else {
+        stream
+            .capture_status()
+            .map_err(|source| Error::Cuda { op, source })?
+    };
+    match status {
+        CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE => Ok(()),
+        _ => Err(Error::Capturing { op }),
     }
 }
 
