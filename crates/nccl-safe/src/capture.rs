@@ -18,7 +18,8 @@
 //! use nccl_safe::{ReduceOp, capture};
 //! let stream = comm.stream();
 //! // cudarc's cross-stream events cannot be waited for inside a capture.
-//! // SAFETY: these buffers are used on `stream` only.
+//! // SAFETY: every buffer of this context is used on one stream at a time
+//! // in this program, ordered by the program itself.
 //! unsafe { stream.context().disable_event_tracking() };
 //! let grads = (stream.clone_htod(&[1.0f32; 1024])?, stream.alloc_zeros::<f32>(1024)?);
 //! let mut graph = capture(stream, grads, |cap, (send, recv)| {
@@ -91,6 +92,57 @@ pub unsafe fn allow_capture<R>(f: impl FnOnce() -> R) -> R {
     ALLOWED.with(|a| a.set(a.get() + 1));
     let _scope = Scope;
     f()
+}
+
+/// Whether an [`allow_capture`] scope is open on this thread.
+pub(crate) fn is_allowed() -> bool {
+    ALLOWED.with(Cell::get) > 0
+}
+
+/// Runs `f` with no [`allow_capture`] scope in force (for code this crate
+/// calls but does not control, such as observers: the caller's promise
+/// covers its own calls, not theirs).
+pub(crate) fn without_capture<R>(f: impl FnOnce() -> R) -> R {
+    struct Restore(usize);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            ALLOWED.with(|a| a.set(self.0));
+        }
+    }
+    let _restore = Restore(ALLOWED.with(|a| a.replace(0)));
+    f()
+}
+
+/// Whether `stream` is being captured now (an error counts as yes).
+pub(crate) fn is_capturing(stream: &CudaStream) -> bool {
+    let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: `stream` is a live stream (borrowed); one status is written.
+    let code = unsafe { cudarc::driver::sys::cuStreamIsCapturing(stream.cu_stream(), &mut status) };
+    code != cudarc::driver::sys::CUresult::CUDA_SUCCESS
+        || status != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
+}
+
+/// Stops a capture that began on `stream` after a group call was checked
+/// and before the group's end, which would record the call into it: the
+/// capture is ended here and its graph destroyed, so the group's work runs
+/// now on a stream that no longer captures; where this thread may not end
+/// it, it is made invalid (synchronizing a capturing stream does that), so
+/// no graph comes of it.
+pub(crate) fn spoil(stream: &CudaStream) {
+    let mut graph: cudarc::driver::sys::CUgraph = std::ptr::null_mut();
+    // SAFETY: a live stream; `graph` receives the captured graph, destroyed
+    // at once (it was never instantiated).
+    let code = unsafe { cudarc::driver::sys::cuStreamEndCapture(stream.cu_stream(), &mut graph) };
+    if code == cudarc::driver::sys::CUresult::CUDA_SUCCESS {
+        if !graph.is_null() {
+            // SAFETY: the graph just returned to us; destroyed once.
+            let _ = unsafe { cudarc::driver::sys::cuGraphDestroy(graph) };
+        }
+    } else {
+        // SAFETY: a live stream; during a capture this fails and
+        // invalidates the capture, which is what is wanted.
+        let _ = unsafe { cudarc::driver::sys::cuStreamSynchronize(stream.cu_stream()) };
+    }
 }
 
 /// Refuses `op` on a stream that is being captured, unless an
@@ -247,11 +299,32 @@ impl<'c, 'x> Capturing<'c, 'x> {
 /// a launch may still use is leaked rather than freed.
 pub struct CapturedGraph<'c, B: Captured> {
     graph: Option<CudaGraph>,
-    stream: Arc<CudaStream>,
+    /// The caller's stream: launches are ordered with its work.
+    home: Arc<CudaStream>,
+    /// The stream the graph was captured on and is launched on. Nobody
+    /// else can name it, so no one can end the capture early, keep a
+    /// graph of their own from it, or slip other work into it.
+    private: Arc<CudaStream>,
     buffers: Option<B>,
     extents: Vec<(u64, u64)>,
     comms: Vec<(AbortHandle, Duration)>,
     _comms: PhantomData<&'c Comm>,
+}
+
+/// Ends the private capture if the closure unwinds, so no graph of it
+/// survives the buffers (declared after them, it drops first).
+struct EndOnUnwind<'a> {
+    stream: &'a Arc<CudaStream>,
+    armed: bool,
+}
+
+impl Drop for EndOnUnwind<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            // The graph, if any, is destroyed unlaunched.
+            let _ = self.stream.end_capture(CUgraphInstantiate_flags(0));
+        }
+    }
 }
 
 impl<B: Captured> std::fmt::Debug for CapturedGraph<'_, B> {
@@ -278,31 +351,43 @@ pub fn capture<'c, B: Captured>(
     f: impl for<'x> FnOnce(&Capturing<'c, 'x>, &'x mut B) -> Result<()>,
 ) -> Result<CapturedGraph<'c, B>> {
     const OP: &str = "capture";
+    let cuda = |source| Error::Cuda { op: OP, source };
+    crate::capture::refuse_capture(OP, stream)?;
+    // A stream of our own (after `stream`'s work so far), which the
+    // closure cannot name.
+    let private = stream.fork().map_err(cuda)?;
     let extents = {
         let mut opened = Opened::new();
-        buffers.open(stream, &mut opened);
+        buffers.open(&private, &mut opened);
         opened.extents()
     };
     let comms = RefCell::new(Vec::new());
-    stream
+    private
         .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-        .map_err(|source| Error::Cuda { op: OP, source })?;
+        .map_err(cuda)?;
+    let mut unwind = EndOnUnwind {
+        stream: &private,
+        armed: true,
+    };
     let issued = {
         let cap = Capturing {
-            stream,
+            stream: &private,
             extents: &extents,
             comms: &comms,
             _comms: PhantomData,
         };
         f(&cap, &mut buffers)
     };
-    // Always ended, so the stream is usable again whatever happened.
-    let ended = stream.end_capture(CUgraphInstantiate_flags(0));
+    unwind.armed = false;
+    drop(unwind);
+    // Always ended, so no capture outlives this call.
+    let ended = private.end_capture(CUgraphInstantiate_flags(0));
     issued?;
-    let graph = ended.map_err(|source| Error::Cuda { op: OP, source })?;
+    let graph = ended.map_err(cuda)?;
     let mut graph = CapturedGraph {
         graph,
-        stream: Arc::clone(stream),
+        home: Arc::clone(stream),
+        private,
         buffers: Some(buffers),
         extents,
         comms: comms.into_inner(),
@@ -323,7 +408,7 @@ impl<'c, B: Captured> CapturedGraph<'c, B> {
             });
         };
         let mut opened = Opened::new();
-        buffers.open(&self.stream, &mut opened);
+        buffers.open(&self.private, &mut opened);
         if opened.extents() != self.extents {
             return Err(Error::InvalidArgument {
                 op,
@@ -333,12 +418,16 @@ impl<'c, B: Captured> CapturedGraph<'c, B> {
         Ok(())
     }
 
-    /// Runs the captured calls once more, on the stream they were captured
-    /// on, ordered after earlier work on the buffers (through their
-    /// accesses, as a collective would be). Refused when a buffer was
-    /// replaced or a communicator aborted.
+    /// Runs the captured calls once more, ordered after the work queued on
+    /// the stream given to [`capture`] (and the work on the buffers, through
+    /// their accesses), and before the work queued on it afterwards.
+    /// Refused when that stream is being captured (the launch would become
+    /// part of a graph this one cannot follow), a buffer was replaced, or a
+    /// communicator aborted.
     pub fn launch(&mut self) -> Result<()> {
         const OP: &str = "CapturedGraph::launch";
+        let cuda = |source| Error::Cuda { op: OP, source };
+        crate::capture::refuse_capture(OP, &self.home)?;
         if self.comms.iter().any(|(h, _)| h.is_aborted()) {
             return Err(Error::InvalidArgument {
                 op: OP,
@@ -355,19 +444,28 @@ impl<'c, B: Captured> CapturedGraph<'c, B> {
                 reason: "the graph gave its buffers back",
             });
         };
+        self.private.join(&self.home).map_err(cuda)?;
         let mut opened = Opened::new();
-        buffers.open(&self.stream, &mut opened);
+        buffers.open(&self.private, &mut opened);
         if opened.extents() != self.extents {
             return Err(Error::InvalidArgument {
                 op: OP,
                 reason: "a buffer the graph owns was replaced since the capture",
             });
         }
-        graph
-            .launch()
-            .map_err(|source| Error::Cuda { op: OP, source })?;
+        graph.launch().map_err(cuda)?;
         // The accesses record the launch for each buffer as they go.
         drop(opened);
+        if self.home.join(&self.private).is_err() {
+            // Cannot order the caller's stream after the launch: wait for
+            // it instead (bounded), so later work there sees its results.
+            if !self.settle() {
+                return Err(Error::Timeout {
+                    op: OP,
+                    waited: self.timeout(),
+                });
+            }
+        }
         Ok(())
     }
 
@@ -383,6 +481,9 @@ impl<'c, B: Captured> CapturedGraph<'c, B> {
     pub fn into_buffers(mut self) -> Result<B> {
         const OP: &str = "CapturedGraph::into_buffers";
         if !self.settle() {
+            // Still running: the memory stays with no one (leaked), and the
+            // drop does not wait a second time.
+            std::mem::forget(self.buffers.take());
             return Err(Error::Timeout {
                 op: OP,
                 waited: self.timeout(),
@@ -407,7 +508,7 @@ impl<'c, B: Captured> CapturedGraph<'c, B> {
     /// then stop) and waits once more. Whether it finished.
     fn settle(&mut self) -> bool {
         let timeout = self.timeout();
-        let Ok(event) = self.stream.record_event(None) else {
+        let Ok(event) = self.private.record_event(None) else {
             return false;
         };
         let done = || {

@@ -282,6 +282,10 @@ impl<'s, 'a> OnStream<'s, 'a> {
             self.hold.is_some() || !grouped,
             "a call inside a group goes through the group's hold"
         );
+        if let Some(hold) = self.hold {
+            let allowed = self.capture.is_some() || crate::capture::is_allowed();
+            hold.borrow_mut().note_stream(self.stream, allowed);
+        }
         self.comm.observe(info, self.stream, self.hold);
         Ok(())
     }

@@ -1873,7 +1873,7 @@ impl Comm {
                 info,
                 stream,
             }),
-            None => observer.issued(&info, stream),
+            None => crate::capture::without_capture(|| observer.issued(&info, stream)),
         }
     }
 

@@ -27,6 +27,21 @@ use crate::{Error, Feature, Result};
 pub(crate) struct GroupHold<'g> {
     pub(crate) accesses: Held<'g>,
     pub(crate) observed: Vec<Pending<'g>>,
+    /// The streams of the group's calls, each with whether its call was
+    /// allowed onto a capturing stream: NCCL enqueues at the group's end,
+    /// so a capture begun after a call was checked is looked for again
+    /// there.
+    pub(crate) streams: smallvec::SmallVec<[(&'g cudarc::driver::CudaStream, bool); 4]>,
+}
+
+impl<'g> GroupHold<'g> {
+    pub(crate) fn note_stream(&mut self, stream: &'g cudarc::driver::CudaStream, allowed: bool) {
+        let raw = stream.cu_stream();
+        match self.streams.iter_mut().find(|(s, _)| s.cu_stream() == raw) {
+            Some((_, a)) => *a &= allowed,
+            None => self.streams.push((stream, allowed)),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -190,6 +205,7 @@ impl<'g> GroupGuard<'g> {
             held: RefCell::new(GroupHold {
                 accesses: Held::new(),
                 observed,
+                streams: smallvec::SmallVec::new(),
             }),
             _not_send: PhantomData,
         })
@@ -215,9 +231,11 @@ impl<'g> GroupGuard<'g> {
     fn report(&self, launched: bool) {
         let mut observed = std::mem::take(&mut self.held.borrow_mut().observed);
         if launched && !in_group() {
-            for p in observed.drain(..) {
-                p.observer.issued(&p.info, p.stream);
-            }
+            crate::capture::without_capture(|| {
+                for p in observed.drain(..) {
+                    p.observer.issued(&p.info, p.stream);
+                }
+            });
         }
         recycle_observed(observed);
     }
@@ -256,10 +274,31 @@ impl<'g> GroupGuard<'g> {
     /// nonblocking communicators used in it to finish enqueueing.
     pub fn end(mut self) -> Result<()> {
         self.ended = true;
+        let spoiled = self.spoil_captures();
         let result = finish(self.lib);
         self.report(result.is_ok());
         self.held.borrow_mut().accesses.clear();
+        if spoiled {
+            return Err(Error::Capturing { op: "ncclGroupEnd" });
+        }
         result
+    }
+
+    /// Before NCCL enqueues the group: a stream of a call that was not
+    /// allowed onto a capture, captured now (the capture began after the
+    /// call was checked), would record work whose buffers and communicator
+    /// nothing ties to the graph. Such captures are stopped
+    /// ([`crate::capture::spoil`]). Whether there was one.
+    fn spoil_captures(&self) -> bool {
+        let held = self.held.borrow();
+        let mut spoiled = false;
+        for (stream, allowed) in &held.streams {
+            if !*allowed && crate::capture::is_capturing(stream) {
+                crate::capture::spoil(stream);
+                spoiled = true;
+            }
+        }
+        spoiled
     }
 
     /// `ncclGroupSimulateEnd`: ends the group without launching it and
@@ -304,7 +343,12 @@ impl<'g> GroupGuard<'g> {
 impl Drop for GroupGuard<'_> {
     fn drop(&mut self) {
         if !self.ended {
-            let result = finish(self.lib);
+            let spoiled = self.spoil_captures();
+            let result = finish(self.lib).and(if spoiled {
+                Err(Error::Capturing { op: "ncclGroupEnd" })
+            } else {
+                Ok(())
+            });
             self.report(result.is_ok());
             if let Err(e) = result {
                 tracing::debug!(error = %e, "group ended by drop failed");
