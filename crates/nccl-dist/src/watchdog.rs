@@ -794,7 +794,9 @@ pub(crate) fn from_failure(failure: Failure) -> Error {
 /// are batched on every stream the parent's are (its own stream and those
 /// given to [`Watched::track_stream`]) as well as on the child's own: a
 /// program that orders a step on one stream, say a mesh's, and issues each
-/// axis's collectives there pays no event per call.
+/// axis's collectives there pays no event per call. The parent's streams
+/// are copied at the split: one tracked on the parent later is not passed
+/// on (track it on the child too).
 pub(crate) fn inherit(parent: &Comm, child: &Comm, suffix: &str) {
     if let Some(w) = Watched::of(parent) {
         let label = format!("{}/{suffix}", w.watch.label);

@@ -1163,11 +1163,13 @@ impl Comm {
         let nranks = c_int(OP, "too many devices", devices.len())?;
         let id = UniqueId::new()?;
         let _span = tracing::debug_span!("nccl.init_all", nranks = devices.len()).entered();
-        // Everything that can fail on this side (contexts, configs, the
-        // symbol) is done before the group opens: once some ranks' inits
-        // are queued, a group ended without the others would wait for
-        // them forever. Inside the group only NCCL's calls remain, and a
-        // failure NCCL records fails the whole group at its end.
+        // What can fail on this side (contexts, configs, the symbol) is
+        // done before the group opens: once some ranks' inits are queued, a
+        // group ended without the others would wait for them forever.
+        // Inside the group only NCCL's calls remain (a failure NCCL records
+        // fails the whole group at its end) and making each device's
+        // context current, which cannot fail for a context already made
+        // and bound once above.
         let mut parts_list = Vec::with_capacity(devices.len());
         // Capacity reserved up front: pushing never moves the configs NCCL
         // already holds pointers to.
@@ -1237,7 +1239,9 @@ impl Comm {
             }
             return Err(e);
         }
-        let clique = Clique::new(created.len());
+        // Members that will hand themselves in: the live handles only.
+        let live = created.iter().filter(|(raw, _)| !raw.is_null()).count();
+        let clique = Clique::new(live);
         Comm::adopt_together(created, Some(clique))?
             .into_iter()
             .map(|c| {
@@ -1736,7 +1740,9 @@ impl Comm {
     ///
     /// # Safety
     ///
-    /// `raw` is a live stream of this communicator's CUDA context, and stays
+    /// `raw` is a live stream of this communicator's CUDA context (the
+    /// primary context of its device, which is where every stream of that
+    /// device made through cudarc or the CUDA runtime lives), and stays
     /// alive while the returned wrapper is used.
     ///
     /// ```no_run

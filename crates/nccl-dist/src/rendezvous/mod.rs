@@ -87,6 +87,8 @@ pub const HELLO_TIMEOUT: Duration = Duration::from_secs(2);
 /// Handshakes rank 0 runs at once; a connection beyond them is closed at
 /// once (a real rank retries).
 pub const MAX_HANDSHAKES: usize = 64;
+/// Refusals `serve` returns at most (a flood of strangers is not kept).
+pub const MAX_REFUSED: usize = 256;
 const MAGIC: &[u8; 4] = b"NCRV";
 const NONCE: usize = 32;
 const TAG: usize = 32;
@@ -492,6 +494,16 @@ fn serve_with(
         if served + 1 >= world {
             break Ok(());
         }
+        // Checked on every round, so a flood of connections cannot keep
+        // rank 0 past its deadline.
+        let phase = || format!("waiting for ranks (served {served} of {})", world - 1);
+        if let Err(e) = deadline_left(deadline, &phase(), started) {
+            break Err(e);
+        }
+        if refused.len() > MAX_REFUSED {
+            // A flood: keep the first refusals, count no more.
+            refused.truncate(MAX_REFUSED);
+        }
         match listener.accept() {
             Ok((stream, _)) => {
                 if in_flight >= MAX_HANDSHAKES {
@@ -513,10 +525,14 @@ fn serve_with(
                     Err(e) => refused.push(RendezvousError::Io(e)),
                 }
             }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                let phase = format!("waiting for ranks (served {served} of {})", world - 1);
-                if let Err(e) = deadline_left(deadline, &phase, started) {
-                    break Err(e);
+            Err(e) => {
+                if !matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+                ) {
+                    // A connection that died before it was accepted, or no
+                    // descriptors left for now: the listener is still good.
+                    tracing::debug!(error = %e, "rendezvous: accept failed; going on");
                 }
                 // Wakes at once when a handshake ends.
                 if let Ok(outcome) = rx.recv_timeout(Duration::from_millis(2)) {
@@ -524,8 +540,6 @@ fn serve_with(
                     finished(outcome, &mut served, &mut refused);
                 }
             }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => break Err(e.into()),
         }
     };
     // Handshakes still running end by their own deadline and can no
@@ -952,19 +966,26 @@ fn join_stream(
     if rank == 0 || rank >= world {
         return Err(RendezvousError::RankOutOfRange { rank, world });
     }
-    let addrs: Vec<SocketAddr> = addr.to_socket_addrs()?.collect();
     let _span = tracing::debug_span!("nccl.rendezvous_join", rank, world).entered();
     let mut pause = Duration::from_millis(10);
     // What the last attempts ran into, for the error at the deadline.
     let mut unauthenticated = false;
     let mut last: Option<RendezvousError> = None;
     loop {
-        let Ok(left) = deadline_left(deadline, "connecting to rank 0", started) else {
+        if deadline_left(deadline, "connecting to rank 0", started).is_err() {
             return Err(at_deadline(unauthenticated, last, started));
+        }
+        // Resolved on every attempt: a name may not resolve yet when the
+        // job starts (a failure here is retried like a refused connection).
+        let (addrs, unresolved) = match addr.to_socket_addrs() {
+            Ok(a) => (a.collect::<Vec<SocketAddr>>(), None),
+            Err(e) => (Vec::new(), Some(e)),
         };
-        let connected = addrs
-            .iter()
-            .find_map(|a| TcpStream::connect_timeout(a, left.min(Duration::from_secs(2))).ok());
+        // Each address gets what is left of the deadline (at most 2 s).
+        let connected = addrs.iter().find_map(|a| {
+            let left = deadline.checked_duration_since(Instant::now())?;
+            TcpStream::connect_timeout(a, left.min(Duration::from_secs(2))).ok()
+        });
         let attempt_until = deadline.min(Instant::now() + PEER_TIMEOUT);
         let outcome = match connected {
             Some(mut stream) => {
@@ -977,9 +998,11 @@ fn join_stream(
                     },
                 )
             }
-            None => Err(RendezvousError::Io(
-                std::io::ErrorKind::ConnectionRefused.into(),
-            )),
+            None => {
+                Err(RendezvousError::Io(unresolved.unwrap_or_else(|| {
+                    std::io::ErrorKind::ConnectionRefused.into()
+                })))
+            }
         };
         match outcome {
             Ok(joined) => return Ok(joined),
@@ -1040,10 +1063,23 @@ fn at_deadline(
 fn retryable(e: &RendezvousError) -> bool {
     use std::io::ErrorKind::*;
     match e {
-        RendezvousError::Io(io) => matches!(
-            io.kind(),
-            ConnectionRefused | ConnectionReset | ConnectionAborted | BrokenPipe | UnexpectedEof
-        ),
+        // A name that does not resolve (yet) comes back as `Uncategorized`
+        // or `Other` from the system resolver: retried as well.
+        RendezvousError::Io(io) => {
+            matches!(
+                io.kind(),
+                ConnectionRefused
+                    | ConnectionReset
+                    | ConnectionAborted
+                    | BrokenPipe
+                    | UnexpectedEof
+                    | NotFound
+                    | HostUnreachable
+                    | NetworkUnreachable
+                    | TimedOut
+                    | Other
+            ) || (io.raw_os_error().is_none() && io.kind() != InvalidInput)
+        }
         RendezvousError::Malformed(_)
         | RendezvousError::Version { .. }
         | RendezvousError::Unauthenticated { .. }
