@@ -344,7 +344,15 @@ impl<B: Captured> std::fmt::Debug for CapturedGraph<'_, B> {
 /// that `buffers` does not own, a PreMulSum, a buffer replaced inside `f`,
 /// and whatever `f` returns as an error. With cudarc's event tracking on,
 /// the buffers' events cannot be waited for inside the capture: turn it off
-/// for their context (or use [`allow_capture`]).
+/// for their context (or use [`allow_capture`]). An `NcclMemory` is joined
+/// with its own communicator's stream on every use, which a capture cannot
+/// take in: capture one with [`allow_capture`].
+///
+/// The capture runs on a stream of its own, forked from `stream`; each
+/// launch runs there too, after the work queued on `stream` before it and
+/// before the work queued on `stream` after it. With several GPUs driven
+/// from one thread, capture each rank's calls with its own `capture` and
+/// launch every graph (or use [`allow_capture`] with a group).
 pub fn capture<'c, B: Captured>(
     stream: &Arc<CudaStream>,
     mut buffers: B,
