@@ -350,9 +350,9 @@ impl<B: Captured> std::fmt::Debug for CapturedGraph<'_, B> {
 ///
 /// The capture runs on a stream of its own, forked from `stream`; each
 /// launch runs there too, after the work queued on `stream` before it and
-/// before the work queued on `stream` after it. With several GPUs driven
-/// from one thread, capture each rank's calls with its own `capture` and
-/// launch every graph (or use [`allow_capture`] with a group).
+/// before the work queued on `stream` after it. Calls go straight to NCCL,
+/// not in a group: for one thread driving several GPUs, whose calls need a
+/// group, use [`allow_capture`].
 pub fn capture<'c, B: Captured>(
     stream: &Arc<CudaStream>,
     mut buffers: B,
