@@ -136,6 +136,14 @@ impl WorldOptions {
         self
     }
 
+    /// The job's secret: the one given, else the environment's.
+    fn job_secret(&self) -> Result<std::borrow::Cow<'_, Secret>> {
+        Ok(match &self.secret {
+            Some(s) => std::borrow::Cow::Borrowed(s),
+            None => std::borrow::Cow::Owned(Secret::from_env()?),
+        })
+    }
+
     /// The shared secret, instead of reading it from the environment.
     pub fn secret(mut self, secret: Secret) -> Self {
         self.secret = Some(secret);
@@ -576,14 +584,8 @@ impl World {
                 RendezvousMethod::File(path) => {
                     // The same secret as over TCP: given, else the
                     // environment's (a missing one is the same error).
-                    let from_env;
-                    let secret = match &options.secret {
-                        Some(s) => s,
-                        None => {
-                            from_env = Secret::from_env()?;
-                            &from_env
-                        }
-                    };
+                    let secret = options.job_secret()?;
+                    let secret = &*secret;
                     let id = if launch.rank == 0 {
                         let id = UniqueId::new()?;
                         rendezvous::publish_file(path, &id, secret)?;
@@ -621,14 +623,8 @@ impl World {
         options: &WorldOptions,
         resolved: &Resolved,
     ) -> Result<(UniqueId, Option<Liveness>)> {
-        let from_env;
-        let secret = match &options.secret {
-            Some(s) => s,
-            None => {
-                from_env = Secret::from_env()?;
-                &from_env
-            }
-        };
+        let secret = options.job_secret()?;
+        let secret = &*secret;
         let port = options.rendezvous_port(launch)?;
         let host = launch.master_addr.as_str();
         if launch.rank != 0 {
