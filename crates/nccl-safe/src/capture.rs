@@ -17,10 +17,6 @@
 //! # fn demo(comm: &nccl_safe::Comm) -> Result<(), Box<dyn std::error::Error>> {
 //! use nccl_safe::{ReduceOp, capture};
 //! let stream = comm.stream();
-//! // cudarc's cross-stream events cannot be waited for inside a capture.
-//! // SAFETY: every buffer of this context is used on one stream at a time
-//! // in this program, ordered by the program itself.
-//! unsafe { stream.context().disable_event_tracking() };
 //! let grads = (stream.clone_htod(&[1.0f32; 1024])?, stream.alloc_zeros::<f32>(1024)?);
 //! let mut graph = capture(stream, grads, |cap, (send, recv)| {
 //!     cap.on(comm).all_reduce(send, recv, ReduceOp::Sum)
@@ -268,6 +264,8 @@ unsafe impl<X: Captured> Captured for Vec<X> {
 /// What the closure given to [`capture`] issues its calls through.
 pub struct Capturing<'c, 'x> {
     stream: &'x CudaStream,
+    /// The caller's stream, where buffers are opened during the capture.
+    home: &'x CudaStream,
     extents: &'x [(u64, u64)],
     comms: &'x RefCell<Vec<(AbortHandle, Duration)>>,
     /// Invariant in `'c`: a `&Capturing<'c, _>` must not shrink to a
@@ -289,7 +287,7 @@ impl<'c, 'x> Capturing<'c, 'x> {
         if !comms.iter().any(|(h, _)| h.same_as(&handle)) {
             comms.push((handle, comm.timeout()));
         }
-        OnStream::capturing(comm, self.stream, self.extents)
+        OnStream::capturing(comm, self.stream, self.home, self.extents)
     }
 }
 
@@ -342,11 +340,9 @@ impl<B: Captured> std::fmt::Debug for CapturedGraph<'_, B> {
 ///
 /// Refused, with the capture ended and nothing launched: a call on memory
 /// that `buffers` does not own, a PreMulSum, a buffer replaced inside `f`,
-/// and whatever `f` returns as an error. With cudarc's event tracking on,
-/// the buffers' events cannot be waited for inside the capture: turn it off
-/// for their context (or use [`allow_capture`]). An `NcclMemory` is joined
-/// with its own communicator's stream on every use, which a capture cannot
-/// take in: capture one with [`allow_capture`].
+/// and whatever `f` returns as an error. Inside `f` the buffers are opened
+/// on `stream` (only to learn their addresses; nothing is joined into the
+/// capture), so cudarc's event tracking may stay on.
 ///
 /// The capture runs on a stream of its own, forked from `stream`; each
 /// launch runs there too, after the work queued on `stream` before it and
@@ -380,6 +376,7 @@ pub fn capture<'c, B: Captured>(
     let issued = {
         let cap = Capturing {
             stream: &private,
+            home: stream,
             extents: &extents,
             comms: &comms,
             _comms: PhantomData,
@@ -453,6 +450,13 @@ impl<'c, B: Captured> CapturedGraph<'c, B> {
             });
         };
         self.private.join(&self.home).map_err(cuda)?;
+        // A capture begun on the caller's stream by another thread since
+        // the check above would have pulled ours in with the join: stop
+        // it rather than let it record the launch.
+        if crate::capture::is_capturing(&self.private) {
+            crate::capture::spoil(&self.private);
+            return Err(Error::Capturing { op: OP });
+        }
         let mut opened = Opened::new();
         buffers.open(&self.private, &mut opened);
         if opened.extents() != self.extents {
@@ -530,6 +534,10 @@ impl<'c, B: Captured> CapturedGraph<'c, B> {
         if matches!(done(), Ok(None)) {
             return true;
         }
+        // NCCL's abort waits until no graph refers to the communicator:
+        // the graph goes first (CUDA keeps a running launch's resources
+        // until it ends; the abort then stops its kernels).
+        drop(self.graph.take());
         for (h, _) in &self.comms {
             let _ = h.abort();
         }

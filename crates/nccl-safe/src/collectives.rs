@@ -83,6 +83,12 @@ enum Rooted {
 pub struct OnStream<'s, 'a> {
     comm: &'a Comm,
     stream: &'a CudaStream,
+    /// Where buffers are opened (ordered): `stream`, except inside
+    /// [`crate::capture`], where the capturing stream must not be joined
+    /// with streams outside the capture; there the buffers are opened on
+    /// the caller's stream (to learn their addresses) and each launch
+    /// orders them.
+    access: &'a CudaStream,
     hold: Option<&'s RefCell<GroupHold<'a>>>,
     /// Inside [`crate::capture`]: the extents (start, end) of the buffers
     /// the graph owns, the only ones a captured call may use.
@@ -111,6 +117,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
         OnStream {
             comm,
             stream,
+            access: stream,
             hold: None,
             capture: None,
         }
@@ -124,6 +131,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
         OnStream {
             comm,
             stream,
+            access: stream,
             hold: Some(hold),
             capture: None,
         }
@@ -133,11 +141,13 @@ impl<'s, 'a> OnStream<'s, 'a> {
     pub(crate) fn capturing(
         comm: &'a Comm,
         stream: &'a CudaStream,
+        home: &'a CudaStream,
         extents: &'s [(u64, u64)],
     ) -> Self {
         OnStream {
             comm,
             stream,
+            access: home,
             hold: None,
             capture: Some(extents),
         }
@@ -150,7 +160,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
         op: &'static str,
         buffer: &'a (impl DeviceBuffer<T> + ?Sized),
     ) -> Result<(u64, Access<'a>)> {
-        let (ptr, access) = buffer.read(self.stream);
+        let (ptr, access) = buffer.read(self.access);
         self.owned_by_graph(op, ptr, buffer.len() * std::mem::size_of::<T>())?;
         Ok((ptr, access))
     }
@@ -163,7 +173,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
         buffer: &'a mut (impl DeviceBufferMut<T> + ?Sized),
     ) -> Result<(u64, Access<'a>)> {
         let len = buffer.len();
-        let (ptr, access) = buffer.write(self.stream);
+        let (ptr, access) = buffer.write(self.access);
         self.owned_by_graph(op, ptr, len * std::mem::size_of::<T>())?;
         Ok((ptr, access))
     }
@@ -299,6 +309,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
         OnStream {
             comm: self.comm,
             stream: self.stream,
+            access: self.access,
             hold: Some(self.hold.unwrap_or(group.held())),
             capture: self.capture,
         }

@@ -31,7 +31,7 @@ pub(crate) struct GroupHold<'g> {
     /// allowed onto a capturing stream: NCCL enqueues at the group's end,
     /// so a capture begun after a call was checked is looked for again
     /// there.
-    pub(crate) streams: smallvec::SmallVec<[(&'g cudarc::driver::CudaStream, bool); 4]>,
+    pub(crate) streams: smallvec::SmallVec<[(&'g cudarc::driver::CudaStream, bool); 16]>,
 }
 
 impl<'g> GroupHold<'g> {

@@ -48,10 +48,20 @@ impl ReduceOp {
     }
 }
 
+mod sealed {
+    /// Only this crate's operators: a `Reduction` decides which memory NCCL
+    /// reads (a PreMulSum's device scalar), so one made elsewhere could
+    /// hand NCCL memory with no ordering or lifetime behind it.
+    pub trait Sealed {}
+    impl Sealed for super::ReduceOp {}
+    impl<T: crate::NcclType> Sealed for &super::PreMulSum<'_, T> {}
+}
+
 /// Something a reducing collective accepts as its operator: a
 /// [`ReduceOp`] or a [`PreMulSum`] made for the same communicator and type.
-/// `'a` is how long the collective's borrows last.
-pub trait Reduction<'a, T: NcclType> {
+/// `'a` is how long the collective's borrows last. Sealed: only these two
+/// implement it.
+pub trait Reduction<'a, T: NcclType>: sealed::Sealed {
     /// The NCCL operator to pass for `comm`.
     fn raw_for(&self, comm: &Comm) -> Result<ncclRedOp_t>;
 
