@@ -21,9 +21,48 @@ thread_local! {
 /// needs counts read after the threads met on a barrier, which orders them).
 static PROCESS: AtomicU64 = AtomicU64::new(0);
 
-fn bump() {
+fn bump(size: usize) {
     PROCESS.fetch_add(1, Ordering::Relaxed);
     let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
+    if TRACING.load(Ordering::Relaxed) {
+        trace(size);
+    }
+}
+
+/// With `NCCL_RS_BENCH_ALLOC_TRACE=1`: allocations inside timed windows
+/// are named (thread and size) on stderr, the first few of them, to find
+/// who allocates.
+static TRACING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static TRACED: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    static IN_TRACE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Opens or closes the traced window (when the environment asks for it).
+pub fn trace_window(open: bool) {
+    static WANTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if *WANTED.get_or_init(|| std::env::var_os("NCCL_RS_BENCH_ALLOC_TRACE").is_some()) {
+        TRACING.store(open, Ordering::Relaxed);
+    }
+}
+
+fn trace(size: usize) {
+    if IN_TRACE.try_with(|t| t.replace(true)).unwrap_or(true) {
+        return;
+    }
+    if TRACED.fetch_add(1, Ordering::Relaxed) < 8 {
+        let thread = std::thread::current();
+        eprintln!(
+            "bench: allocation of {size} bytes in a timed window on thread {:?} ({:?})",
+            thread.name(),
+            thread.id()
+        );
+        if std::env::var_os("NCCL_RS_BENCH_ALLOC_TRACE").is_some_and(|v| v == "bt") {
+            eprintln!("{}", std::backtrace::Backtrace::force_capture());
+        }
+    }
+    let _ = IN_TRACE.try_with(|t| t.set(false));
 }
 
 /// Allocations (including reallocations) made by this thread so far.
@@ -41,19 +80,19 @@ pub fn process() -> u64 {
 // the counters are an atomic and a thread-local `Cell`, neither allocates.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        bump();
+        bump(layout.size());
         // SAFETY: forwarded contract.
         unsafe { System.alloc(layout) }
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        bump();
+        bump(layout.size());
         // SAFETY: forwarded contract.
         unsafe { System.alloc_zeroed(layout) }
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        bump();
+        bump(new_size);
         // SAFETY: forwarded contract.
         unsafe { System.realloc(ptr, layout, new_size) }
     }

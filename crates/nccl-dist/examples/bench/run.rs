@@ -437,6 +437,7 @@ impl<'c, T: Elem> Driver<'c, T> {
     fn window_open(&self) -> Result<(u64, u64)> {
         self.host.wait()?;
         let counts = (alloc::process(), alloc::thread());
+        alloc::trace_window(true);
         self.host.wait()?;
         Ok(counts)
     }
@@ -447,6 +448,7 @@ impl<'c, T: Elem> Driver<'c, T> {
         let thread = alloc::thread() - open.1;
         self.host.wait()?;
         let process = alloc::process() - open.0;
+        alloc::trace_window(false);
         // Nobody moves on (and allocates) before every thread has read.
         self.host.wait()?;
         Ok((process, thread))
