@@ -22,41 +22,102 @@ mod launch;
 mod pins;
 mod test;
 
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
 /// xtask's error type: every failure ends the command with its message.
 pub type Result<T, E = Box<dyn std::error::Error>> = std::result::Result<T, E>;
 
-const USAGE: &str = "usage: cargo xtask <command>
-
-commands:
-  test              fetch the pinned NCCL wheels into target/nccl and run all tests
-  bindgen [--check] regenerate the reference bindings (--check: fail if stale)
-  fetch             fetch the pinned NCCL wheels and libclang only
-  ci                what CI runs: fmt, clippy, docs, test, bindgen --check
-  gpu-test [--worlds 1,2,4] [--modes single,threads,processes] [--filter TEXT] [--timeout SECS] [--out DIR]
+/// Every subcommand with its help: the one list `cargo xtask --help` and
+/// `cargo xtask <command> --help` print from.
+const COMMANDS: &[(&str, &str)] = &[
+    (
+        "test",
+        "test              fetch the pinned NCCL wheels into target/nccl and run all tests",
+    ),
+    (
+        "bindgen",
+        "bindgen [--check] regenerate the reference bindings (--check: fail if stale)",
+    ),
+    ("fetch", "fetch             fetch the pinned NCCL wheels and libclang only"),
+    (
+        "ci",
+        "ci                what CI runs (`.ci/run` calls it): fmt, clippy, docs, test, bindgen --check",
+    ),
+    (
+        "gpu-test",
+        "gpu-test [--worlds 1,2,4] [--modes single,threads,processes] [--filter TEXT] [--timeout SECS] [--out DIR]
                     run the GPU test matrix (fails without the GPUs asked for)
   gpu-test --bundle DIR        pack the GPU tests, examples and xtask for a host without cargo
   gpu-test --from-bundle DIR   run a bundle's tests (on the GPU host)
   gpu-test --faults [--filter TEXT] [--worlds 2,4] [--modes processes,threads] [--faults-report PATH]
                     the fault-injection suite with default options (victim per case);
-                    PATH a directory gets <device kind>.md
-  launch -n N [--timeout SECS] (--example NAME | PROGRAM) [--] [ARGS]
+                    PATH a directory gets <device kind>.md",
+    ),
+    (
+        "launch",
+        "launch -n N [--timeout SECS] (--example NAME | PROGRAM) [--] [ARGS]
                     run N processes on this machine with the torchrun variables
-                    and a fresh NCCL_RS_SECRET (World::init() picks them up)
-  fuzz [--time SECS] [--targets a,b]
+                    and a fresh NCCL_RS_SECRET (World::init() picks them up)",
+    ),
+    (
+        "fuzz",
+        "fuzz [--time SECS] [--targets a,b]
                     run each cargo-fuzz target in fuzz/ for SECS (default 60) s and
-                    print a table of executions (needs nightly and cargo-fuzz)
-  bench [--gpus N] [--quick] [--phases sweep,latency,graph,events,setup,step] [--out DIR]
+                    print a table of executions (needs nightly and cargo-fuzz)",
+    ),
+    (
+        "bench",
+        "bench [--gpus N] [--quick] [--phases sweep,latency,graph,events,setup,step] [--out DIR]
                     the bench example in every launch mode: report.md, bench.json and
                     busbw.svg in DIR (default target/bench); fails without a GPU
   bench --from-bundle DIR ...  the same with a bundle's bench (on the GPU host)
-  bench --report DIR           redo the report from DIR's JSON";
+  bench --report DIR           redo the report from DIR's JSON",
+    ),
+];
+
+/// The help of every command.
+fn usage() -> String {
+    let mut text = String::from("usage: cargo xtask <command> [--help]\n\ncommands:\n");
+    for (_, help) in COMMANDS {
+        text.push_str("  ");
+        text.push_str(help);
+        text.push('\n');
+    }
+    text
+}
+
+/// The help of `command`, when `args` (what follows it) asks for it: a
+/// `--help` or `-h` before any `--`; for `launch`, only as its first
+/// argument (the rest may be the started program's).
+fn help_for(command: &str, args: &[&str]) -> Option<String> {
+    let asked = if command == "launch" {
+        // What follows the program is the program's: only a first
+        // argument asks `launch` itself.
+        matches!(args.first(), Some(&("--help" | "-h")))
+    } else {
+        args.iter()
+            .take_while(|a| **a != "--")
+            .any(|a| matches!(*a, "--help" | "-h"))
+    };
+    if !asked {
+        return None;
+    }
+    let (_, help) = COMMANDS.iter().find(|(name, _)| *name == command)?;
+    Some(format!("usage: cargo xtask {help}"))
+}
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    if let [command, rest @ ..] = args.as_slice()
+        && let Some(help) = help_for(command, rest)
+    {
+        // A closed pipe (`| head`) is not an error worth a panic.
+        let _ = writeln!(std::io::stdout(), "{help}");
+        return ExitCode::SUCCESS;
+    }
     let outcome = match args.as_slice() {
         ["test"] => test::run_tests(),
         ["bindgen"] => bindgen::run(false),
@@ -68,10 +129,10 @@ fn main() -> ExitCode {
         ["fuzz", rest @ ..] => fuzz::run(rest),
         ["bench", rest @ ..] => bench::run(rest),
         ["help" | "--help" | "-h"] | [] => {
-            println!("{USAGE}");
+            let _ = writeln!(std::io::stdout(), "{}", usage());
             Ok(())
         }
-        _ => Err(format!("unknown arguments {args:?}\n\n{USAGE}").into()),
+        _ => Err(format!("unknown arguments {args:?}\n\n{}", usage()).into()),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
@@ -120,19 +181,52 @@ pub fn cargo() -> Command {
     cmd
 }
 
+/// The checks CI runs, in order: the one list (`.ci/run` calls this).
 fn ci() -> Result<()> {
+    let step = |name: &str| eprintln!("\n==> {name}");
+    step("cargo fmt --check");
     run(cargo().args(["fmt", "--all", "--check"]))?;
+    step("cargo clippy -D warnings");
     run(cargo().args([
         "clippy",
         "--workspace",
         "--all-targets",
+        "--locked",
         "--",
         "-D",
         "warnings",
     ]))?;
+    step("cargo doc (warnings denied)");
     run(cargo()
-        .args(["doc", "--workspace", "--no-deps"])
+        .args(["doc", "--workspace", "--no-deps", "--locked"])
         .env("RUSTDOCFLAGS", "-D warnings"))?;
+    step("cargo xtask test");
     test::run_tests()?;
-    bindgen::run(true)
+    step("cargo xtask bindgen --check");
+    bindgen::run(true)?;
+    step("all checks passed");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_command_answers_help_but_never_for_a_launched_program() {
+        for (name, _) in COMMANDS {
+            let help = help_for(name, &["--help"]).expect("help");
+            assert!(
+                help.starts_with(&format!("usage: cargo xtask {name}")),
+                "{help}"
+            );
+        }
+        assert!(help_for("bench", &["--quick", "-h"]).is_some());
+        assert!(help_for("gpu-test", &["--worlds", "2", "--", "-h"]).is_none());
+        // The launched program's arguments are its own.
+        assert!(help_for("launch", &["-n", "2", "prog", "-h"]).is_none());
+        assert!(help_for("launch", &["-n", "2", "prog", "--", "--help"]).is_none());
+        assert!(help_for("nonsense", &["--help"]).is_none());
+        assert!(usage().contains("gpu-test --bundle DIR"));
+    }
 }
