@@ -1,7 +1,53 @@
-//! Reading `NCCL_RS_*` values: the parsers every variable of this crate
-//! shares, so a duration means the same thing in each.
+//! Every `NCCL_RS_*` variable of this crate, named in one place, and the
+//! parsers they share, so a duration means the same thing in each. The
+//! modules that read them re-export their names.
+//!
+//! | variable | meaning | default | read by |
+//! |---|---|---|---|
+//! | `NCCL_RS_SECRET` | the job's shared secret (bytes, at least 16) | none: required for a rendezvous | `Secret::from_env` |
+//! | `NCCL_RS_SECRET_FILE` | a file holding the secret (trailing newline dropped, at most 64 KiB) | none | `Secret::from_env` |
+//! | `NCCL_RS_PORT` | the rendezvous port, over the launcher's | the launcher's (`MASTER_PORT + 1` under torchrun) | `World::init` |
+//! | `NCCL_RS_TIMEOUT` | the operation timeout, seconds | 300 | `World`, the watchdog |
+//! | `NCCL_RS_WATCHDOG` | `0`/`off` turns the watchdog off | on | `WatchdogOptions::from_env` |
+//! | `NCCL_RS_WATCHDOG_TIMEOUT` | the watchdog's timeout, seconds (over `NCCL_RS_TIMEOUT`) | the operation timeout | `WatchdogOptions::from_env` |
+//! | `NCCL_RS_FLIGHT_RECORDER` | operations the flight recorder keeps | the default history | `WatchdogOptions::from_env` |
+//! | `NCCL_RS_LIVENESS` | `0` turns the liveness channel off | on | `LivenessOptions::from_env` |
+//! | `NCCL_RS_HEARTBEAT_MS` | heartbeat interval, milliseconds | 250 | `LivenessOptions::from_env` |
+//! | `NCCL_RS_LIVENESS_TIMEOUT` | silence limit, seconds | 10 | `LivenessOptions::from_env` |
+//! | `NCCL_RS_ENCRYPTION` | `psk` encrypts NCCL's sockets (NCCL 2.32+) | none | `World` |
+//! | `NCCL_RS_PSK` | the key for `NCCL_RS_ENCRYPTION=psk` | none | `World` |
+//!
+//! nccl-safe has one of its own, `NCCL_RS_ALLOW_COMM_ID` (lets a set
+//! `NCCL_COMM_ID` through), named in its `secrecy` module.
 
 use std::time::Duration;
+
+/// The job's shared secret itself.
+pub const SECRET_ENV: &str = "NCCL_RS_SECRET";
+/// A file that holds the secret.
+pub const SECRET_FILE_ENV: &str = "NCCL_RS_SECRET_FILE";
+/// The rendezvous port, overriding the launcher's (see
+/// [`crate::WorldOptions::port`]).
+pub const PORT_ENV: &str = "NCCL_RS_PORT";
+/// The operation timeout in seconds.
+pub const TIMEOUT_ENV: &str = "NCCL_RS_TIMEOUT";
+/// `1` turns the watchdog on (the default), `0` off.
+pub const WATCHDOG_ENV: &str = "NCCL_RS_WATCHDOG";
+/// The watchdog's timeout in seconds.
+pub const WATCHDOG_TIMEOUT_ENV: &str = "NCCL_RS_WATCHDOG_TIMEOUT";
+/// The flight recorder's length.
+pub const FLIGHT_RECORDER_ENV: &str = "NCCL_RS_FLIGHT_RECORDER";
+/// `0` turns the liveness channel off, `1` (the default) on.
+pub const LIVENESS_ENV: &str = "NCCL_RS_LIVENESS";
+/// Heartbeat interval in milliseconds (default 250).
+pub const HEARTBEAT_ENV: &str = "NCCL_RS_HEARTBEAT_MS";
+/// Silence limit in seconds, fractions allowed (default 10).
+pub const LIVENESS_TIMEOUT_ENV: &str = "NCCL_RS_LIVENESS_TIMEOUT";
+/// `psk` encrypts NCCL's sockets with the key in [`PSK_ENV`]; `none` or
+/// unset leaves them as NCCL has them.
+pub const ENCRYPTION_ENV: &str = "NCCL_RS_ENCRYPTION";
+/// The pre-shared key for [`ENCRYPTION_ENV`].
+pub const PSK_ENV: &str = "NCCL_RS_PSK";
 
 use crate::error::{Error, Result};
 

@@ -13,10 +13,7 @@ use std::io::Read;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::Path;
 
-/// Environment variable holding the secret itself.
-pub const SECRET_ENV: &str = "NCCL_RS_SECRET";
-/// Environment variable naming a file that holds the secret.
-pub const SECRET_FILE_ENV: &str = "NCCL_RS_SECRET_FILE";
+pub use crate::env::{SECRET_ENV, SECRET_FILE_ENV};
 /// Shortest secret accepted, in bytes.
 pub const MIN_SECRET_BYTES: usize = 16;
 /// Longest secret file read, in bytes: a secret file path that names

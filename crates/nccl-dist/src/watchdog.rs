@@ -64,12 +64,7 @@ use track::Tracker;
 
 use crate::error::{Error, Result};
 
-/// Environment variable that turns the watchdog on (`1`) or off (`0`).
-pub const WATCHDOG_ENV: &str = "NCCL_RS_WATCHDOG";
-/// Environment variable with the watchdog's timeout in seconds.
-pub const WATCHDOG_TIMEOUT_ENV: &str = "NCCL_RS_WATCHDOG_TIMEOUT";
-/// Environment variable with the flight recorder's length.
-pub const FLIGHT_RECORDER_ENV: &str = "NCCL_RS_FLIGHT_RECORDER";
+pub use crate::env::{FLIGHT_RECORDER_ENV, WATCHDOG_ENV, WATCHDOG_TIMEOUT_ENV};
 
 /// How a [`Watchdog`] behaves.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -30,9 +30,7 @@ use crate::rendezvous;
 use crate::secret::Secret;
 use crate::watchdog::{Watchdog, WatchdogOptions};
 
-/// Environment variable that sets the rendezvous port, overriding the
-/// launcher's (see [`WorldOptions::port`]).
-pub const PORT_ENV: &str = "NCCL_RS_PORT";
+pub use crate::env::PORT_ENV;
 
 /// How rank 0's unique id reaches the other ranks.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -279,8 +277,7 @@ pub fn nonblocking_config() -> Config {
 /// that take minutes (PyTorch's default is 10 minutes).
 pub const DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// Environment variable with the operation timeout in seconds.
-pub const TIMEOUT_ENV: &str = "NCCL_RS_TIMEOUT";
+pub use crate::env::TIMEOUT_ENV;
 
 /// The operation timeout from the environment (`NCCL_RS_TIMEOUT`, seconds,
 /// at least 0.001), `None` when unset.
@@ -290,11 +287,7 @@ pub fn op_timeout_from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result
         .transpose()
 }
 
-/// Environment variable: `psk` encrypts NCCL's sockets with the key in
-/// [`PSK_ENV`]; `none` or unset leaves them as NCCL has them.
-pub const ENCRYPTION_ENV: &str = "NCCL_RS_ENCRYPTION";
-/// Environment variable with the pre-shared key for [`ENCRYPTION_ENV`].
-pub const PSK_ENV: &str = "NCCL_RS_PSK";
+pub use crate::env::{ENCRYPTION_ENV, PSK_ENV};
 
 /// The encryption the environment asks for: `None` when it asks for none.
 /// `psk` without a usable key is an error, never plaintext.

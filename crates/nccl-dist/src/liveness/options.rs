@@ -4,12 +4,7 @@ use std::time::Duration;
 
 use crate::Error;
 
-/// `0` turns the liveness channel off, `1` (the default) on.
-pub const LIVENESS_ENV: &str = "NCCL_RS_LIVENESS";
-/// Heartbeat interval in milliseconds (default 250).
-pub const HEARTBEAT_ENV: &str = "NCCL_RS_HEARTBEAT_MS";
-/// Silence limit in seconds, fractions allowed (default 10).
-pub const LIVENESS_TIMEOUT_ENV: &str = "NCCL_RS_LIVENESS_TIMEOUT";
+pub use crate::env::{HEARTBEAT_ENV, LIVENESS_ENV, LIVENESS_TIMEOUT_ENV};
 
 const DEFAULT_HEARTBEAT: Duration = Duration::from_millis(250);
 const DEFAULT_SILENCE: Duration = Duration::from_secs(10);
