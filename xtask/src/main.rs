@@ -21,6 +21,8 @@ mod gpu_test;
 mod launch;
 mod pins;
 mod test;
+#[cfg(test)]
+mod tidy;
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
