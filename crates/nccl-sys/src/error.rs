@@ -1,10 +1,10 @@
-//! Errors of loading libnccl and of resolving its symbols.
+//! Errors of loading libnccl. A missing symbol's error, [`SymbolError`],
+//! lives beside the symbol table in [`crate::functions`].
 
 use std::error::Error;
 use std::fmt;
 use std::path::PathBuf;
 
-use crate::functions::Symbol;
 use crate::search::Source;
 use crate::types::ncclResult_t;
 use crate::version::Version;
@@ -142,30 +142,4 @@ impl Error for LoadError {
     }
 }
 
-/// The loaded library does not export a function.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SymbolError {
-    /// The missing function.
-    pub symbol: Symbol,
-    /// The version of the loaded library.
-    pub library: Version,
-}
-
-impl fmt::Display for SymbolError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let since = self.symbol.since();
-        let (major, minor, patch) = (since / 10_000, (since / 100) % 100, since % 100);
-        write!(
-            f,
-            "{} is not available in the loaded NCCL {} (it was added in NCCL {major}.{minor}",
-            self.symbol.name(),
-            self.library,
-        )?;
-        if patch != 0 {
-            write!(f, ".{patch}")?;
-        }
-        f.write_str(")")
-    }
-}
-
-impl Error for SymbolError {}
+pub use crate::functions::SymbolError;

@@ -9,7 +9,7 @@
 //! - the [`Symbol`] enum: every name, with the version that added it;
 //! - the lazily resolved, per-symbol table behind [`crate::Nccl`]'s accessor
 //!   methods (`nccl.ncclAllReduce()` returns the function pointer, or
-//!   [`crate::SymbolError`] when the loaded library lacks it).
+//!   [`SymbolError`] when the loaded library lacks it).
 //!
 //! "Added in 2.18" means "present in 2.18.3, the oldest release these
 //! bindings support"; the function may be older. Later versions are the
@@ -28,6 +28,7 @@ use crate::types::{
     cudaStream_t, ncclComm_t, ncclCommMemStat_t, ncclDataType_t, ncclParamHandle_t, ncclRedOp_t,
     ncclResult_t, ncclScalarResidence_t, ncclUniqueId, ncclWindow_t,
 };
+use crate::version::Version;
 
 macro_rules! nccl_functions {
     (
@@ -104,14 +105,14 @@ macro_rules! nccl_functions {
             }
         }
 
-        impl crate::library::Nccl {
+        impl Nccl {
             $(
                 #[doc = concat!("`", stringify!($name), "`, resolved on first call.")]
                 #[doc = ""]
                 #[doc = concat!("Added in NCCL ", stringify!($maj), ".", stringify!($min) $(, ".", stringify!($patch))?, ".")]
-                #[doc = "Returns [`crate::SymbolError`] when the loaded library lacks it."]
+                #[doc = "Returns [`SymbolError`] when the loaded library lacks it."]
                 #[allow(non_snake_case)]
-                pub fn $name(&self) -> Result<pfn::$name, crate::SymbolError> {
+                pub fn $name(&self) -> Result<pfn::$name, SymbolError> {
                     let address = self.resolve(Symbol::$name)?;
                     // SAFETY: `address` is the non-null address `dlsym`
                     // returned for this exact C name in the loaded library,
@@ -345,4 +346,53 @@ nccl_functions! {
     since (2, 30); fn ncclParamGetAllParameterKeys(table: *mut *mut *const c_char, tableLen: *mut c_int) -> ncclResult_t;
     /// Prints every documented parameter to NCCL's log.
     since (2, 30); fn ncclParamDumpAll();
+}
+
+/// The loaded library does not export a function.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SymbolError {
+    /// The missing function.
+    pub symbol: Symbol,
+    /// The version of the loaded library.
+    pub library: Version,
+}
+
+impl std::fmt::Display for SymbolError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let since = self.symbol.since();
+        let (major, minor, patch) = (since / 10_000, (since / 100) % 100, since % 100);
+        write!(
+            f,
+            "{} is not available in the loaded NCCL {} (it was added in NCCL {major}.{minor}",
+            self.symbol.name(),
+            self.library,
+        )?;
+        if patch != 0 {
+            write!(f, ".{patch}")?;
+        }
+        f.write_str(")")
+    }
+}
+
+impl std::error::Error for SymbolError {}
+
+/// A loaded libnccl (loading and searching: [`crate::library`]; the
+/// accessors, one per function, are generated beside the symbol table
+/// here, so this module needs nothing from the loader).
+///
+/// Functions are resolved one at a time, on first use, and cached: a
+/// function that an older library lacks is a [`SymbolError`] from its
+/// accessor (`nccl.ncclCommShrink()`), never a panic and never a failed
+/// load. The library stays loaded for as long as this value lives; the
+/// function pointers handed out must not be called after it is dropped.
+///
+/// `Nccl` is `Send + Sync`: it only holds the `dlopen` handle and a table
+/// of addresses filled through `OnceLock`. Whether a *function* may be
+/// called from several threads is NCCL's rule, which the safe layer keeps.
+pub struct Nccl {
+    pub(crate) library: libloading::Library,
+    pub(crate) path: std::path::PathBuf,
+    pub(crate) source: crate::search::Source,
+    pub(crate) version: Version,
+    pub(crate) table: FunctionTable,
 }

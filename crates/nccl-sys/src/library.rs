@@ -10,24 +10,7 @@ use crate::search::{Candidate, SearchPaths, Source};
 use crate::types::ncclResult_t;
 use crate::version::Version;
 
-/// A loaded libnccl.
-///
-/// Functions are resolved one at a time, on first use, and cached: a
-/// function that an older library lacks is a [`SymbolError`] from its
-/// accessor (`nccl.ncclCommShrink()`), never a panic and never a failed
-/// load. The library stays loaded for as long as this value lives; the
-/// function pointers handed out must not be called after it is dropped.
-///
-/// `Nccl` is `Send + Sync`: it only holds the `dlopen` handle and a table
-/// of addresses filled through `OnceLock`. Whether a *function* may be
-/// called from several threads is NCCL's rule, which the safe layer keeps.
-pub struct Nccl {
-    library: libloading::Library,
-    path: PathBuf,
-    source: Source,
-    version: Version,
-    table: FunctionTable,
-}
+pub use crate::functions::Nccl;
 
 impl Nccl {
     /// Searches for libnccl in the order the process environment sets
