@@ -654,7 +654,7 @@ fn select(listed: &[String], filter: Option<&str>) -> Result<Vec<(&'static Case,
 /// Runs the suite from `binary` on this host's `gpus` GPUs.
 pub fn run(binary: &Path, gpus: usize, o: &Options) -> Result<()> {
     let sizes = world_sizes(o.worlds, gpus)?;
-    let cases = select(&crate::gpu_test::list_tests(binary)?, o.filter)?;
+    let cases = select(&crate::list_tests(binary)?, o.filter)?;
     let mut runs: Vec<(usize, &Case, &str, Mode)> = Vec::new();
     for &n in &sizes {
         for (case, test) in &cases {

@@ -278,21 +278,6 @@ fn bundle(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The ignored tests a libtest binary lists.
-pub(crate) fn list_tests(binary: &Path) -> Result<Vec<String>> {
-    let out = Command::new(binary)
-        .args(["--list", "--ignored"])
-        .output()?;
-    if !out.status.success() {
-        return Err(format!("{} --list failed", binary.display()).into());
-    }
-    Ok(String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.strip_suffix(": test"))
-        .map(str::to_string)
-        .collect())
-}
-
 #[derive(Clone)]
 enum Outcome {
     NotApplicable,
@@ -394,7 +379,7 @@ fn matrix(o: &Options, binaries: &[PathBuf]) -> Result<()> {
         {
             continue;
         }
-        for test in list_tests(binary)? {
+        for test in crate::list_tests(binary)? {
             // `--filter a,b` keeps tests whose name contains any of them.
             if o.filter
                 .as_ref()

@@ -176,6 +176,21 @@ fn display(cmd: &Command) -> String {
     text
 }
 
+/// The ignored tests a libtest binary lists.
+pub fn list_tests(binary: &Path) -> Result<Vec<String>> {
+    let out = Command::new(binary)
+        .args(["--list", "--ignored"])
+        .output()?;
+    if !out.status.success() {
+        return Err(format!("{} --list failed", binary.display()).into());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.strip_suffix(": test"))
+        .map(str::to_string)
+        .collect())
+}
+
 /// `cargo` as invoked us, so the same toolchain runs the sub-steps.
 pub fn cargo() -> Command {
     let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
