@@ -111,11 +111,18 @@ pub(crate) fn without_capture<R>(f: impl FnOnce() -> R) -> R {
 
 /// Whether `stream` is being captured now (an error counts as yes).
 pub(crate) fn is_capturing(stream: &CudaStream) -> bool {
+    capture_status(stream).is_none_or(|s| s != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}
+
+/// `stream`'s capture status in one driver call, `None` when the driver
+/// will not say so. The stream names its context, so no binding is needed
+/// first (cudarc's own query binds: one more call).
+fn capture_status(stream: &CudaStream) -> Option<CUstreamCaptureStatus> {
     let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-    // SAFETY: `stream` is a live stream (borrowed); one status is written.
+    // SAFETY: `stream` is a live stream (borrowed for the call); one status
+    // is written.
     let code = unsafe { cudarc::driver::sys::cuStreamIsCapturing(stream.cu_stream(), &mut status) };
-    code != cudarc::driver::sys::CUresult::CUDA_SUCCESS
-        || status != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
+    (code == cudarc::driver::sys::CUresult::CUDA_SUCCESS).then_some(status)
 }
 
 /// Stops a capture that began on `stream` after a group call was checked
@@ -147,19 +154,13 @@ pub(crate) fn refuse_capture(op: &'static str, stream: &CudaStream) -> Result<()
     if ALLOWED.with(Cell::get) > 0 {
         return Ok(());
     }
-    // One driver call on the hot path: the stream names its context, so
-    // no binding is needed first; cudarc's query (which binds) is the
-    // fallback should the driver want one.
-    let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-    // SAFETY: `stream` is a live stream (borrowed for the call); one status
-    // is written.
-    let code = unsafe { cudarc::driver::sys::cuStreamIsCapturing(stream.cu_stream(), &mut status) };
-    let status = if code == cudarc::driver::sys::CUresult::CUDA_SUCCESS {
-        status
-    } else {
-        stream
+    // One driver call on the hot path; cudarc's query (which binds the
+    // context) is the fallback should the driver want one.
+    let status = match capture_status(stream) {
+        Some(status) => status,
+        None => stream
             .capture_status()
-            .map_err(|source| Error::Cuda { op, source })?
+            .map_err(|source| Error::Cuda { op, source })?,
     };
     match status {
         CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE => Ok(()),
@@ -356,7 +357,7 @@ pub fn capture<'c, B: Captured>(
 ) -> Result<CapturedGraph<'c, B>> {
     const OP: &str = "capture";
     let cuda = |source| Error::Cuda { op: OP, source };
-    crate::capture::refuse_capture(OP, stream)?;
+    refuse_capture(OP, stream)?;
     // A stream of our own (after `stream`'s work so far), which the
     // closure cannot name.
     let private = stream.fork().map_err(cuda)?;
@@ -404,23 +405,34 @@ pub fn capture<'c, B: Captured>(
     Ok(graph)
 }
 
+/// The graph's buffers opened on `stream`, refused when they were given
+/// back or one of them was replaced since the capture (its extents differ).
+fn open_owned<'a, B: Captured>(
+    buffers: Option<&'a mut B>,
+    stream: &'a CudaStream,
+    extents: &[(u64, u64)],
+    op: &'static str,
+) -> Result<Opened<'a>> {
+    let Some(buffers) = buffers else {
+        return Err(Error::InvalidArgument {
+            op,
+            reason: "the graph gave its buffers back",
+        });
+    };
+    let mut opened = Opened::new();
+    buffers.open(stream, &mut opened);
+    if opened.extents() != extents {
+        return Err(Error::InvalidArgument {
+            op,
+            reason: "a buffer the graph owns was replaced since the capture",
+        });
+    }
+    Ok(opened)
+}
+
 impl<'c, B: Captured> CapturedGraph<'c, B> {
     fn check_extents(&mut self, op: &'static str) -> Result<()> {
-        let Some(buffers) = self.buffers.as_mut() else {
-            return Err(Error::InvalidArgument {
-                op,
-                reason: "the graph gave its buffers back",
-            });
-        };
-        let mut opened = Opened::new();
-        buffers.open(&self.private, &mut opened);
-        if opened.extents() != self.extents {
-            return Err(Error::InvalidArgument {
-                op,
-                reason: "a buffer the graph owns was replaced since the capture",
-            });
-        }
-        Ok(())
+        open_owned(self.buffers.as_mut(), &self.private, &self.extents, op).map(drop)
     }
 
     /// Runs the captured calls once more, ordered after the work queued on
@@ -432,7 +444,7 @@ impl<'c, B: Captured> CapturedGraph<'c, B> {
     pub fn launch(&mut self) -> Result<()> {
         const OP: &str = "CapturedGraph::launch";
         let cuda = |source| Error::Cuda { op: OP, source };
-        crate::capture::refuse_capture(OP, &self.home)?;
+        refuse_capture(OP, &self.home)?;
         if self.comms.iter().any(|(h, _)| h.is_aborted()) {
             return Err(Error::InvalidArgument {
                 op: OP,
@@ -443,28 +455,15 @@ impl<'c, B: Captured> CapturedGraph<'c, B> {
             // Nothing was captured: nothing to run.
             return Ok(());
         };
-        let Some(buffers) = self.buffers.as_mut() else {
-            return Err(Error::InvalidArgument {
-                op: OP,
-                reason: "the graph gave its buffers back",
-            });
-        };
         self.private.join(&self.home).map_err(cuda)?;
         // A capture begun on the caller's stream by another thread since
         // the check above would have pulled ours in with the join: stop
         // it rather than let it record the launch.
-        if crate::capture::is_capturing(&self.private) {
-            crate::capture::spoil(&self.private);
+        if is_capturing(&self.private) {
+            spoil(&self.private);
             return Err(Error::Capturing { op: OP });
         }
-        let mut opened = Opened::new();
-        buffers.open(&self.private, &mut opened);
-        if opened.extents() != self.extents {
-            return Err(Error::InvalidArgument {
-                op: OP,
-                reason: "a buffer the graph owns was replaced since the capture",
-            });
-        }
+        let opened = open_owned(self.buffers.as_mut(), &self.private, &self.extents, OP)?;
         graph.launch().map_err(cuda)?;
         // The accesses record the launch for each buffer as they go.
         drop(opened);

@@ -278,18 +278,16 @@ impl<'g> GroupGuard<'g> {
         let result = finish(self.lib);
         self.report(result.is_ok());
         self.held.borrow_mut().accesses.clear();
-        if spoiled {
-            return Err(Error::Capturing { op: "ncclGroupEnd" });
-        }
-        result
+        spoiled.and(result)
     }
 
     /// Before NCCL enqueues the group: a stream of a call that was not
     /// allowed onto a capture, captured now (the capture began after the
     /// call was checked), would record work whose buffers and communicator
     /// nothing ties to the graph. Such captures are stopped
-    /// ([`crate::capture::spoil`]). Whether there was one.
-    fn spoil_captures(&self) -> bool {
+    /// ([`crate::capture::spoil`]), and the end answers
+    /// [`Error::Capturing`].
+    fn spoil_captures(&self) -> Result<()> {
         let held = self.held.borrow();
         let mut spoiled = false;
         for (stream, allowed) in &held.streams {
@@ -298,7 +296,10 @@ impl<'g> GroupGuard<'g> {
                 spoiled = true;
             }
         }
-        spoiled
+        if spoiled {
+            return Err(Error::Capturing { op: "ncclGroupEnd" });
+        }
+        Ok(())
     }
 
     /// `ncclGroupSimulateEnd`: ends the group without launching it and
@@ -344,11 +345,7 @@ impl Drop for GroupGuard<'_> {
     fn drop(&mut self) {
         if !self.ended {
             let spoiled = self.spoil_captures();
-            let result = finish(self.lib).and(if spoiled {
-                Err(Error::Capturing { op: "ncclGroupEnd" })
-            } else {
-                Ok(())
-            });
+            let result = finish(self.lib).and(spoiled);
             self.report(result.is_ok());
             if let Err(e) = result {
                 tracing::debug!(error = %e, "group ended by drop failed");
