@@ -4,14 +4,17 @@
 //! the counting allocator below is global to the binary; it counts only
 //! inside the measured window.
 
+mod common;
+use common::random_id;
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::net::TcpListener;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
+use nccl_dist::Secret;
 use nccl_dist::liveness::LivenessOptions;
 use nccl_dist::rendezvous;
-use nccl_dist::{Secret, nccl_safe::UniqueId};
 
 /// Counts allocations (and reallocations) on every thread while `COUNTING`.
 struct Counting;
@@ -60,23 +63,6 @@ unsafe impl GlobalAlloc for Counting {
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
-
-/// Some bytes that differ from run to run (no GPU, no NCCL: the id is
-/// only carried).
-fn random_id() -> UniqueId {
-    let mut x = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0x9e37_79b9_7f4a_7c15, |d| d.as_nanos() as u64)
-        | 1;
-    let mut bytes = [0u8; UniqueId::BYTES];
-    for b in &mut bytes {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        *b = x as u8;
-    }
-    UniqueId::from_bytes(bytes)
-}
 
 #[test]
 fn steady_state_heartbeats_make_no_allocation() {

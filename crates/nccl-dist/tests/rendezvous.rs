@@ -1,6 +1,9 @@
 //! The rendezvous over loopback with real sockets (threads and processes),
 //! and every bad case ending in a typed error on the side that sees it.
 
+mod common;
+use common::random_id;
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
@@ -306,23 +309,6 @@ fn frame_headers_are_checked_without_panicking() {
 }
 
 // ---- attacks (docs/security.md says what each one proves) -------------
-
-/// An id that differs from run to run, so an eavesdropper test cannot
-/// pass by luck on a constant.
-fn random_id() -> UniqueId {
-    let mut x = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0x9e37_79b9_7f4a_7c15, |d| d.as_nanos() as u64)
-        | 1;
-    let mut bytes = [0u8; UniqueId::BYTES];
-    for b in &mut bytes {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        *b = x as u8;
-    }
-    UniqueId::from_bytes(bytes)
-}
 
 /// One frame from `from`, or `None` at its end.
 fn read_frame(from: &mut TcpStream) -> Option<Vec<u8>> {
