@@ -571,14 +571,7 @@ impl Watchdog {
     /// Watches `comm` under `label` from its next operation on, replacing
     /// any observer it had. The watch ends when `comm` is dropped.
     pub fn watch(&self, comm: &Comm, label: impl Into<String>) -> Watched {
-        // cudarc loads each driver function on its first use, and loading
-        // allocates: query an event once here, at set-up, so the watchdog
-        // thread's first query does not allocate in the middle of the
-        // program's hot loop (the bench saw it as one allocation in its
-        // first timed window).
-        if let Ok(event) = comm.stream().context().new_event(None) {
-            let _ = event.try_is_complete();
-        }
+        track::load_event_query(comm.stream().context());
         let watch = Arc::new(Watch {
             label: label.into(),
             registry: Arc::clone(&self.registry),
