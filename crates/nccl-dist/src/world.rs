@@ -19,9 +19,7 @@ use std::time::{Duration, Instant};
 use nccl_safe::cudarc::driver::CudaContext;
 use std::sync::Arc;
 
-use nccl_safe::{
-    AbortCause, AbortSignal, Comm, Config, Encryption, PresharedKey, Topology, UniqueId,
-};
+use nccl_safe::{AbortCause, AbortSignal, Comm, Config, Encryption, UniqueId};
 
 use crate::error::{Error, Result};
 use crate::launch::{Launch, Launcher};
@@ -282,9 +280,7 @@ pub use crate::env::TIMEOUT_ENV;
 /// The operation timeout from the environment (`NCCL_RS_TIMEOUT`, seconds,
 /// at least 0.001), `None` when unset.
 pub fn op_timeout_from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Option<Duration>> {
-    lookup(TIMEOUT_ENV)
-        .map(|v| crate::env::seconds(TIMEOUT_ENV, &v))
-        .transpose()
+    Ok(crate::env::op_timeout(lookup)?)
 }
 
 pub use crate::env::{ENCRYPTION_ENV, PSK_ENV};
@@ -294,21 +290,7 @@ pub use crate::env::{ENCRYPTION_ENV, PSK_ENV};
 pub fn encryption_from_lookup(
     lookup: impl Fn(&str) -> Option<String>,
 ) -> Result<Option<Encryption>> {
-    let bad = |reason: String| Error::InvalidArgument {
-        op: ENCRYPTION_ENV,
-        reason,
-    };
-    match lookup(ENCRYPTION_ENV).as_deref().map(str::trim) {
-        None | Some("" | "none") => Ok(None),
-        Some("psk") => {
-            let key = lookup(PSK_ENV)
-                .filter(|k| !k.is_empty())
-                .ok_or_else(|| bad(format!("psk encryption needs the key in {PSK_ENV}")))?;
-            let key = PresharedKey::new(key).map_err(|e| bad(format!("{PSK_ENV}: {e}")))?;
-            Ok(Some(Encryption::Psk(key)))
-        }
-        Some(other) => Err(bad(format!("{other:?} is not `psk` or `none`"))),
-    }
+    Ok(crate::env::encryption(lookup)?)
 }
 
 /// Applies the encryption `options` ask for, else the environment's.
@@ -849,19 +831,9 @@ impl World {
 
     /// The first `n` GPUs in an order that keeps neighbours on NVLink: the
     /// largest NVLink island first, each island in its ring order
-    /// ([`Topology::ring_order`]). Pass it to [`World::local_with`].
+    /// ([`nccl_safe::Topology::ring_order`]). Pass it to [`World::local_with`].
     pub fn nvlink_order(n: usize) -> Result<Vec<usize>> {
-        let count = CudaContext::device_count().map_err(crate::error::cuda("nvlink_order"))?;
-        let all: Vec<usize> = (0..count as usize).collect();
-        let topology = Topology::probe(&all)?;
-        let order = crate::device_mesh::device_order(&topology);
-        if order.len() < n {
-            return Err(Error::InvalidArgument {
-                op: "World::nvlink_order",
-                reason: format!("{n} GPUs asked for, this machine has {}", order.len()),
-            });
-        }
-        Ok(order[..n].to_vec())
+        crate::placement::nvlink_order(n)
     }
 
     /// This rank's communicator over the whole world.
