@@ -10,7 +10,7 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
 use super::{LivenessError, LossCause, PeerLoss};
-use crate::rendezvous::{MAX_PAYLOAD, RendezvousError, decode_header, encode_frame};
+use crate::rendezvous::proto::{MAX_PAYLOAD, RendezvousError, decode_header, encode_frame};
 use crate::secret::Secret;
 
 /// Bytes of a MAC tag (HMAC-SHA256, untruncated).

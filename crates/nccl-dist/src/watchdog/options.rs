@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::env::{FLIGHT_RECORDER_ENV, WATCHDOG_ENV, WATCHDOG_TIMEOUT_ENV};
 use crate::error::{Error, Result};
 
-/// How a [`Watchdog`] behaves.
+/// How a [`Watchdog`](super::Watchdog) behaves.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WatchdogOptions {
     pub(super) timeout: Duration,
