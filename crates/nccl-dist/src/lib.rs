@@ -63,7 +63,9 @@ pub use host::{CommEvent, CommStream, HostCollectives};
 pub use launch::{Launch, LaunchError, Launcher};
 pub use liveness::{LossCause, PeerLoss};
 pub use mesh::{MeshError, MeshShape};
-pub use placement::{Placement, device_order, positions_on_host};
+pub use placement::{
+    Gpu, Island, Link, NvmlStatus, PcieLevel, Placement, Topology, device_order, positions_on_host,
+};
 pub use rendezvous::RendezvousError;
 pub use secret::{Secret, SecretError};
 pub use watchdog::{

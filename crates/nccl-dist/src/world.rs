@@ -607,7 +607,7 @@ impl World {
 
     /// The first `n` GPUs in an order that keeps neighbours on NVLink: the
     /// largest NVLink island first, each island in its ring order
-    /// ([`nccl_safe::Topology::ring_order`]). Pass it to [`World::local_with`].
+    /// ([`Topology::ring_order`](crate::placement::Topology::ring_order)). Pass it to [`World::local_with`].
     pub fn nvlink_order(n: usize) -> Result<Vec<usize>> {
         crate::placement::nvlink_order(n)
     }

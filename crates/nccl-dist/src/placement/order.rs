@@ -2,11 +2,12 @@
 //! neighbours share an NVLink island, from the probed topology of each
 //! machine.
 
+use nccl_safe::Comm;
 use nccl_safe::cudarc::driver::CudaContext;
-use nccl_safe::{Comm, Topology};
 
 use crate::error::{Error, Result, cuda};
 use crate::host::HostCollectives;
+use crate::placement::topology::Topology;
 
 /// The GPUs of `topology` in placement order: islands largest first (ties:
 /// smallest ordinal first), each in its [`Topology::ring_order`].
@@ -156,7 +157,7 @@ pub(crate) fn nvlink_order(n: usize) -> Result<Vec<usize>> {
 mod tests {
     use super::*;
     use crate::mesh::MeshShape;
-    use nccl_safe::{Gpu, Link, NvmlStatus};
+    use crate::placement::topology::{Gpu, Link, NvmlStatus};
 
     fn two_islands() -> Topology {
         // GPUs 0 and 2 share NVLink, 1 and 3 share NVLink; PCIe between.
