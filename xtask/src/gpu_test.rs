@@ -41,9 +41,9 @@ use crate::{Result, cargo, test::gpu_count, workspace_root};
 /// world size; its other mode columns read `n/a`.
 const TARGETS: &[(&str, &str, &str, bool)] = &[
     ("nccl-safe", "gpu", "nccl-safe-gpu", true),
-    ("nccl-safe", "topology", "nccl-safe-topology", false),
     ("nccl-safe", "abort", "nccl-safe-abort", false),
     ("nccl-dist", "gpu", "nccl-dist-gpu", true),
+    ("nccl-dist", "topology", "nccl-dist-topology", false),
     ("nccl-dist", "bad_input", "nccl-dist-bad-input", false),
 ];
 

@@ -49,21 +49,64 @@ pub const ENCRYPTION_ENV: &str = "NCCL_RS_ENCRYPTION";
 /// The pre-shared key for [`ENCRYPTION_ENV`].
 pub const PSK_ENV: &str = "NCCL_RS_PSK";
 
-use crate::error::{Error, Result};
+use nccl_safe::{Encryption, PresharedKey};
+
+/// A variable whose value cannot be used: which one, and why. It becomes
+/// [`crate::Error::InvalidArgument`] naming the variable.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct BadValue {
+    /// The variable.
+    pub(crate) var: &'static str,
+    /// What is wrong with its value.
+    pub(crate) reason: String,
+}
 
 /// A duration in seconds from the variable `var` (fractions allowed, at
 /// least 1 ms, finite); anything else is an error naming the variable.
-pub(crate) fn seconds(var: &'static str, value: &str) -> Result<Duration> {
+pub(crate) fn seconds(var: &'static str, value: &str) -> Result<Duration, BadValue> {
     value
         .trim()
         .parse()
         .ok()
         .filter(|s: &f64| s.is_finite() && *s >= 0.001 && *s < 1e9)
         .map(Duration::from_secs_f64)
-        .ok_or_else(|| Error::InvalidArgument {
-            op: var,
+        .ok_or_else(|| BadValue {
+            var,
             reason: format!("{value:?} is not a number of seconds from 0.001 on"),
         })
+}
+
+/// The operation timeout from [`TIMEOUT_ENV`] (seconds), `None` when
+/// unset.
+pub(crate) fn op_timeout(
+    lookup: impl Fn(&str) -> Option<String>,
+) -> Result<Option<Duration>, BadValue> {
+    lookup(TIMEOUT_ENV)
+        .map(|v| seconds(TIMEOUT_ENV, &v))
+        .transpose()
+}
+
+/// The encryption [`ENCRYPTION_ENV`] and [`PSK_ENV`] ask for: `None` when
+/// they ask for none. `psk` without a usable key is an error, never
+/// plaintext.
+pub(crate) fn encryption(
+    lookup: impl Fn(&str) -> Option<String>,
+) -> Result<Option<Encryption>, BadValue> {
+    let bad = |reason: String| BadValue {
+        var: ENCRYPTION_ENV,
+        reason,
+    };
+    match lookup(ENCRYPTION_ENV).as_deref().map(str::trim) {
+        None | Some("" | "none") => Ok(None),
+        Some("psk") => {
+            let key = lookup(PSK_ENV)
+                .filter(|k| !k.is_empty())
+                .ok_or_else(|| bad(format!("psk encryption needs the key in {PSK_ENV}")))?;
+            let key = PresharedKey::new(key).map_err(|e| bad(format!("{PSK_ENV}: {e}")))?;
+            Ok(Some(Encryption::Psk(key)))
+        }
+        Some(other) => Err(bad(format!("{other:?} is not `psk` or `none`"))),
+    }
 }
 
 #[cfg(test)]
@@ -76,10 +119,7 @@ mod tests {
         assert_eq!(seconds("X", "0.001").unwrap(), Duration::from_millis(1));
         for bad in ["", "0", "1e-10", "-1", "nan", "inf", "1e10", "soon"] {
             assert!(
-                matches!(
-                    seconds("X", bad),
-                    Err(Error::InvalidArgument { op: "X", .. })
-                ),
+                matches!(seconds("X", bad), Err(BadValue { var: "X", .. })),
                 "{bad:?}"
             );
         }

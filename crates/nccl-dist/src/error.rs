@@ -1,7 +1,13 @@
 //! The error type of this crate: every failure of the layers below, plus
 //! what only this layer can get wrong.
 
-use crate::{LaunchError, MeshError, RendezvousError, SecretError};
+use crate::env::BadValue;
+use crate::launch::LaunchError;
+use crate::liveness::{LossCause, PeerLoss};
+use crate::mesh::MeshError;
+use crate::rendezvous::proto::RendezvousError;
+use crate::secret::SecretError;
+use crate::watchdog::record::{Failure, FailureKind, OpRecord};
 
 /// Anything that can go wrong in `nccl-dist`.
 #[derive(Debug, thiserror::Error)]
@@ -27,7 +33,7 @@ pub enum Error {
     /// The watchdog aborted the communicator: which operation, what
     /// happened, and the flight recorder.
     #[error("{0}")]
-    Watchdog(Box<crate::watchdog::Failure>),
+    Watchdog(Box<Failure>),
     /// A peer of the job was lost (killed, exited, or its thread
     /// panicked): which rank, why, and what this rank was doing (the
     /// communicator, the oldest unfinished operation and its sequence
@@ -58,10 +64,10 @@ pub struct PeerLost {
     /// The lost world rank.
     pub rank: usize,
     /// How it was lost and who saw it.
-    pub loss: crate::liveness::PeerLoss,
+    pub loss: PeerLoss,
     /// The communicator, operation and sequence number this rank was at,
     /// with its flight recorder (kind [`crate::FailureKind::PeerLost`]).
-    pub failure: crate::watchdog::Failure,
+    pub failure: Failure,
 }
 
 impl Error {
@@ -90,10 +96,10 @@ impl From<nccl_safe::Error> for Error {
 
 /// A loss known only from an abort's cause: the rank, and how the
 /// detector put it.
-pub(crate) fn loss_of(rank: usize, detail: String) -> crate::liveness::PeerLoss {
-    crate::liveness::PeerLoss {
+pub(crate) fn loss_of(rank: usize, detail: String) -> PeerLoss {
+    PeerLoss {
         rank,
-        cause: crate::liveness::LossCause::Exited { reason: detail },
+        cause: LossCause::Exited { reason: detail },
         seen_by: rank,
     }
 }
@@ -101,24 +107,34 @@ pub(crate) fn loss_of(rank: usize, detail: String) -> crate::liveness::PeerLoss 
 /// [`Error::PeerLost`] for `loss`, found by `op` (sequence number `seq`) on
 /// the communicator `comm`, with its flight recorder.
 pub(crate) fn peer_lost(
-    loss: crate::liveness::PeerLoss,
+    loss: PeerLoss,
     comm: String,
     op: &'static str,
     seq: u64,
-    history: Vec<crate::watchdog::OpRecord>,
+    history: Vec<OpRecord>,
 ) -> Error {
     Error::PeerLost(Box::new(PeerLost {
         rank: loss.rank,
         loss: loss.clone(),
-        failure: crate::watchdog::Failure {
+        failure: Failure {
             comm,
             op,
             seq,
-            kind: crate::watchdog::FailureKind::PeerLost(loss),
+            kind: FailureKind::PeerLost(loss),
             after: std::time::Duration::ZERO,
             history,
         },
     }))
+}
+
+impl From<BadValue> for Error {
+    /// A variable's value that cannot be used, named as the call.
+    fn from(bad: BadValue) -> Error {
+        Error::InvalidArgument {
+            op: bad.var,
+            reason: bad.reason,
+        }
+    }
 }
 
 /// `Result` with this crate's [`Error`].

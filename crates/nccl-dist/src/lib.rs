@@ -49,6 +49,7 @@ mod host;
 pub mod launch;
 pub mod liveness;
 pub mod mesh;
+pub mod placement;
 mod pointers;
 pub mod rendezvous;
 pub mod secret;
@@ -56,12 +57,15 @@ pub mod watchdog;
 mod world;
 
 pub use communicator::{Communicator, DType};
-pub use device_mesh::{DeviceMesh, Placement, SubMesh, device_order, positions_on_host};
+pub use device_mesh::{DeviceMesh, SubMesh};
 pub use error::{Error, PeerLost, Result};
 pub use host::{CommEvent, CommStream, HostCollectives};
 pub use launch::{Launch, LaunchError, Launcher};
 pub use liveness::{LossCause, PeerLoss};
 pub use mesh::{MeshError, MeshShape};
+pub use placement::{
+    Gpu, Island, Link, NvmlStatus, PcieLevel, Placement, Topology, device_order, positions_on_host,
+};
 pub use rendezvous::RendezvousError;
 pub use secret::{Secret, SecretError};
 pub use watchdog::{

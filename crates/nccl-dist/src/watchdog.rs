@@ -47,263 +47,27 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use std::fmt::Write as _;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use nccl_safe::cudarc::driver::{CudaContext, CudaStream};
-use nccl_safe::nccl_sys::{cudaStream_t, ncclDataType_t};
+use nccl_safe::nccl_sys::cudaStream_t;
 use nccl_safe::{
     AbortCause, Comm, CommStatus, ObservedStream, OpInfo, OpObserver, WeakAbortHandle,
 };
 
+use crate::error::{Error, Result};
 use crate::liveness::PeerLoss;
 
+mod options;
+pub(crate) mod record;
 mod track;
-use track::Tracker;
-
-use crate::error::{Error, Result};
 
 pub use crate::env::{FLIGHT_RECORDER_ENV, WATCHDOG_ENV, WATCHDOG_TIMEOUT_ENV};
-
-/// How a [`Watchdog`] behaves.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct WatchdogOptions {
-    timeout: Duration,
-    history: usize,
-    poll: Duration,
-    print: bool,
-}
-
-impl Default for WatchdogOptions {
-    fn default() -> Self {
-        WatchdogOptions::new()
-    }
-}
-
-impl WatchdogOptions {
-    /// Timeout 300 s, the last 64 operations kept, polled every 2 ms,
-    /// printed to stderr on failure.
-    pub fn new() -> WatchdogOptions {
-        WatchdogOptions {
-            timeout: Duration::from_secs(300),
-            history: 64,
-            poll: Duration::from_millis(2),
-            print: true,
-        }
-    }
-
-    /// How long an operation may stay unfinished before its communicator
-    /// is aborted.
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
-        self
-    }
-
-    /// How many operations the flight recorder keeps per communicator
-    /// (at least 1).
-    pub fn history(mut self, entries: usize) -> Self {
-        self.history = entries.max(1);
-        self
-    }
-
-    /// How often the watchdog thread looks (at least 100 µs).
-    pub fn poll_interval(mut self, poll: Duration) -> Self {
-        self.poll = poll.max(Duration::from_micros(100));
-        self
-    }
-
-    /// Whether a failure prints the flight recorder to stderr (it is
-    /// always logged with `tracing` at error level and kept in the error).
-    pub fn print_on_failure(mut self, print: bool) -> Self {
-        self.print = print;
-        self
-    }
-
-    /// The configured timeout.
-    pub fn get_timeout(&self) -> Duration {
-        self.timeout
-    }
-
-    /// Reads `NCCL_RS_WATCHDOG` (`1`/`on`/`true` or `0`/`off`/`false`;
-    /// on when unset), the timeout from `NCCL_RS_WATCHDOG_TIMEOUT`, else
-    /// `NCCL_RS_TIMEOUT` (seconds, fractional, at least 0.001), else 300 s,
-    /// and `NCCL_RS_FLIGHT_RECORDER` (entries). `Ok(None)` only when the
-    /// watchdog is turned off; a value that does not parse is an error,
-    /// never ignored.
-    pub fn from_env() -> Result<Option<WatchdogOptions>> {
-        WatchdogOptions::from_lookup(|k| std::env::var(k).ok())
-    }
-
-    /// As [`WatchdogOptions::from_env`], reading variables from `lookup`.
-    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Option<WatchdogOptions>> {
-        let bad = |name: &'static str, reason: String| Error::InvalidArgument { op: name, reason };
-        let on = match lookup(WATCHDOG_ENV).as_deref().map(str::trim) {
-            // On by default.
-            None | Some("") => true,
-            Some("1" | "on" | "true" | "yes") => true,
-            Some("0" | "off" | "false" | "no") => false,
-            Some(other) => {
-                return Err(bad(
-                    WATCHDOG_ENV,
-                    format!("{other:?} is not 1/on/true or 0/off/false"),
-                ));
-            }
-        };
-        if !on {
-            return Ok(None);
-        }
-        let mut options = WatchdogOptions::new();
-        if let Some(t) = crate::world::op_timeout_from_lookup(&lookup)? {
-            options = options.timeout(t);
-        }
-        if let Some(v) = lookup(WATCHDOG_TIMEOUT_ENV) {
-            options = options.timeout(crate::env::seconds(WATCHDOG_TIMEOUT_ENV, &v)?);
-        }
-        if let Some(v) = lookup(FLIGHT_RECORDER_ENV) {
-            let n: usize = v.trim().parse().ok().filter(|n| *n > 0).ok_or_else(|| {
-                bad(
-                    FLIGHT_RECORDER_ENV,
-                    format!("{v:?} is not a positive number of entries"),
-                )
-            })?;
-            options = options.history(n);
-        }
-        Ok(Some(options))
-    }
-}
-
-/// Where an operation of the flight recorder stands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum OpState {
-    /// Issued; its event has not completed yet.
-    InFlight,
-    /// Finished on the GPU.
-    Done,
-    /// The oldest unfinished operation when the timeout struck.
-    TimedOut,
-    /// Unfinished when the communicator was aborted.
-    Aborted,
-    /// Not tracked (no CUDA event could be recorded for it).
-    Untracked,
-}
-
-/// One operation in the flight recorder.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct OpRecord {
-    /// Issue order on its communicator, from 0.
-    pub seq: u64,
-    /// The NCCL function.
-    pub op: &'static str,
-    /// Elements per rank.
-    pub count: usize,
-    /// The element type.
-    pub dtype: ncclDataType_t,
-    /// The peer or root, if the operation has one.
-    pub peer: Option<usize>,
-    /// Where it stands.
-    pub state: OpState,
-    /// When it was issued, counted from when the watch began.
-    pub issued_at: Duration,
-    /// How long it took, as the watchdog saw it: from the issue of the
-    /// first operation of its batch to the batch's completion.
-    pub took: Option<Duration>,
-}
-
-/// What went wrong on a watched communicator.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum FailureKind {
-    /// The operation did not finish within the watchdog's timeout.
-    Timeout {
-        /// The timeout.
-        deadline: Duration,
-    },
-    /// NCCL reported an asynchronous error (a peer failed, a network
-    /// error): its text.
-    AsyncError(String),
-    /// Someone else aborted the communicator while work was unfinished.
-    Aborted,
-    /// A peer of the job was lost; the communicator was aborted.
-    PeerLost(crate::liveness::PeerLoss),
-}
-
-/// A watched communicator's failure: which communicator, which operation,
-/// what happened, and the flight recorder at that moment.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Failure {
-    /// The label the communicator was watched under.
-    pub comm: String,
-    /// The operation that was unfinished (the oldest one), or the last one
-    /// issued when none was unfinished.
-    pub op: &'static str,
-    /// Its sequence number.
-    pub seq: u64,
-    /// What happened.
-    pub kind: FailureKind,
-    /// How long after the operation was issued the watchdog acted.
-    pub after: Duration,
-    /// The flight recorder, oldest first.
-    pub history: Vec<OpRecord>,
-}
-
-impl std::fmt::Display for Failure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let what = match &self.kind {
-            FailureKind::Timeout { deadline } => format!("timed out (deadline {deadline:?})"),
-            FailureKind::AsyncError(e) => format!("failed: {e}"),
-            FailureKind::Aborted => "was aborted".to_string(),
-            FailureKind::PeerLost(loss) => format!("stopped: {loss}"),
-        };
-        write!(
-            f,
-            "communicator {:?}: {} #{} {} after {:?}; the communicator was aborted",
-            self.comm, self.op, self.seq, what, self.after
-        )
-    }
-}
-
-impl Failure {
-    /// The flight recorder as a table, one operation per line.
-    pub fn render_history(&self) -> String {
-        render(&self.comm, &self.history)
-    }
-}
-
-fn render(label: &str, history: &[OpRecord]) -> String {
-    let mut out = format!(
-        "flight recorder of {label:?} (last {} ops):\n  {:>6} {:<22} {:>12} {:>10} {:>5} {:<9} {:>12} {:>12}\n",
-        history.len(),
-        "seq",
-        "op",
-        "count",
-        "dtype",
-        "peer",
-        "state",
-        "issued_at",
-        "took"
-    );
-    for r in history {
-        let peer = r.peer.map_or("-".to_string(), |p| p.to_string());
-        let took = r.took.map_or("-".to_string(), |t| format!("{t:.1?}"));
-        let _ = writeln!(
-            out,
-            "  {:>6} {:<22} {:>12} {:>10} {:>5} {:<9} {:>12} {:>12}",
-            r.seq,
-            r.op,
-            r.count,
-            format!("{:?}", r.dtype)
-                .trim_start_matches("ncclDataType_t(")
-                .trim_end_matches(')'),
-            peer,
-            format!("{:?}", r.state),
-            format!("{:.1?}", r.issued_at),
-            took
-        );
-    }
-    out
-}
+pub use options::WatchdogOptions;
+use record::render;
+pub use record::{Failure, FailureKind, OpRecord, OpState};
+use track::Tracker;
 
 struct WatchState {
     tracker: Tracker,
@@ -819,38 +583,6 @@ pub(crate) fn inherit(parent: &Comm, child: &Comm, suffix: &str) {
 mod tests {
     use super::*;
 
-    use crate::test_env as env;
-
-    #[test]
-    fn the_environment_turns_it_on_with_checked_values() {
-        assert_eq!(
-            WatchdogOptions::from_lookup(env(&[])).unwrap(),
-            Some(WatchdogOptions::new()),
-            "on by default"
-        );
-        let from_op_timeout = WatchdogOptions::from_lookup(env(&[("NCCL_RS_TIMEOUT", "7")]))
-            .unwrap()
-            .unwrap();
-        assert_eq!(from_op_timeout.get_timeout(), Duration::from_secs(7));
-        assert_eq!(
-            WatchdogOptions::from_lookup(env(&[("NCCL_RS_WATCHDOG", "0")])).unwrap(),
-            None
-        );
-        let on = WatchdogOptions::from_lookup(env(&[("NCCL_RS_WATCHDOG_TIMEOUT", "2.5")]))
-            .unwrap()
-            .unwrap();
-        assert_eq!(on.get_timeout(), Duration::from_millis(2500));
-        // Found by the launch_env fuzzer: a tiny positive value used to
-        // become a zero timeout.
-        for bad in ["1e-10", "0", "-1", "nan", "inf", "soon"] {
-            let pairs: &'static [(&'static str, &'static str)] =
-                Box::leak(vec![("NCCL_RS_WATCHDOG_TIMEOUT", bad)].into_boxed_slice());
-            assert!(WatchdogOptions::from_lookup(env(pairs)).is_err(), "{bad}");
-        }
-        assert!(WatchdogOptions::from_lookup(env(&[("NCCL_RS_FLIGHT_RECORDER", "0")])).is_err());
-        assert!(WatchdogOptions::from_lookup(env(&[("NCCL_RS_WATCHDOG", "perhaps")])).is_err());
-    }
-
     /// Stands in for `Watch` (which needs a GPU to exist): the type an
     /// owner looks for behind `Comm::observer`.
     struct Genuine(u64);
@@ -925,23 +657,5 @@ mod tests {
             fn issued(&self, _: &OpInfo, _: ObservedStream<'_>) {}
         }
         assert!(observer_as::<Genuine>(Arc::new(Plain)).is_none());
-    }
-
-    #[test]
-    fn the_flight_recorder_renders_each_operation() {
-        let record = OpRecord {
-            seq: 7,
-            op: "ncclAllReduce",
-            count: 1024,
-            dtype: ncclDataType_t::ncclFloat32,
-            peer: None,
-            state: OpState::TimedOut,
-            issued_at: Duration::from_millis(12),
-            took: None,
-        };
-        let text = render("world[0]", &[record]);
-        assert!(text.contains("ncclAllReduce"), "{text}");
-        assert!(text.contains("TimedOut"), "{text}");
-        assert!(text.contains("1024"), "{text}");
     }
 }

@@ -13,202 +13,26 @@
 //!   `World`s come back together and their collectives go in one group.
 
 use std::net::{Ipv4Addr, TcpListener, ToSocketAddrs};
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use nccl_safe::cudarc::driver::CudaContext;
 use std::sync::Arc;
 
-use nccl_safe::{
-    AbortCause, AbortSignal, Comm, Config, Encryption, PresharedKey, Topology, UniqueId,
-};
+use nccl_safe::{AbortCause, AbortSignal, Comm, Config, UniqueId};
 
 use crate::error::{Error, Result};
 use crate::launch::{Launch, Launcher};
 use crate::liveness::{Liveness, LivenessOptions, LossCause, PeerLoss};
 use crate::rendezvous;
-use crate::secret::Secret;
 use crate::watchdog::{Watchdog, WatchdogOptions};
 
-pub use crate::env::PORT_ENV;
-
-/// How rank 0's unique id reaches the other ranks.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum RendezvousMethod {
-    /// Rank 0 listens on `master_addr`, the others connect; every peer
-    /// proves it knows the shared [`Secret`] (the default).
-    Tcp,
-    /// Rank 0 writes the id to this file (mode 0600, atomically), the
-    /// others wait for it. The file is authenticated with the shared
-    /// [`Secret`] and dated: a file written without it, or older than ten
-    /// minutes, is refused (see [`crate::rendezvous`]). Use a fresh path
-    /// (or secret) per job all the same: a recent file of an earlier job
-    /// with the same secret would hand out its id.
-    File(PathBuf),
-}
-
-/// How [`World::init_with`] bootstraps.
-#[derive(Debug, Clone)]
-pub struct WorldOptions {
-    secret: Option<Secret>,
-    timeout: Duration,
-    config: Option<Config>,
-    op_timeout: Option<Duration>,
-    method: RendezvousMethod,
-    device: Option<usize>,
-    port: Option<u16>,
-    watchdog: Option<WatchdogOptions>,
-    no_watchdog: bool,
-    liveness: Option<LivenessOptions>,
-    encryption: Option<Encryption>,
-}
-
-impl Default for WorldOptions {
-    fn default() -> Self {
-        WorldOptions::new()
-    }
-}
-
-impl WorldOptions {
-    /// The defaults, which are both safe and fast: TCP rendezvous with the
-    /// secret from the environment ([`Secret::from_env`]) and a 300 s
-    /// deadline; blocking communicators on the hot path (made by a
-    /// nonblocking init and split, so that creation can be cut short); the
-    /// watchdog on ([`WatchdogOptions::from_env`]: off only with
-    /// `NCCL_RS_WATCHDOG=0`); liveness on ([`LivenessOptions::from_env`]);
-    /// the operation timeout from `NCCL_RS_TIMEOUT` or 300 s; the GPU of
-    /// `LOCAL_RANK`.
-    pub fn new() -> WorldOptions {
-        WorldOptions {
-            secret: None,
-            timeout: Duration::from_secs(300),
-            config: None,
-            op_timeout: None,
-            method: RendezvousMethod::Tcp,
-            device: None,
-            port: None,
-            watchdog: None,
-            no_watchdog: false,
-            liveness: None,
-            encryption: None,
-        }
-    }
-
-    /// How long one operation may take before its communicator is aborted
-    /// (the watchdog's timeout), which also bounds every wait of the
-    /// communicators (nonblocking creation, [`crate::synchronize`], drop).
-    /// Default: `NCCL_RS_TIMEOUT` (seconds) or 300 s.
-    pub fn op_timeout(mut self, timeout: Duration) -> Self {
-        self.op_timeout = Some(timeout);
-        self
-    }
-
-    /// No watchdog (it is on by default).
-    pub fn no_watchdog(mut self) -> Self {
-        self.no_watchdog = true;
-        self.watchdog = None;
-        self
-    }
-
-    /// Liveness settings, instead of the environment's.
-    pub fn liveness(mut self, options: LivenessOptions) -> Self {
-        self.liveness = Some(options);
-        self
-    }
-
-    /// Encrypt NCCL's socket traffic ([`nccl_safe::set_encryption`],
-    /// NCCL 2.32+) before the communicator is made, instead of what
-    /// `NCCL_RS_ENCRYPTION` says. An older library makes `init` fail.
-    pub fn encryption(mut self, encryption: Encryption) -> Self {
-        self.encryption = Some(encryption);
-        self
-    }
-
-    /// Watch the world's communicator, and every communicator split from
-    /// it (meshes, axes), with a [`Watchdog`] (instead of what the
-    /// environment says).
-    pub fn watchdog(mut self, options: WatchdogOptions) -> Self {
-        self.watchdog = Some(options);
-        self.no_watchdog = false;
-        self
-    }
-
-    /// The job's secret: the one given, else the environment's.
-    fn job_secret(&self) -> Result<std::borrow::Cow<'_, Secret>> {
-        Ok(match &self.secret {
-            Some(s) => std::borrow::Cow::Borrowed(s),
-            None => std::borrow::Cow::Owned(Secret::from_env()?),
-        })
-    }
-
-    /// The shared secret, instead of reading it from the environment.
-    pub fn secret(mut self, secret: Secret) -> Self {
-        self.secret = Some(secret);
-        self
-    }
-
-    /// How long the rendezvous may take (rank 0 waiting for everyone, the
-    /// others retrying their connection).
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
-        self
-    }
-
-    /// The communicator configuration, instead of the default pair (a
-    /// nonblocking init, then a blocking communicator split from it): the
-    /// world's communicator is made by one `init_rank` with exactly this
-    /// configuration (its timeout is the operation timeout unless
-    /// [`WorldOptions::op_timeout`] is set). A blocking configuration
-    /// cannot be cut short while NCCL blocks the calling thread, in init
-    /// included; [`nonblocking_config`] is NCCL's nonblocking mode (every
-    /// call polled, about 10x the latency of small collectives).
-    pub fn config(mut self, config: Config) -> Self {
-        self.config = Some(config);
-        self
-    }
-
-    /// TCP (default) or file rendezvous.
-    pub fn method(mut self, method: RendezvousMethod) -> Self {
-        self.method = method;
-        self
-    }
-
-    /// The GPU to use, instead of the one numbered `LOCAL_RANK`.
-    pub fn device(mut self, device: usize) -> Self {
-        self.device = Some(device);
-        self
-    }
-
-    /// The rendezvous port. Without it: `NCCL_RS_PORT` if set; else, under
-    /// torchrun, `MASTER_PORT + 1` (torchrun's own store already listens on
-    /// `MASTER_PORT`); else the launch's `master_port`.
-    pub fn port(mut self, port: u16) -> Self {
-        self.port = Some(port);
-        self
-    }
-
-    fn rendezvous_port(&self, launch: &Launch) -> Result<u16> {
-        if let Some(p) = self.port {
-            return Ok(p);
-        }
-        if let Some(v) = std::env::var_os(PORT_ENV) {
-            return Ok(crate::launch::port(PORT_ENV, v.to_string_lossy().trim())?);
-        }
-        if launch.launcher == Launcher::Torchrun {
-            return launch
-                .master_port
-                .checked_add(1)
-                .ok_or_else(|| Error::InvalidArgument {
-                    op: "World::init",
-                    reason:
-                        "MASTER_PORT is 65535, so MASTER_PORT + 1 does not exist; set NCCL_RS_PORT"
-                            .into(),
-                });
-        }
-        Ok(launch.master_port)
-    }
-}
+mod options;
+use options::apply_encryption;
+pub use options::{
+    DEFAULT_OP_TIMEOUT, ENCRYPTION_ENV, PORT_ENV, PSK_ENV, RendezvousMethod, TIMEOUT_ENV,
+    WorldOptions, default_config, encryption_from_lookup, nonblocking_config,
+    op_timeout_from_lookup,
+};
 
 /// Every rank of the job: this rank's communicator over all of them, and
 /// where it sits in the launch.
@@ -255,72 +79,6 @@ impl Drop for Presence {
             liveness.leave();
         }
     }
-}
-
-/// The configuration `nccl-dist` uses unless told otherwise: NCCL's
-/// defaults (blocking: no NCCL nonblocking group on the per-call path)
-/// with a [`DEFAULT_OP_TIMEOUT`] bound on our own waits.
-pub fn default_config() -> Config {
-    Config::new().timeout(DEFAULT_OP_TIMEOUT)
-}
-
-/// NCCL's nonblocking mode: every call returns at once and is polled
-/// against the timeout. NCCL runs each nonblocking group end on a new host
-/// thread, so a small collective costs tens of microseconds more; choose it
-/// only when a call must never hold the calling thread.
-pub fn nonblocking_config() -> Config {
-    default_config().blocking(false)
-}
-
-/// The operation timeout unless `NCCL_RS_TIMEOUT` or
-/// [`WorldOptions::op_timeout`] says otherwise: long, for training steps
-/// that take minutes (PyTorch's default is 10 minutes).
-pub const DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs(300);
-
-pub use crate::env::TIMEOUT_ENV;
-
-/// The operation timeout from the environment (`NCCL_RS_TIMEOUT`, seconds,
-/// at least 0.001), `None` when unset.
-pub fn op_timeout_from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Option<Duration>> {
-    lookup(TIMEOUT_ENV)
-        .map(|v| crate::env::seconds(TIMEOUT_ENV, &v))
-        .transpose()
-}
-
-pub use crate::env::{ENCRYPTION_ENV, PSK_ENV};
-
-/// The encryption the environment asks for: `None` when it asks for none.
-/// `psk` without a usable key is an error, never plaintext.
-pub fn encryption_from_lookup(
-    lookup: impl Fn(&str) -> Option<String>,
-) -> Result<Option<Encryption>> {
-    let bad = |reason: String| Error::InvalidArgument {
-        op: ENCRYPTION_ENV,
-        reason,
-    };
-    match lookup(ENCRYPTION_ENV).as_deref().map(str::trim) {
-        None | Some("" | "none") => Ok(None),
-        Some("psk") => {
-            let key = lookup(PSK_ENV)
-                .filter(|k| !k.is_empty())
-                .ok_or_else(|| bad(format!("psk encryption needs the key in {PSK_ENV}")))?;
-            let key = PresharedKey::new(key).map_err(|e| bad(format!("{PSK_ENV}: {e}")))?;
-            Ok(Some(Encryption::Psk(key)))
-        }
-        Some(other) => Err(bad(format!("{other:?} is not `psk` or `none`"))),
-    }
-}
-
-/// Applies the encryption `options` ask for, else the environment's.
-fn apply_encryption(options: Option<&Encryption>) -> Result<()> {
-    let encryption = match options {
-        Some(e) => Some(e.clone()),
-        None => encryption_from_lookup(|k| std::env::var(k).ok())?,
-    };
-    if let Some(e) = encryption {
-        nccl_safe::set_encryption(&e)?;
-    }
-    Ok(())
 }
 
 /// What the options come to once the environment is read.
@@ -849,19 +607,9 @@ impl World {
 
     /// The first `n` GPUs in an order that keeps neighbours on NVLink: the
     /// largest NVLink island first, each island in its ring order
-    /// ([`Topology::ring_order`]). Pass it to [`World::local_with`].
+    /// ([`Topology::ring_order`](crate::placement::Topology::ring_order)). Pass it to [`World::local_with`].
     pub fn nvlink_order(n: usize) -> Result<Vec<usize>> {
-        let count = CudaContext::device_count().map_err(crate::error::cuda("nvlink_order"))?;
-        let all: Vec<usize> = (0..count as usize).collect();
-        let topology = Topology::probe(&all)?;
-        let order = crate::device_mesh::device_order(&topology);
-        if order.len() < n {
-            return Err(Error::InvalidArgument {
-                op: "World::nvlink_order",
-                reason: format!("{n} GPUs asked for, this machine has {}", order.len()),
-            });
-        }
-        Ok(order[..n].to_vec())
+        crate::placement::nvlink_order(n)
     }
 
     /// This rank's communicator over the whole world.
@@ -935,45 +683,5 @@ impl World {
     /// Where this rank's place in the job came from.
     pub fn launch(&self) -> &Launch {
         &self.launch
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    use crate::test_env as env;
-
-    #[test]
-    fn psk_without_a_key_is_an_error_never_plaintext() {
-        assert_eq!(encryption_from_lookup(env(&[])).unwrap(), None);
-        assert_eq!(
-            encryption_from_lookup(env(&[("NCCL_RS_ENCRYPTION", "none")])).unwrap(),
-            None
-        );
-        for bad in [
-            &[("NCCL_RS_ENCRYPTION", "psk")][..],
-            &[("NCCL_RS_ENCRYPTION", "psk"), ("NCCL_RS_PSK", "")],
-            &[("NCCL_RS_ENCRYPTION", "psk"), ("NCCL_RS_PSK", "short")],
-            &[("NCCL_RS_ENCRYPTION", "tls")],
-        ] {
-            let pairs: &'static [(&'static str, &'static str)] = bad;
-            assert!(
-                matches!(
-                    encryption_from_lookup(env(pairs)),
-                    Err(Error::InvalidArgument {
-                        op: "NCCL_RS_ENCRYPTION",
-                        ..
-                    })
-                ),
-                "{bad:?}"
-            );
-        }
-        let ok = encryption_from_lookup(env(&[
-            ("NCCL_RS_ENCRYPTION", "psk"),
-            ("NCCL_RS_PSK", "0123456789abcdef0123"),
-        ]))
-        .unwrap();
-        assert!(matches!(ok, Some(Encryption::Psk(_))));
     }
 }

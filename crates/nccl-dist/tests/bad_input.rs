@@ -24,8 +24,9 @@ use nccl_dist::mesh::MeshShape;
 use nccl_dist::nccl_safe::cudarc::driver::{CudaContext, CudaSlice, DevicePtr};
 use nccl_dist::nccl_safe::{
     self, Comm, Config, Encryption, Error as SafeError, GroupGuard, Library, NcclMemory, PreMulSum,
-    PresharedKey, ReduceOp, Registration, Role, Topology, UniqueId, Window, group,
+    PresharedKey, ReduceOp, Registration, Role, UniqueId, Window, group,
 };
+use nccl_dist::placement::{NvmlStatus, Topology};
 use nccl_dist::rendezvous::{self, RendezvousError};
 use nccl_dist::{
     CommStream, Communicator, DType, DeviceMesh, Error, HostCollectives, Launch, LaunchError,
@@ -361,11 +362,8 @@ fn table_without_a_gpu() {
         unsafe { Library::load_from("/nonexistent/libnccl.so.2") }.map(|_| ()),
         |_| true,
     );
-    let too_many_axes = Topology::from_links(
-        vec![],
-        vec![vec![]],
-        nccl_safe::NvmlStatus::Missing("test".into()),
-    );
+    let too_many_axes =
+        Topology::from_links(vec![], vec![vec![]], NvmlStatus::Missing("test".into()));
     case(
         "Topology::from_links",
         "length (links vs gpus)",

@@ -12,8 +12,8 @@
 //! - Groups ([`GroupGuard`], [`group`]) that hold the borrowed buffers until
 //!   NCCL launches the work, `PreMulSum`, fp8, [`NcclMemory`], buffer
 //!   [`Registration`] and symmetric [`Window`]s.
-//! - [`Topology`]: the peer-access matrix, NVLink counts (NVML), islands,
-//!   ring orders and peer copies.
+//! - [`copy_peer`]: copies between the memory of two GPUs (which GPUs
+//!   reach which, and NVLink islands, are `nccl-dist`'s placement).
 //! - [`Capabilities`] from the loaded library's version and symbols, so a
 //!   feature an older NCCL lacks is [`Error::Unsupported`], not a crash.
 //!
@@ -55,9 +55,9 @@ mod group;
 mod library;
 mod memory;
 mod observe;
+mod peer;
 mod reduce_op;
 mod secrecy;
-mod topology;
 mod unique_id;
 mod validate;
 
@@ -74,12 +74,10 @@ pub use group::{GroupGuard, group, take_dropped_group_error};
 pub use library::Library;
 pub use memory::{NcclMemory, Registration, Window};
 pub use observe::{ObservedStream, OpInfo, OpObserver};
+pub use peer::{copy_peer, copy_peer_async};
 pub use reduce_op::{PreMulSum, ReduceOp, Reduction};
 pub use secrecy::{
     ALLOW_COMM_ID_ENV, COMM_ID_ENV, Encryption, MIN_PSK_BYTES, PresharedKey, set_encryption,
-};
-pub use topology::{
-    Gpu, Island, Link, NvmlStatus, PcieLevel, Topology, copy_peer, copy_peer_async,
 };
 pub use unique_id::UniqueId;
 

@@ -8,10 +8,11 @@ use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use super::wire::{FrameBuf, MAX_FRAME, MIN_FRAME, Msg, Opener, ROSTER_CHUNK, Sealer};
+use super::link::{Link, READ_CHUNK, Rx, lock};
+use super::wire::{MAX_FRAME, MIN_FRAME, Msg, ROSTER_CHUNK};
 use super::{LivenessError, LivenessOptions, LossCause, PeerLoss};
 
 mod handle;
@@ -27,20 +28,6 @@ type Hook = Arc<dyn Fn(&PeerLoss) + Send + Sync>;
 /// How long a rank that left keeps reading its connections, so the peer's
 /// last frames are consumed and the close stays a clean one.
 const DRAIN: Duration = Duration::from_secs(1);
-/// Bytes the thread reads from a connection at once.
-const READ_CHUNK: usize = 2 * MAX_FRAME;
-/// A guard on reads the thread makes only after `poll` said "readable".
-const READ_GUARD: Duration = Duration::from_millis(100);
-/// How long a write of one small frame may block (the peer stopped
-/// reading and its buffers are full: it will be found silent anyway).
-const WRITE_GUARD: Duration = Duration::from_secs(1);
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A hook that panicked cannot leave this state half-written (hooks run
-    // with no lock held), so a poisoned lock is still consistent.
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Role {
     /// Threads of one process; no sockets.
@@ -65,84 +52,6 @@ struct State {
     stop_by: Option<Instant>,
     /// Ranks that ended cleanly: not losses, not hub candidates.
     gone: Vec<usize>,
-}
-
-/// One authenticated liveness connection, to the hub or to a member.
-pub(crate) struct Link {
-    peer: usize,
-    /// The peer is this rank's hub (this side is the member).
-    to_hub: bool,
-    stream: TcpStream,
-    tx: Mutex<Tx>,
-    rx: Mutex<Rx>,
-    goodbye: AtomicBool,
-}
-
-/// The sending side of a link: its sealer and the buffer every frame is
-/// sealed into (kept, so a heartbeat allocates nothing).
-struct Tx {
-    sealer: Sealer,
-    frame: Vec<u8>,
-}
-
-/// The receiving side of a link. Its buffer has room for a partial frame
-/// and a whole read, so cutting frames allocates nothing.
-struct Rx {
-    opener: Opener,
-    buf: FrameBuf,
-    last_heard: Instant,
-}
-
-impl Link {
-    /// A link to `peer` over `stream`, whose handshake and attach are
-    /// done; `to_hub` when `peer` is this rank's hub.
-    pub(crate) fn new(
-        peer: usize,
-        to_hub: bool,
-        stream: TcpStream,
-        sealer: Sealer,
-        opener: Opener,
-    ) -> std::io::Result<Link> {
-        // Losses are tiny frames that must not wait for an acknowledgement.
-        stream.set_nodelay(true)?;
-        stream.set_read_timeout(Some(READ_GUARD))?;
-        stream.set_write_timeout(Some(WRITE_GUARD))?;
-        Ok(Link {
-            peer,
-            to_hub,
-            stream,
-            tx: Mutex::new(Tx {
-                sealer,
-                frame: Vec::with_capacity(MAX_FRAME),
-            }),
-            rx: Mutex::new(Rx {
-                opener,
-                buf: FrameBuf::with_capacity(READ_CHUNK + MAX_FRAME),
-                last_heard: Instant::now(),
-            }),
-            goodbye: AtomicBool::new(false),
-        })
-    }
-
-    /// Seals and writes one message; false when it could not be sent (the
-    /// reading side finds out why).
-    fn send(&self, msg: &Msg) -> bool {
-        // The sealer's lock is held across the write so counters reach the
-        // wire in order whichever thread sends.
-        let tx = &mut *lock(&self.tx);
-        match tx.sealer.seal_into(msg, &mut tx.frame) {
-            Ok(()) => (&self.stream).write_all(&tx.frame).is_ok(),
-            Err(_) => false,
-        }
-    }
-
-    fn last_heard(&self) -> Instant {
-        lock(&self.rx).last_heard
-    }
-
-    fn shut(&self) {
-        let _ = self.stream.shutdown(Shutdown::Both);
-    }
 }
 
 /// What every clone of a [`Liveness`] and its thread share.

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::Error;
+use crate::error::{Error, Result};
 
 pub use crate::env::{HEARTBEAT_ENV, LIVENESS_ENV, LIVENESS_TIMEOUT_ENV};
 
@@ -73,7 +73,7 @@ impl LivenessOptions {
 
     /// The defaults, overridden by [`LIVENESS_ENV`], [`HEARTBEAT_ENV`] and
     /// [`LIVENESS_TIMEOUT_ENV`] from the process environment.
-    pub fn from_env() -> crate::Result<Self> {
+    pub fn from_env() -> Result<Self> {
         Self::from_lookup(|k| std::env::var(k).ok())
     }
 
@@ -81,7 +81,7 @@ impl LivenessOptions {
     /// count as unset; anything else that does not parse, a zero interval,
     /// or a heartbeat not shorter than the silence limit is an
     /// [`Error::InvalidArgument`] naming the variable.
-    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> crate::Result<Self> {
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self> {
         let get = |k: &str| {
             lookup(k)
                 .map(|v| v.trim().to_string())

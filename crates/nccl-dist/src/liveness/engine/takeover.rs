@@ -13,6 +13,9 @@ use std::time::Duration;
 use nccl_safe::UniqueId;
 
 use super::{LossCause, PeerLoss, Shared, THREAD_NAME, lock};
+use crate::rendezvous::accept::takeover_accept;
+use crate::rendezvous::connect::takeover_connect;
+use crate::rendezvous::proto::RendezvousError;
 use crate::secret::Secret;
 
 /// How long a member tries to reach the next hub before counting it lost.
@@ -92,16 +95,16 @@ fn accept_member(shared: &Shared) {
         return;
     };
     let has_link = |r: usize| shared.links().iter().any(|l| l.peer == r && !l.to_hub);
-    let accept = |r: usize| -> Result<(), crate::RendezvousError> {
+    let accept = |r: usize| -> Result<(), RendezvousError> {
         if r >= shared.world || r == me || shared.is_lost(r) || has_link(r) {
-            return Err(crate::RendezvousError::RankOutOfRange {
+            return Err(RendezvousError::RankOutOfRange {
                 rank: r,
                 world: shared.world,
             });
         }
         Ok(())
     };
-    match crate::rendezvous::takeover_accept(stream, shared.world, &t.secret, &t.id, &accept) {
+    match takeover_accept(stream, shared.world, &t.secret, &t.id, &accept) {
         Ok(link) => {
             tracing::info!(
                 rank = me,
@@ -149,8 +152,9 @@ fn search(shared: &Shared) {
         let Some(Some(addr)) = roster.get(next).copied() else {
             return;
         };
-        match crate::rendezvous::takeover_connect(addr, next, me, shared.world, t, TAKEOVER_TIMEOUT)
-        {
+        let listen = t.listener.local_addr().ok();
+        let (secret, id, world) = (&t.secret, &t.id, shared.world);
+        match takeover_connect(addr, next, me, world, secret, id, listen, TAKEOVER_TIMEOUT) {
             Ok(link) => {
                 tracing::info!(rank = me, hub = next, "liveness: attached to the new hub");
                 shared.attach(link);

@@ -2,12 +2,13 @@
 //! `nvidia-smi topo -m`, then its NVLink islands and a ring order for each.
 //!
 //! ```text
-//! cargo run --release -p nccl-safe --example topology
+//! cargo run --release -p nccl-dist --example topology
 //! ```
 
 use std::process::ExitCode;
 
-use nccl_safe::Topology;
+use nccl_dist::nccl_safe;
+use nccl_dist::placement::Topology;
 use nccl_safe::cudarc::driver::CudaContext;
 
 fn main() -> ExitCode {

@@ -4,8 +4,9 @@
 
 use std::time::Duration;
 
-use nccl_safe::cudarc::driver::CudaContext;
-use nccl_safe::{NvmlStatus, Topology, copy_peer};
+use nccl_dist::nccl_safe::cudarc::driver::CudaContext;
+use nccl_dist::placement::{NvmlStatus, Topology};
+use nccl_safe::copy_peer;
 
 fn world() -> usize {
     let visible = CudaContext::device_count().unwrap_or(0) as usize;
