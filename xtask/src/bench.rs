@@ -1,4 +1,4 @@
-//! `cargo xtask bench`: the bench example in every launch mode, one
+//! `cargo xtask bench`: the bench (`crates/nccl-bench`) in every launch mode, one
 //! report.
 //!
 //! ```text
@@ -8,7 +8,7 @@
 //! cargo xtask bench --report DIR            # redo the report from DIR's JSON
 //! ```
 //!
-//! Phases, each one run of the example (`--json` into `--out`):
+//! Phases, each one run of the bench (`--json` into `--out`):
 //!
 //! - `sweep`: every collective, 8 B to 2 GiB (×4), out of place and in
 //!   place, through raw, safe and dist, a thread per GPU, 3 rounds of at
@@ -27,7 +27,7 @@
 //!   all_reduce on each axis (each mode, and threads with nonblocking
 //!   communicators; first cold then warm).
 //! - `step`: the training-like step over a 2-D `DeviceMesh` (the bench's
-//!   `step.rs`), default options against raw nccl-sys, 500 steps per
+//!   `crates/nccl-bench/src/step/`), default options against raw nccl-sys, 500 steps per
 //!   measurement, 11 interleaved rounds, threads and processes.
 //!
 //! The raw and safe layers run on blocking communicators without a
@@ -49,8 +49,9 @@ use std::time::{Duration, Instant};
 use plotters::prelude::*;
 use serde_json::{Value, json};
 
+use crate::gpu_test::BENCH;
 use crate::launch::{Ended, launch_ranks};
-use crate::{Result, cargo, test::gpu_count, workspace_root};
+use crate::{Result, cargo, release_dir, test::gpu_count, workspace_root};
 
 const PHASES: &[&str] = &["sweep", "latency", "graph", "events", "setup", "step"];
 const MODES: &[&str] = &["single", "threads", "processes"];
@@ -119,7 +120,7 @@ fn parse(args: &[&str]) -> Result<Options> {
     Ok(o)
 }
 
-/// One run of the example.
+/// One run of the bench.
 struct Job {
     name: String,
     mode: &'static str,
@@ -260,22 +261,15 @@ fn jobs(o: &Options) -> Vec<Job> {
 
 fn bench_binary(o: &Options) -> Result<PathBuf> {
     if let Some(dir) = &o.from_bundle {
-        let path = dir.join("examples/bench");
+        let path = dir.join(BENCH);
         if !path.exists() {
             return Err(format!("{} is missing: rebuild the bundle", path.display()).into());
         }
         return Ok(path);
     }
-    eprintln!("xtask: building the bench example (release)");
-    crate::run(cargo().args([
-        "build",
-        "--release",
-        "-p",
-        "nccl-dist",
-        "--example",
-        "bench",
-    ]))?;
-    Ok(workspace_root().join("target/release/examples/bench"))
+    eprintln!("xtask: building the bench (release)");
+    crate::run(cargo().args(["build", "--release", "-p", BENCH]))?;
+    Ok(release_dir().join(BENCH))
 }
 
 pub fn run(args: &[&str]) -> Result<()> {

@@ -34,7 +34,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::launch::{Ended, job, rank_env, wait_all};
-use crate::{Result, cargo, test::gpu_count, workspace_root};
+use crate::{Result, cargo, release_dir, test::gpu_count, workspace_root};
 
 /// The GPU test targets: (package, test target, name in the bundle, whether
 /// the launch mode matters). A target without communicators runs once per
@@ -53,7 +53,11 @@ const FAULTS: (&str, &str, &str) = ("nccl-dist", "faults", "nccl-dist-faults");
 
 /// Examples packed into a bundle (`DIR/examples/NAME`), for
 /// `DIR/xtask launch` and torchrun on the GPU host.
-pub const EXAMPLES: &[&str] = &["dp_allreduce", "mesh_2d", "bench"];
+pub const EXAMPLES: &[&str] = &["dp_allreduce", "mesh_2d"];
+
+/// The bench binary (package `nccl-bench`), packed as `DIR/nccl-bench`
+/// for `DIR/xtask bench --from-bundle DIR`.
+pub const BENCH: &str = "nccl-bench";
 
 /// Launch modes the harnesses understand (`NCCL_SAFE_TEST_MODE`).
 const MODES: &[&str] = &["single", "threads", "processes"];
@@ -251,20 +255,24 @@ fn bundle(dir: &Path) -> Result<()> {
     std::fs::create_dir_all(dir.join("examples"))?;
     for name in EXAMPLES {
         std::fs::copy(
-            workspace_root().join("target/release/examples").join(name),
+            release_dir().join("examples").join(name),
             dir.join("examples").join(name),
         )?;
     }
+    eprintln!("xtask: building the bench (release) for the bundle");
+    crate::run(
+        cargo()
+            .args(["build", "--release", "-p", BENCH])
+            .env("CARGO_PROFILE_RELEASE_STRIP", "true"),
+    )?;
+    std::fs::copy(release_dir().join(BENCH), dir.join(BENCH))?;
     eprintln!("xtask: building xtask (release) for the bundle");
     crate::run(
         cargo()
             .args(["build", "--release", "-p", "xtask"])
             .env("CARGO_PROFILE_RELEASE_STRIP", "true"),
     )?;
-    std::fs::copy(
-        workspace_root().join("target/release/xtask"),
-        dir.join("xtask"),
-    )?;
+    std::fs::copy(release_dir().join("xtask"), dir.join("xtask"))?;
     std::fs::write(
         dir.join("README.txt"),
         "Prebuilt GPU tests. Run on a host with NVIDIA GPUs and libnccl:\n  ./xtask gpu-test --from-bundle .\n",

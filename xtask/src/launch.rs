@@ -4,6 +4,7 @@
 //!
 //! ```text
 //! cargo xtask launch -n 4 --example dp_allreduce [-- ARGS]   # builds it (release)
+//! cargo xtask launch -n 4 --bin nccl-bench [-- ARGS]         # a workspace binary
 //! cargo xtask launch -n 4 path/to/program [ARGS]
 //! ```
 //!
@@ -17,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::{Result, cargo, workspace_root};
+use crate::{Result, cargo, release_dir};
 
 /// How long the other ranks may still run after one has failed.
 const GRACE: Duration = Duration::from_secs(10);
@@ -131,7 +132,14 @@ fn forward(stream: impl Read + Send + 'static, prefix: String, to_stderr: bool) 
 fn build_example(name: &str) -> Result<PathBuf> {
     eprintln!("xtask: building example {name} (release)");
     crate::run(cargo().args(["build", "--release", "-p", "nccl-dist", "--example", name]))?;
-    Ok(workspace_root().join("target/release/examples").join(name))
+    Ok(release_dir().join("examples").join(name))
+}
+
+/// Builds a workspace binary (`--bin nccl-bench`) in release mode.
+fn build_bin(name: &str) -> Result<PathBuf> {
+    eprintln!("xtask: building {name} (release)");
+    crate::run(cargo().args(["build", "--release", "--bin", name]))?;
+    Ok(release_dir().join(name))
 }
 
 pub fn run(args: &[&str]) -> Result<()> {
@@ -161,6 +169,7 @@ pub fn run(args: &[&str]) -> Result<()> {
                     Duration::from_secs(value()?.parse().map_err(|_| "--timeout takes seconds")?);
             }
             "--example" => program = Some(build_example(value()?)?),
+            "--bin" => program = Some(build_bin(value()?)?),
             "--" => {
                 rest.extend(it.by_ref().map(|s| s.to_string()));
             }
