@@ -1,8 +1,7 @@
 //! The rendezvous over loopback with real sockets (threads and processes),
 //! and every bad case ending in a typed error on the side that sees it.
 
-mod common;
-use common::random_id;
+use nccl_testkit::random_id;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};

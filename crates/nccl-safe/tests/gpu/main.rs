@@ -6,14 +6,12 @@
 //! inputs are chosen so every float result is exact (see `harness`), and
 //! every output has guard regions that must come back untouched.
 
-mod harness;
-
-use harness::*;
 use nccl_safe::cudarc::driver::{CudaContext, DeviceSlice};
 use nccl_safe::{
     Comm, Config, DeviceBuffer, DeviceBufferMut, Error, Feature, NcclMemory, PreMulSum, ReduceOp,
     Registration, Role, group,
 };
+use nccl_testkit::*;
 
 const N: usize = 1027;
 
