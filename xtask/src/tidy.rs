@@ -29,7 +29,6 @@ pub const LONG_FILES: &[(&str, usize)] = &[
     ("crates/nccl-dist/tests/bad_input.rs", 1798),
     ("crates/nccl-safe/src/collectives.rs", 1656),
     ("crates/nccl-safe/src/comm.rs", 1903),
-    ("crates/nccl-safe/tests/gpu/main.rs", 1660),
     ("xtask/src/bench.rs", 1325),
 ];
 
