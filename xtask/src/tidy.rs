@@ -26,7 +26,6 @@ pub const LONG_FILES: &[(&str, usize)] = &[
     ("crates/nccl-dist/src/rendezvous/mod.rs", 1151),
     ("crates/nccl-dist/src/watchdog.rs", 947),
     ("crates/nccl-dist/src/world.rs", 979),
-    ("crates/nccl-dist/tests/bad_input.rs", 1798),
     ("crates/nccl-safe/src/collectives.rs", 1656),
     ("crates/nccl-safe/src/comm.rs", 1903),
     ("xtask/src/bench.rs", 1325),
