@@ -28,7 +28,6 @@ pub const LONG_FILES: &[(&str, usize)] = &[
     ("crates/nccl-dist/src/world.rs", 979),
     ("crates/nccl-safe/src/collectives.rs", 1656),
     ("crates/nccl-safe/src/comm.rs", 1903),
-    ("xtask/src/bench.rs", 1325),
 ];
 
 /// The groups of files tied by import cycles today (strongly connected
