@@ -44,6 +44,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use crate::flags::{self, Flag, Trailing, switch, value};
 use crate::gpu_test::BENCH;
 use crate::launch::{Ended, launch_ranks};
 use crate::{Result, cargo, release_dir, test::gpu_count, workspace_root};
@@ -73,46 +74,32 @@ struct Options {
     report_only: Option<PathBuf>,
 }
 
+/// The flags of `bench`.
+const FLAGS: &[Flag] = &[
+    value(&["--gpus"]),
+    switch(&["--quick"]),
+    value(&["--phases"]),
+    value(&["--out"]),
+    value(&["--timeout"]),
+    value(&["--from-bundle"]),
+    value(&["--report"]),
+];
+
 fn parse(args: &[&str]) -> Result<Options> {
-    let mut o = Options {
-        gpus: None,
-        quick: false,
-        phases: PHASES.iter().map(|p| p.to_string()).collect(),
-        out: workspace_root().join("target/bench"),
-        timeout: Duration::from_secs(900),
-        from_bundle: None,
-        report_only: None,
-    };
-    let mut it = args.iter();
-    while let Some(arg) = it.next() {
-        let mut value = || {
-            it.next()
-                .copied()
-                .ok_or_else(|| format!("{arg} needs a value"))
-        };
-        match *arg {
-            "--gpus" => o.gpus = Some(value()?.parse().map_err(|_| "--gpus takes a number")?),
-            "--quick" => o.quick = true,
-            "--phases" => {
-                let phases: Vec<String> = value()?.split(',').map(str::to_string).collect();
-                if let Some(bad) = phases.iter().find(|p| !PHASES.contains(&p.as_str())) {
-                    return Err(
-                        format!("unknown phase {bad:?}; phases: {}", PHASES.join(", ")).into(),
-                    );
-                }
-                o.phases = phases;
-            }
-            "--out" => o.out = PathBuf::from(value()?),
-            "--timeout" => {
-                o.timeout =
-                    Duration::from_secs(value()?.parse().map_err(|_| "--timeout takes seconds")?)
-            }
-            "--from-bundle" => o.from_bundle = Some(PathBuf::from(value()?)),
-            "--report" => o.report_only = Some(PathBuf::from(value()?)),
-            other => return Err(format!("unknown bench argument {other:?}").into()),
-        }
-    }
-    Ok(o)
+    let p = flags::parse("bench", FLAGS, Trailing::None, args)?;
+    Ok(Options {
+        gpus: p.parsed("--gpus", "a number")?,
+        quick: p.has("--quick"),
+        phases: p
+            .list("--phases", Some(PHASES), "phase")?
+            .unwrap_or_else(|| PHASES.iter().map(|p| p.to_string()).collect()),
+        out: p
+            .value("--out")
+            .map_or_else(|| workspace_root().join("target/bench"), PathBuf::from),
+        timeout: Duration::from_secs(p.parsed("--timeout", "seconds")?.unwrap_or(900)),
+        from_bundle: p.value("--from-bundle").map(PathBuf::from),
+        report_only: p.value("--report").map(PathBuf::from),
+    })
 }
 
 /// One run of the bench.

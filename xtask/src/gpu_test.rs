@@ -33,6 +33,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::flags::{self, Flag, Trailing, switch, value};
 use crate::launch::{Ended, job, rank_env, wait_all};
 use crate::{Result, cargo, release_dir, test::gpu_count, workspace_root};
 
@@ -75,73 +76,50 @@ struct Options {
     faults_report: Option<PathBuf>,
 }
 
+/// The flags of `gpu-test`.
+const FLAGS: &[Flag] = &[
+    value(&["--worlds"]),
+    value(&["--modes"]),
+    value(&["--filter"]),
+    value(&["--targets"]),
+    value(&["--timeout"]),
+    value(&["--out"]),
+    value(&["--bundle"]),
+    value(&["--from-bundle"]),
+    switch(&["--faults"]),
+    value(&["--faults-report"]),
+];
+
 fn parse(args: &[&str]) -> Result<Options> {
-    let mut o = Options {
-        worlds: None,
-        modes: MODES.iter().map(|m| m.to_string()).collect(),
-        filter: None,
-        targets: None,
-        timeout: Duration::from_secs(300),
-        out: workspace_root().join("target/gpu-test"),
-        bundle: None,
-        from_bundle: None,
-        faults: false,
-        faults_report: None,
-    };
-    let mut it = args.iter();
-    while let Some(arg) = it.next() {
-        let mut value = || {
-            it.next()
-                .copied()
-                .ok_or_else(|| format!("{arg} needs a value"))
-        };
-        match *arg {
-            "--worlds" => {
-                let list = value()?;
-                let worlds = list
-                    .split(',')
-                    .map(|w| {
-                        w.trim()
-                            .parse::<usize>()
-                            .map_err(|_| format!("bad world size {w:?}"))
-                    })
-                    .collect::<Result<Vec<_>, _>>()?;
-                o.worlds = Some(worlds);
-            }
-            "--modes" => {
-                let modes: Vec<String> = value()?.split(',').map(str::to_string).collect();
-                if let Some(bad) = modes.iter().find(|m| !MODES.contains(&m.as_str())) {
-                    return Err(format!("unknown mode {bad:?}; modes: {}", MODES.join(", ")).into());
-                }
-                o.modes = modes;
-            }
-            "--filter" => o.filter = Some(value()?.to_string()),
-            "--targets" => {
-                let names: Vec<String> = value()?.split(',').map(str::to_string).collect();
-                if let Some(bad) = names
-                    .iter()
-                    .find(|n| !TARGETS.iter().any(|(_, _, name, _)| name == n))
-                {
-                    let known: Vec<&str> = TARGETS.iter().map(|t| t.2).collect();
-                    return Err(
-                        format!("unknown target {bad:?}; targets: {}", known.join(", ")).into(),
-                    );
-                }
-                o.targets = Some(names);
-            }
-            "--timeout" => {
-                let secs: u64 = value()?.parse().map_err(|_| "--timeout takes seconds")?;
-                o.timeout = Duration::from_secs(secs);
-            }
-            "--out" => o.out = PathBuf::from(value()?),
-            "--bundle" => o.bundle = Some(PathBuf::from(value()?)),
-            "--from-bundle" => o.from_bundle = Some(PathBuf::from(value()?)),
-            "--faults" => o.faults = true,
-            "--faults-report" => o.faults_report = Some(PathBuf::from(value()?)),
-            other => return Err(format!("unknown gpu-test argument {other:?}").into()),
-        }
-    }
-    Ok(o)
+    let p = flags::parse("gpu-test", FLAGS, Trailing::None, args)?;
+    let worlds = p
+        .list("--worlds", None, "world size")?
+        .map(|list| {
+            list.iter()
+                .map(|w| {
+                    w.parse::<usize>()
+                        .map_err(|_| format!("bad world size {w:?}"))
+                })
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .transpose()?;
+    let target_names: Vec<&str> = TARGETS.iter().map(|t| t.2).collect();
+    Ok(Options {
+        worlds,
+        modes: p
+            .list("--modes", Some(MODES), "mode")?
+            .unwrap_or_else(|| MODES.iter().map(|m| m.to_string()).collect()),
+        filter: p.value("--filter").map(str::to_string),
+        targets: p.list("--targets", Some(&target_names), "target")?,
+        timeout: Duration::from_secs(p.parsed("--timeout", "seconds")?.unwrap_or(300)),
+        out: p
+            .value("--out")
+            .map_or_else(|| workspace_root().join("target/gpu-test"), PathBuf::from),
+        bundle: p.value("--bundle").map(PathBuf::from),
+        from_bundle: p.value("--from-bundle").map(PathBuf::from),
+        faults: p.has("--faults"),
+        faults_report: p.value("--faults-report").map(PathBuf::from),
+    })
 }
 
 pub fn run(args: &[&str]) -> Result<()> {

@@ -11,11 +11,15 @@
 //! cargo xtask fuzz             every cargo-fuzz target for 60 s (see fuzz.rs)
 //! cargo xtask bench            the benchmark in every launch mode, report and plot (see bench.rs)
 //! ```
+//!
+//! Every subcommand reads its flags through `flags.rs` (one declarative
+//! table each) and answers `--help` from [`COMMANDS`].
 
 mod bench;
 mod bindgen;
 mod faults;
 mod fetch;
+mod flags;
 mod fuzz;
 mod gpu_test;
 mod launch;
