@@ -10,8 +10,11 @@
 //!   ([`KNOWN_CYCLES`] lists the ones the redesign still has to break;
 //!   `use super::…` is not followed).
 //!
-//! `SAFETY:` comments on `unsafe` blocks are clippy's
-//! (`undocumented_unsafe_blocks`, denied for the workspace).
+//! - the lints that keep two more rules stay on: `SAFETY:` comments on
+//!   `unsafe` blocks (clippy's `undocumented_unsafe_blocks`) and no
+//!   `unwrap` outside tests (`unwrap_used`, with `allow-unwrap-in-tests`
+//!   in `clippy.toml`), both denied for the workspace, whose lints every
+//!   crate takes ([`lint_gaps`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -132,6 +135,45 @@ pub fn stray_env_names(root: &Path) -> Vec<String> {
         }
     }
     out
+}
+
+/// The workspace lints every crate must take, denied.
+pub const DENIED_LINTS: &[&str] = &["undocumented_unsafe_blocks", "unwrap_used"];
+
+/// What is missing from the lint set-up: a lint of [`DENIED_LINTS`] not
+/// denied in the root `Cargo.toml`, `allow-unwrap-in-tests` not set in
+/// `clippy.toml`, or a crate that does not take the workspace's lints.
+pub fn lint_gaps(root: &Path) -> Vec<String> {
+    let mut gaps = Vec::new();
+    let manifest = std::fs::read_to_string(root.join("Cargo.toml")).unwrap_or_default();
+    let clippy = manifest
+        .split("[workspace.lints.clippy]")
+        .nth(1)
+        .map(|rest| rest.split("\n[").next().unwrap_or(rest))
+        .unwrap_or("");
+    for lint in DENIED_LINTS {
+        if !clippy.contains(&format!("{lint} = \"deny\"")) {
+            gaps.push(format!("Cargo.toml: {lint} is not denied"));
+        }
+    }
+    let config = std::fs::read_to_string(root.join("clippy.toml")).unwrap_or_default();
+    if !config.contains("allow-unwrap-in-tests = true") {
+        gaps.push("clippy.toml: allow-unwrap-in-tests is not set".to_string());
+    }
+    let mut manifests: Vec<PathBuf> = std::fs::read_dir(root.join("crates"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path().join("Cargo.toml"))
+        .collect();
+    manifests.push(root.join("xtask/Cargo.toml"));
+    for path in manifests {
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        if !text.contains("[lints]\nworkspace = true") {
+            gaps.push(format!("{}: no `[lints] workspace = true`", path.display()));
+        }
+    }
+    gaps
 }
 
 /// The module a `src/` file is, as a path from the crate root
@@ -305,6 +347,12 @@ mod tests {
             stray.is_empty(),
             "use the constants of env.rs instead: {stray:#?}"
         );
+    }
+
+    #[test]
+    fn safety_comments_and_no_unwrap_stay_lints() {
+        let gaps = lint_gaps(&root());
+        assert!(gaps.is_empty(), "house lints switched off: {gaps:#?}");
     }
 
     #[test]

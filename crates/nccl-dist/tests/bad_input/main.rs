@@ -16,6 +16,10 @@
 //! `NCCL_LIBRARY` at a real libnccl); `table_on_gpus` is `#[ignore]`d and
 //! run by `cargo xtask gpu-test` (one thread, up to 2 GPUs).
 
+// Test code: the row helpers in the modules are not `#[test]` functions,
+// which clippy's `allow-unwrap-in-tests` alone covers.
+#![allow(clippy::unwrap_used)]
+
 use std::collections::BTreeSet;
 use std::sync::Mutex;
 use std::time::Duration;
