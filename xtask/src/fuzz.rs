@@ -24,6 +24,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::Instant;
 
+use crate::flags::{self, Flag, Trailing, value};
 use crate::{Result, workspace_root};
 
 /// Seconds per target unless `--time` is given.
@@ -34,42 +35,21 @@ struct Options {
     targets: Option<Vec<String>>,
 }
 
+/// The flags of `fuzz`.
+const FLAGS: &[Flag] = &[value(&["--time"]), value(&["--targets"])];
+
 fn parse(args: &[&str]) -> Result<Options> {
-    let mut o = Options {
-        secs: DEFAULT_SECS,
-        targets: None,
-    };
-    let mut it = args.iter();
-    while let Some(arg) = it.next() {
-        let mut value = || {
-            it.next()
-                .copied()
-                .ok_or_else(|| format!("{arg} needs a value"))
-        };
-        match *arg {
-            "--time" => {
-                o.secs = value()?
-                    .parse::<u64>()
-                    .ok()
-                    .filter(|s| *s > 0)
-                    .ok_or("--time takes a positive number of seconds")?;
-            }
-            "--targets" => {
-                let names: Vec<String> = value()?
-                    .split(',')
-                    .map(str::trim)
-                    .filter(|n| !n.is_empty())
-                    .map(str::to_string)
-                    .collect();
-                if names.is_empty() {
-                    return Err("--targets takes a comma-separated list of targets".into());
-                }
-                o.targets = Some(names);
-            }
-            other => return Err(format!("unknown fuzz argument {other:?}").into()),
-        }
+    let p = flags::parse("fuzz", FLAGS, Trailing::None, args)?;
+    let secs = p
+        .parsed::<u64>("--time", "a positive number of seconds")?
+        .unwrap_or(DEFAULT_SECS);
+    if secs == 0 {
+        return Err("--time takes a positive number of seconds".into());
     }
-    Ok(o)
+    Ok(Options {
+        secs,
+        targets: p.list("--targets", None, "target")?,
+    })
 }
 
 /// The fuzz project.

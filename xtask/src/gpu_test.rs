@@ -33,8 +33,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::flags::{self, Flag, Trailing, switch, value};
 use crate::launch::{Ended, job, rank_env, wait_all};
-use crate::{Result, cargo, test::gpu_count, workspace_root};
+use crate::{Result, cargo, release_dir, test::gpu_count, workspace_root};
 
 /// The GPU test targets: (package, test target, name in the bundle, whether
 /// the launch mode matters). A target without communicators runs once per
@@ -53,7 +54,11 @@ const FAULTS: (&str, &str, &str) = ("nccl-dist", "faults", "nccl-dist-faults");
 
 /// Examples packed into a bundle (`DIR/examples/NAME`), for
 /// `DIR/xtask launch` and torchrun on the GPU host.
-pub const EXAMPLES: &[&str] = &["dp_allreduce", "mesh_2d", "bench"];
+pub const EXAMPLES: &[&str] = &["dp_allreduce", "mesh_2d"];
+
+/// The bench binary (package `nccl-bench`), packed as `DIR/nccl-bench`
+/// for `DIR/xtask bench --from-bundle DIR`.
+pub const BENCH: &str = "nccl-bench";
 
 /// Launch modes the harnesses understand (`NCCL_SAFE_TEST_MODE`).
 const MODES: &[&str] = &["single", "threads", "processes"];
@@ -71,73 +76,50 @@ struct Options {
     faults_report: Option<PathBuf>,
 }
 
+/// The flags of `gpu-test`.
+const FLAGS: &[Flag] = &[
+    value(&["--worlds"]),
+    value(&["--modes"]),
+    value(&["--filter"]),
+    value(&["--targets"]),
+    value(&["--timeout"]),
+    value(&["--out"]),
+    value(&["--bundle"]),
+    value(&["--from-bundle"]),
+    switch(&["--faults"]),
+    value(&["--faults-report"]),
+];
+
 fn parse(args: &[&str]) -> Result<Options> {
-    let mut o = Options {
-        worlds: None,
-        modes: MODES.iter().map(|m| m.to_string()).collect(),
-        filter: None,
-        targets: None,
-        timeout: Duration::from_secs(300),
-        out: workspace_root().join("target/gpu-test"),
-        bundle: None,
-        from_bundle: None,
-        faults: false,
-        faults_report: None,
-    };
-    let mut it = args.iter();
-    while let Some(arg) = it.next() {
-        let mut value = || {
-            it.next()
-                .copied()
-                .ok_or_else(|| format!("{arg} needs a value"))
-        };
-        match *arg {
-            "--worlds" => {
-                let list = value()?;
-                let worlds = list
-                    .split(',')
-                    .map(|w| {
-                        w.trim()
-                            .parse::<usize>()
-                            .map_err(|_| format!("bad world size {w:?}"))
-                    })
-                    .collect::<Result<Vec<_>, _>>()?;
-                o.worlds = Some(worlds);
-            }
-            "--modes" => {
-                let modes: Vec<String> = value()?.split(',').map(str::to_string).collect();
-                if let Some(bad) = modes.iter().find(|m| !MODES.contains(&m.as_str())) {
-                    return Err(format!("unknown mode {bad:?}; modes: {}", MODES.join(", ")).into());
-                }
-                o.modes = modes;
-            }
-            "--filter" => o.filter = Some(value()?.to_string()),
-            "--targets" => {
-                let names: Vec<String> = value()?.split(',').map(str::to_string).collect();
-                if let Some(bad) = names
-                    .iter()
-                    .find(|n| !TARGETS.iter().any(|(_, _, name, _)| name == n))
-                {
-                    let known: Vec<&str> = TARGETS.iter().map(|t| t.2).collect();
-                    return Err(
-                        format!("unknown target {bad:?}; targets: {}", known.join(", ")).into(),
-                    );
-                }
-                o.targets = Some(names);
-            }
-            "--timeout" => {
-                let secs: u64 = value()?.parse().map_err(|_| "--timeout takes seconds")?;
-                o.timeout = Duration::from_secs(secs);
-            }
-            "--out" => o.out = PathBuf::from(value()?),
-            "--bundle" => o.bundle = Some(PathBuf::from(value()?)),
-            "--from-bundle" => o.from_bundle = Some(PathBuf::from(value()?)),
-            "--faults" => o.faults = true,
-            "--faults-report" => o.faults_report = Some(PathBuf::from(value()?)),
-            other => return Err(format!("unknown gpu-test argument {other:?}").into()),
-        }
-    }
-    Ok(o)
+    let p = flags::parse("gpu-test", FLAGS, Trailing::None, args)?;
+    let worlds = p
+        .list("--worlds", None, "world size")?
+        .map(|list| {
+            list.iter()
+                .map(|w| {
+                    w.parse::<usize>()
+                        .map_err(|_| format!("bad world size {w:?}"))
+                })
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .transpose()?;
+    let target_names: Vec<&str> = TARGETS.iter().map(|t| t.2).collect();
+    Ok(Options {
+        worlds,
+        modes: p
+            .list("--modes", Some(MODES), "mode")?
+            .unwrap_or_else(|| MODES.iter().map(|m| m.to_string()).collect()),
+        filter: p.value("--filter").map(str::to_string),
+        targets: p.list("--targets", Some(&target_names), "target")?,
+        timeout: Duration::from_secs(p.parsed("--timeout", "seconds")?.unwrap_or(300)),
+        out: p
+            .value("--out")
+            .map_or_else(|| workspace_root().join("target/gpu-test"), PathBuf::from),
+        bundle: p.value("--bundle").map(PathBuf::from),
+        from_bundle: p.value("--from-bundle").map(PathBuf::from),
+        faults: p.has("--faults"),
+        faults_report: p.value("--faults-report").map(PathBuf::from),
+    })
 }
 
 pub fn run(args: &[&str]) -> Result<()> {
@@ -251,20 +233,24 @@ fn bundle(dir: &Path) -> Result<()> {
     std::fs::create_dir_all(dir.join("examples"))?;
     for name in EXAMPLES {
         std::fs::copy(
-            workspace_root().join("target/release/examples").join(name),
+            release_dir().join("examples").join(name),
             dir.join("examples").join(name),
         )?;
     }
+    eprintln!("xtask: building the bench (release) for the bundle");
+    crate::run(
+        cargo()
+            .args(["build", "--release", "-p", BENCH])
+            .env("CARGO_PROFILE_RELEASE_STRIP", "true"),
+    )?;
+    std::fs::copy(release_dir().join(BENCH), dir.join(BENCH))?;
     eprintln!("xtask: building xtask (release) for the bundle");
     crate::run(
         cargo()
             .args(["build", "--release", "-p", "xtask"])
             .env("CARGO_PROFILE_RELEASE_STRIP", "true"),
     )?;
-    std::fs::copy(
-        workspace_root().join("target/release/xtask"),
-        dir.join("xtask"),
-    )?;
+    std::fs::copy(release_dir().join("xtask"), dir.join("xtask"))?;
     std::fs::write(
         dir.join("README.txt"),
         "Prebuilt GPU tests. Run on a host with NVIDIA GPUs and libnccl:\n  ./xtask gpu-test --from-bundle .\n",

@@ -4,6 +4,7 @@
 //!
 //! ```text
 //! cargo xtask launch -n 4 --example dp_allreduce [-- ARGS]   # builds it (release)
+//! cargo xtask launch -n 4 --bin nccl-bench [-- ARGS]         # a workspace binary
 //! cargo xtask launch -n 4 path/to/program [ARGS]
 //! ```
 //!
@@ -17,7 +18,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::{Result, cargo, workspace_root};
+use crate::flags::{self, Flag, Trailing, value};
+use crate::{Result, cargo, release_dir};
 
 /// How long the other ranks may still run after one has failed.
 const GRACE: Duration = Duration::from_secs(10);
@@ -131,45 +133,43 @@ fn forward(stream: impl Read + Send + 'static, prefix: String, to_stderr: bool) 
 fn build_example(name: &str) -> Result<PathBuf> {
     eprintln!("xtask: building example {name} (release)");
     crate::run(cargo().args(["build", "--release", "-p", "nccl-dist", "--example", name]))?;
-    Ok(workspace_root().join("target/release/examples").join(name))
+    Ok(release_dir().join("examples").join(name))
 }
 
+/// Builds a workspace binary (`--bin nccl-bench`) in release mode.
+fn build_bin(name: &str) -> Result<PathBuf> {
+    eprintln!("xtask: building {name} (release)");
+    crate::run(cargo().args(["build", "--release", "--bin", name]))?;
+    Ok(release_dir().join(name))
+}
+
+/// The flags of `launch`; what follows them is the program and its
+/// arguments (or, with `--example`/`--bin`, the arguments).
+const FLAGS: &[Flag] = &[
+    value(&["-n", "--nproc"]),
+    value(&["--timeout"]),
+    value(&["--example"]),
+    value(&["--bin"]),
+];
+
 pub fn run(args: &[&str]) -> Result<()> {
-    let mut n = None;
-    let mut timeout = Duration::from_secs(600);
-    let mut program: Option<PathBuf> = None;
-    let mut rest: Vec<String> = Vec::new();
-    let mut it = args.iter();
-    while let Some(arg) = it.next() {
-        let mut value = || {
-            it.next()
-                .copied()
-                .ok_or_else(|| format!("{arg} needs a value"))
-        };
-        match *arg {
-            "-n" | "--nproc" => {
-                n = Some(
-                    value()?
-                        .parse::<usize>()
-                        .ok()
-                        .filter(|n| *n > 0)
-                        .ok_or("-n takes a positive number of ranks")?,
-                );
-            }
-            "--timeout" => {
-                timeout =
-                    Duration::from_secs(value()?.parse().map_err(|_| "--timeout takes seconds")?);
-            }
-            "--example" => program = Some(build_example(value()?)?),
-            "--" => {
-                rest.extend(it.by_ref().map(|s| s.to_string()));
-            }
-            other if program.is_none() => program = Some(PathBuf::from(other)),
-            other => rest.push(other.to_string()),
-        }
+    let p = flags::parse("launch", FLAGS, Trailing::Rest, args)?;
+    let n = p
+        .parsed::<usize>("-n", "a positive number of ranks")?
+        .filter(|n| *n > 0)
+        .ok_or("launch needs -n RANKS (a positive number)")?;
+    let timeout = Duration::from_secs(p.parsed("--timeout", "seconds")?.unwrap_or(600));
+    let mut rest: Vec<String> = p.rest.iter().map(|s| s.to_string()).collect();
+    let program = match (p.value("--example"), p.value("--bin")) {
+        (Some(name), _) => build_example(name)?,
+        (None, Some(name)) => build_bin(name)?,
+        (None, None) if !rest.is_empty() => PathBuf::from(rest.remove(0)),
+        (None, None) => return Err("launch needs a program, --example NAME or --bin NAME".into()),
+    };
+    // A `--` between the program and its arguments is not theirs.
+    if rest.first().is_some_and(|a| a == "--") {
+        rest.remove(0);
     }
-    let n = n.ok_or("launch needs -n RANKS")?;
-    let program = program.ok_or("launch needs a program or --example NAME")?;
     match launch_ranks(&program, &rest, n, timeout)? {
         Ended::Exited(statuses) if statuses.iter().all(ExitStatus::success) => Ok(()),
         Ended::Exited(statuses) => {

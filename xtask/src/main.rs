@@ -11,11 +11,15 @@
 //! cargo xtask fuzz             every cargo-fuzz target for 60 s (see fuzz.rs)
 //! cargo xtask bench            the benchmark in every launch mode, report and plot (see bench.rs)
 //! ```
+//!
+//! Every subcommand reads its flags through `flags.rs` (one declarative
+//! table each) and answers `--help` from [`COMMANDS`].
 
 mod bench;
 mod bindgen;
 mod faults;
 mod fetch;
+mod flags;
 mod fuzz;
 mod gpu_test;
 mod launch;
@@ -59,7 +63,7 @@ const COMMANDS: &[(&str, &str)] = &[
     ),
     (
         "launch",
-        "launch -n N [--timeout SECS] (--example NAME | PROGRAM) [--] [ARGS]
+        "launch -n N [--timeout SECS] (--example NAME | --bin NAME | PROGRAM) [--] [ARGS]
                     run N processes on this machine with the torchrun variables
                     and a fresh NCCL_RS_SECRET (World::init() picks them up)",
     ),
@@ -72,7 +76,7 @@ const COMMANDS: &[(&str, &str)] = &[
     (
         "bench",
         "bench [--gpus N] [--quick] [--phases sweep,latency,graph,events,setup,step] [--out DIR]
-                    the bench example in every launch mode: report.md, bench.json and
+                    the bench (crates/nccl-bench) in every launch mode: report.md, bench.json and
                     busbw.svg in DIR (default target/bench); fails without a GPU
   bench --from-bundle DIR ...  the same with a bundle's bench (on the GPU host)
   bench --report DIR           redo the report from DIR's JSON",
@@ -149,6 +153,18 @@ fn main() -> ExitCode {
 pub fn workspace_root() -> PathBuf {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     manifest.parent().unwrap_or(manifest).to_path_buf()
+}
+
+/// Where cargo puts release builds: `CARGO_TARGET_DIR` (as cargo reads
+/// it) or the workspace's `target/`, then `release/`.
+pub fn release_dir() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .map_or_else(
+            || workspace_root().join("target"),
+            |d| workspace_root().join(d),
+        );
+    target.join("release")
 }
 
 /// Runs a command, echoing it; a non-zero exit is an error.

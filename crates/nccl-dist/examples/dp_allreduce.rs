@@ -19,11 +19,16 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use nccl_dist::nccl_safe::ReduceOp;
-use nccl_dist::nccl_safe::cudarc::driver::CudaContext;
+use nccl_dist::nccl_safe::cudarc::driver::{CudaContext, DriverError};
 use nccl_dist::{Communicator, DeviceMesh, Launch, World};
 
 const ELEMENTS: usize = 64 << 20; // 256 MiB of f32 per rank
 const STEPS: usize = 5;
+
+/// A CUDA error as nccl-safe reports it, naming what was being done.
+fn cuda(op: &'static str) -> impl Fn(DriverError) -> nccl_dist::nccl_safe::Error {
+    move |source| nccl_dist::nccl_safe::Error::Cuda { op, source }
+}
 
 fn step(world: World) -> nccl_dist::Result<()> {
     let n = world.size();
@@ -31,13 +36,7 @@ fn step(world: World) -> nccl_dist::Result<()> {
     let comm = mesh.axis("dp")?;
     let stream = comm.stream();
     let fill = vec![(world.rank() + 1) as f32; ELEMENTS];
-    let mut grads =
-        stream
-            .clone_htod(&fill)
-            .map_err(|source| nccl_dist::nccl_safe::Error::Cuda {
-                op: "upload",
-                source,
-            })?;
+    let mut grads = stream.clone_htod(&fill).map_err(cuda("upload"))?;
     let mut took = Vec::with_capacity(STEPS);
     for _ in 0..STEPS {
         // Every rank starts the clock together.
@@ -47,21 +46,13 @@ fn step(world: World) -> nccl_dist::Result<()> {
         comm.synchronize(stream)?;
         took.push(started.elapsed());
         // Back to this rank's own gradients for the next step.
-        stream.memcpy_htod(&fill, &mut grads).map_err(|source| {
-            nccl_dist::nccl_safe::Error::Cuda {
-                op: "upload",
-                source,
-            }
-        })?;
+        stream
+            .memcpy_htod(&fill, &mut grads)
+            .map_err(cuda("upload"))?;
     }
     comm.all_reduce_in_place(&mut grads, ReduceOp::Avg)?;
     comm.synchronize(stream)?;
-    let back = stream
-        .clone_dtoh(&grads)
-        .map_err(|source| nccl_dist::nccl_safe::Error::Cuda {
-            op: "download",
-            source,
-        })?;
+    let back = stream.clone_dtoh(&grads).map_err(cuda("download"))?;
     let want = (n + 1) as f32 / 2.0;
     let wrong = back.iter().filter(|v| **v != want).count();
     let best = took.iter().min().copied().unwrap_or_default();

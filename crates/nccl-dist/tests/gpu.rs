@@ -12,50 +12,18 @@
 //! Values are small integers, exact in every type used, so every check is
 //! bit-exact.
 
-use std::error::Error as StdError;
-
 use nccl_dist::nccl_safe::cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
-use nccl_dist::nccl_safe::{Comm, NcclType, ReduceOp, group};
+use nccl_dist::nccl_safe::{Comm, ReduceOp, group};
 use nccl_dist::{
     CommStream, Communicator, DType, DeviceMesh, Error, HostCollectives, MeshError, Placement,
     World,
 };
-
-type TestResult<T = ()> = Result<T, Box<dyn StdError + Send + Sync>>;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Mode {
-    Single,
-    Threads,
-    Processes,
-}
-
-fn mode() -> Mode {
-    match std::env::var("NCCL_SAFE_TEST_MODE").as_deref() {
-        Ok("threads") => Mode::Threads,
-        Ok("processes") => Mode::Processes,
-        _ => Mode::Single,
-    }
-}
-
-fn world_size() -> usize {
-    let visible =
-        nccl_dist::nccl_safe::cudarc::driver::CudaContext::device_count().unwrap_or(0) as usize;
-    let wanted = std::env::var("NCCL_SAFE_TEST_WORLD")
-        .ok()
-        .and_then(|w| w.parse().ok())
-        .unwrap_or(visible);
-    assert!(
-        wanted >= 1 && wanted <= visible,
-        "asked for {wanted} GPUs, {visible} visible"
-    );
-    wanted
-}
+use nccl_testkit::{Mode, TestResult, TestType, mode, world};
 
 /// Runs `body` with the worlds this thread drives: all of them in `single`
 /// mode, its own in the other two.
 fn run(body: impl Fn(&mut [World]) -> TestResult + Sync) {
-    let n = world_size();
+    let n = world();
     let m = mode();
     let outcome: TestResult = match m {
         Mode::Single => World::local(n)
@@ -113,34 +81,22 @@ fn value(r: usize, i: usize) -> f64 {
     ((r + 1) * (i % 3 + 1)) as f64
 }
 
-trait Exact:
-    NcclType + PartialEq + std::fmt::Debug + nccl_dist::nccl_safe::cudarc::driver::ValidAsZeroBits
-{
-    fn from(x: f64) -> Self;
-}
-macro_rules! exact {
-    ($($t:ty => $e:expr),*) => {$(impl Exact for $t { fn from(x: f64) -> Self { $e(x) } })*};
-}
-exact!(f32 => |x| x as f32, f64 => |x| x, i8 => |x| x as i8, u8 => |x| x as u8,
-    i32 => |x| x as i32, u64 => |x| x as u64,
-    half::f16 => half::f16::from_f64, half::bf16 => half::bf16::from_f64);
-
-fn values<T: Exact>(r: usize, len: usize) -> Vec<T> {
-    (0..len).map(|i| T::from(value(r, i))).collect()
+fn values<T: TestType>(r: usize, len: usize) -> Vec<T> {
+    (0..len).map(|i| T::from_f64(value(r, i))).collect()
 }
 
 /// The sum over `ranks` of their values.
-fn sum_of<T: Exact>(ranks: &[usize], len: usize) -> Vec<T> {
+fn sum_of<T: TestType>(ranks: &[usize], len: usize) -> Vec<T> {
     (0..len)
-        .map(|i| T::from(ranks.iter().map(|&r| value(r, i)).sum()))
+        .map(|i| T::from_f64(ranks.iter().map(|&r| value(r, i)).sum()))
         .collect()
 }
 
-fn upload<T: Exact>(comm: &Comm, data: &[T]) -> TestResult<CudaSlice<T>> {
+fn upload<T: TestType>(comm: &Comm, data: &[T]) -> TestResult<CudaSlice<T>> {
     Ok(comm.stream().clone_htod(data)?)
 }
 
-fn download<T: Exact>(comm: &Comm, buf: &CudaSlice<T>) -> TestResult<Vec<T>> {
+fn download<T: TestType>(comm: &Comm, buf: &CudaSlice<T>) -> TestResult<Vec<T>> {
     comm.synchronize(comm.stream())?;
     Ok(comm.stream().clone_dtoh(buf)?)
 }
@@ -228,7 +184,7 @@ fn world_rank(m: &DeviceMesh) -> usize {
 #[ignore = "needs GPUs: cargo xtask gpu-test"]
 fn worlds_know_their_place_and_all_reduce_bit_exact() {
     run(|worlds| {
-        let n = world_size();
+        let n = world();
         for w in worlds.iter() {
             assert_eq!(w.size(), n);
             assert!(w.rank() < n);
@@ -298,7 +254,7 @@ fn host_helpers_and_barrier_are_exact() {
 #[ignore = "needs GPUs: cargo xtask gpu-test"]
 fn one_dimensional_mesh_reduces_bit_exact() {
     run(|worlds| {
-        let n = world_size();
+        let n = world();
         for placement in [Placement::RankOrder, Placement::NvlinkIslands] {
             let ms = meshes(worlds, &[("dp", n)], placement)?;
             for m in &ms {
@@ -333,14 +289,10 @@ fn two_dimensional_mesh_reduces_along_each_axis_bit_exact() {
     // another rank's thread (device-synchronising calls): a rank that has
     // already launched its next collective would never let that finish.
     // The threads meet on the host after dropping their meshes.
-    let threads = if mode() == Mode::Threads {
-        world_size()
-    } else {
-        1
-    };
+    let threads = if mode() == Mode::Threads { world() } else { 1 };
     let dropped = std::sync::Barrier::new(threads);
     run(|worlds| {
-        let n = world_size();
+        let n = world();
         // 4 GPUs: 2x2; 2 GPUs: 1x2 and 2x1; 1 GPU: 1x1.
         let shapes: Vec<(usize, usize)> = (1..=n)
             .filter(|a| n.is_multiple_of(*a))
@@ -400,14 +352,10 @@ fn two_dimensional_mesh_reduces_along_each_axis_bit_exact() {
 fn three_dimensional_mesh_reduces_along_each_axis_bit_exact() {
     // As in the 2-D test: with a thread per GPU the threads meet on the
     // host after dropping their meshes.
-    let threads = if mode() == Mode::Threads {
-        world_size()
-    } else {
-        1
-    };
+    let threads = if mode() == Mode::Threads { world() } else { 1 };
     let dropped = std::sync::Barrier::new(threads);
     run(|worlds| {
-        let n = world_size();
+        let n = world();
         // 8 GPUs: 2x2x2; 4: 2x2x1; 2: 2x1x1; 1: 1x1x1 (pp x dp x tp).
         let mut dims = [1usize; 3];
         let mut left = n;
@@ -459,7 +407,7 @@ fn three_dimensional_mesh_reduces_along_each_axis_bit_exact() {
 
 /// Every collective of the trait on one type, against values computed on
 /// the host.
-fn trait_collectives<T: Exact>(w: &World) -> TestResult {
+fn trait_collectives<T: TestType>(w: &World) -> TestResult {
     let comm: &dyn Communicator = w.comm();
     let (n, r) = (comm.size(), comm.rank());
     let stream = w.comm().stream();
@@ -628,7 +576,7 @@ fn comm_stream_overlaps_and_orders_with_compute() {
 fn a_failing_rank_ends_the_others_at_once_with_a_thread_per_gpu() {
     use std::time::{Duration, Instant};
     // One cell is enough: this test makes its own world.
-    if mode() != Mode::Single || world_size() < 2 {
+    if mode() != Mode::Single || world() < 2 {
         return;
     }
     let options = nccl_dist::WorldOptions::new()

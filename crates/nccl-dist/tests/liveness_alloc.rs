@@ -4,8 +4,7 @@
 //! the counting allocator below is global to the binary; it counts only
 //! inside the measured window.
 
-mod common;
-use common::random_id;
+use nccl_testkit::random_id;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::net::TcpListener;

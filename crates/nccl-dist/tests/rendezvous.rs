@@ -1,8 +1,7 @@
 //! The rendezvous over loopback with real sockets (threads and processes),
 //! and every bad case ending in a typed error on the side that sees it.
 
-mod common;
-use common::random_id;
+use nccl_testkit::random_id;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -354,8 +353,8 @@ fn proxy(
             for (way, mut from, mut to) in [
                 (
                     Way::ToServer,
-                    client.try_clone().unwrap(),
-                    server.try_clone().unwrap(),
+                    client.try_clone().expect("clone the client socket"),
+                    server.try_clone().expect("clone the server socket"),
                 ),
                 (Way::ToClient, server, client),
             ] {
@@ -363,7 +362,7 @@ fn proxy(
                 std::thread::spawn(move || {
                     let mut n = 0;
                     while let Some(mut frame) = read_frame(&mut from) {
-                        s.lock().unwrap().push((way, frame.clone()));
+                        s.lock().expect("frames seen").push((way, frame.clone()));
                         tamper(way, n, &mut frame);
                         n += 1;
                         if to.write_all(&frame).is_err() {
@@ -416,13 +415,14 @@ fn attack_slow_peers_do_not_delay_the_real_ranks() {
 /// frame in the old style (text that tries to reach a terminal) or a
 /// challenge it cannot prove, until `until`.
 fn fake_rank_zero(l: &TcpListener, until: Instant) {
-    l.set_nonblocking(true).unwrap();
+    l.set_nonblocking(true).expect("nonblocking listener");
     let mut n = 0;
     while Instant::now() < until {
         match l.accept() {
             Ok((mut c, _)) => {
-                c.set_nonblocking(false).unwrap();
-                c.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+                c.set_nonblocking(false).expect("blocking socket");
+                c.set_read_timeout(Some(Duration::from_secs(1)))
+                    .expect("read timeout");
                 let _ = read_frame(&mut c);
                 let frame = if n % 2 == 0 {
                     encode_frame(5, b"\x1b[31mEVIL: rank 0 says go away\n")

@@ -7,35 +7,13 @@
 //! kernel stuck on purpose (a collective that the other rank never joins),
 //! so every test ends by aborting what it made.
 
-use std::error::Error as StdError;
 use std::time::{Duration, Instant};
 
 use nccl_safe::cudarc::driver::CudaContext;
 use nccl_safe::{
     AbortCause, AbortSignal, Comm, Config, Error, GroupGuard, NcclMemory, ReduceOp, UniqueId,
 };
-
-type TestResult<T = ()> = Result<T, Box<dyn StdError + Send + Sync>>;
-
-/// GPUs this run may use: `NCCL_SAFE_TEST_WORLD`, else every visible one.
-fn gpus() -> usize {
-    let visible = CudaContext::device_count().unwrap_or(0) as usize;
-    let wanted = std::env::var("NCCL_SAFE_TEST_WORLD")
-        .ok()
-        .and_then(|w| w.parse().ok())
-        .unwrap_or(visible);
-    assert!(
-        wanted >= 1 && wanted <= visible,
-        "asked for {wanted} GPUs, {visible} visible"
-    );
-    wanted
-}
-
-fn check(result: TestResult) {
-    if let Err(e) = result {
-        panic!("{e}");
-    }
-}
+use nccl_testkit::{TestResult, check, within, world};
 
 /// Two blocking communicators (devices 0 and 1) driven by this thread.
 fn pair(timeout: Duration) -> TestResult<Vec<Comm>> {
@@ -57,7 +35,7 @@ fn abort_all(comms: Vec<Comm>) {
 #[test]
 #[ignore = "needs 2 GPUs: cargo xtask gpu-test"]
 fn abort_from_another_thread_while_a_group_is_open_waits_for_its_end() {
-    if gpus() < 2 {
+    if world() < 2 {
         eprintln!("needs 2 GPUs; nothing to do on one");
         return;
     }
@@ -115,7 +93,7 @@ fn abort_from_another_thread_while_a_group_is_open_waits_for_its_end() {
 #[test]
 #[ignore = "needs a GPU: cargo xtask gpu-test"]
 fn a_signal_aborts_a_nonblocking_init_that_a_peer_never_joins() {
-    gpus();
+    world();
     check((|| {
         let signal = AbortSignal::new();
         let config = Config::new()
@@ -152,7 +130,7 @@ fn a_signal_aborts_a_nonblocking_init_that_a_peer_never_joins() {
 #[test]
 #[ignore = "needs 2 GPUs: cargo xtask gpu-test"]
 fn drop_of_a_blocking_comm_with_unfinished_work_is_bounded() {
-    if gpus() < 2 {
+    if world() < 2 {
         eprintln!("needs 2 GPUs; nothing to do on one");
         return;
     }
@@ -186,7 +164,7 @@ fn drop_of_a_blocking_comm_with_unfinished_work_is_bounded() {
 #[test]
 #[ignore = "needs 2 GPUs: cargo xtask gpu-test"]
 fn nccl_memory_drop_behind_a_stuck_kernel_is_bounded() {
-    if gpus() < 2 {
+    if world() < 2 {
         eprintln!("needs 2 GPUs; nothing to do on one");
         return;
     }
@@ -218,20 +196,6 @@ fn nccl_memory_drop_behind_a_stuck_kernel_is_bounded() {
     })());
 }
 
-/// Runs `f` on a thread and fails the test if it has not returned within
-/// `limit` (a regression would otherwise hang the whole test binary).
-fn within<T: Send + 'static>(
-    limit: Duration,
-    f: impl FnOnce() -> T + Send + 'static,
-) -> TestResult<T> {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    rx.recv_timeout(limit)
-        .map_err(|_| format!("did not return within {limit:?}").into())
-}
-
 /// H1 and L4: `init_all` used to prepare each device inside the group, so
 /// a device that could not be prepared (here one that does not exist) left
 /// the ranks before it queued in a group whose end then waited for the
@@ -241,7 +205,7 @@ fn within<T: Send + 'static>(
 #[test]
 #[ignore = "needs a GPU: cargo xtask gpu-test"]
 fn init_all_with_a_device_that_is_missing_fails_at_once() {
-    gpus();
+    world();
     check((|| {
         let missing = CudaContext::device_count()? as usize + 3;
         let started = Instant::now();
@@ -284,7 +248,7 @@ fn threads() -> TestResult<usize> {
 #[test]
 #[ignore = "needs 2 GPUs: cargo xtask gpu-test"]
 fn init_all_and_split_all_leak_nothing_when_wrapping_fails() {
-    if gpus() < 2 {
+    if world() < 2 {
         return;
     }
     check((|| {
@@ -333,7 +297,7 @@ fn init_all_and_split_all_leak_nothing_when_wrapping_fails() {
 #[test]
 #[ignore = "needs a GPU: cargo xtask gpu-test"]
 fn nccl_memory_used_on_two_streams_keeps_the_order_of_its_uses() {
-    gpus();
+    world();
     check((|| {
         let one = Comm::init_rank(&UniqueId::new()?, 0, 1, 0, &Config::new())?;
         let two = Comm::init_rank(&UniqueId::new()?, 0, 1, 0, &Config::new())?;
@@ -379,7 +343,7 @@ fn nccl_memory_used_on_two_streams_keeps_the_order_of_its_uses() {
 #[test]
 #[ignore = "needs a GPU: cargo xtask gpu-test"]
 fn a_captured_graph_owns_its_buffers_and_replays_bit_exact() {
-    gpus();
+    world();
     check((|| {
         let comm = Comm::init_rank(&UniqueId::new()?, 0, 1, 0, &Config::new())?;
         let stream = comm.stream();

@@ -3,7 +3,7 @@
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::run::Result;
+use crate::error::Result;
 
 /// A barrier for the threads of this process that drive ranks (one in
 /// single and processes mode, one per GPU in threads mode), with a

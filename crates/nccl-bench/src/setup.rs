@@ -16,7 +16,7 @@ use nccl_dist::{DeviceMesh, Launch, World, default_config, nonblocking_config};
 use serde_json::json;
 
 use crate::cli::{Mode, Opts};
-use crate::run::{BoxError, Result};
+use crate::error::{BoxError, Result};
 
 /// Milliseconds of each phase, on one rank.
 #[derive(Debug, Clone, Copy, Default)]

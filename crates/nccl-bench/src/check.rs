@@ -4,8 +4,9 @@
 use nccl_dist::nccl_safe::cudarc::driver::{CudaStream, result as cuda, sys};
 
 use crate::cli::Check;
+use crate::coll::Spec;
 use crate::coll::{self, Coll, Elem};
-use crate::run::{Result, Spec, cuda_err};
+use crate::error::{Result, cuda_err};
 
 /// `(address, elements, value)` regions that make up rank `me`'s inputs.
 pub fn inputs<T: Elem>(

@@ -108,6 +108,16 @@ pub struct Shape {
     pub elements: usize,
 }
 
+/// One operation to measure.
+#[derive(Debug, Clone, Copy)]
+pub struct Spec {
+    pub coll: Coll,
+    pub shape: Shape,
+    pub in_place: bool,
+    pub op: ReduceOp,
+    pub root: usize,
+}
+
 /// The layer a call goes through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Layer {

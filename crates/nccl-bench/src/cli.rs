@@ -11,7 +11,7 @@ pub const USAGE: &str = "usage: bench [FLAGS]
 What to run:
   --mode single|threads|processes  one thread driving every GPU, a thread per GPU,
                                    or a process per GPU (started by a launcher:
-                                   `cargo xtask launch -n N --example bench -- --mode processes`)
+                                   `cargo xtask launch -n N --bin nccl-bench -- --mode processes`)
                                    [threads]
   -g, --gpus N                     GPUs to use, devices 0..N (single/threads) [all]
   --ops LIST                       all_reduce,all_gather,reduce_scatter,broadcast,

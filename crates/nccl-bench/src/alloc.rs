@@ -42,7 +42,7 @@ thread_local! {
 /// Opens or closes the traced window (when the environment asks for it).
 pub fn trace_window(open: bool) {
     static WANTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if *WANTED.get_or_init(|| std::env::var_os("NCCL_RS_BENCH_ALLOC_TRACE").is_some()) {
+    if *WANTED.get_or_init(|| std::env::var_os(crate::env::ALLOC_TRACE).is_some()) {
         TRACING.store(open, Ordering::Relaxed);
     }
 }
@@ -58,7 +58,7 @@ fn trace(size: usize) {
             thread.name(),
             thread.id()
         );
-        if std::env::var_os("NCCL_RS_BENCH_ALLOC_TRACE").is_some_and(|v| v == "bt") {
+        if std::env::var_os(crate::env::ALLOC_TRACE).is_some_and(|v| v == "bt") {
             eprintln!("{}", std::backtrace::Backtrace::force_capture());
         }
     }

@@ -1,6 +1,6 @@
 //! The raw side of `--step`: the same step as nccl-sys function pointers
 //! on the raw handles of blocking, unwatched communicators, as a C program
-//! would issue it (see `step.rs` for the step).
+//! would issue it (see `mod.rs` for the step).
 
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -10,9 +10,10 @@ use nccl_dist::nccl_safe::cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use nccl_dist::nccl_safe::nccl_sys::{cudaStream_t, ncclComm_t, ncclRedOp_t, ncclResult_t};
 use nccl_dist::nccl_safe::{NcclType, ReduceOp};
 
-pub use crate::run::Fns;
-use crate::run::Result;
-use crate::step::{Bufs, Layout};
+use crate::error::Result;
+use crate::fns::Fns;
+
+use super::bufs::{Bufs, Layout};
 
 pub fn ok(what: &str, code: ncclResult_t) -> Result<()> {
     if code == ncclResult_t::ncclSuccess {

@@ -19,10 +19,10 @@
 //! default options and through raw nccl-sys calls, interleaved.
 //!
 //! ```text
-//! cargo run --release --example bench -- --mode threads -b 8 -e 2G
-//! cargo run --release --example bench -- --mode single --graph --ops all_reduce -e 8
-//! cargo xtask launch -n 4 --example bench -- --mode processes
-//! cargo run --release --example bench -- --setup
+//! cargo run --release -p nccl-bench -- --mode threads -b 8 -e 2G
+//! cargo run --release -p nccl-bench -- --mode single --graph --ops all_reduce -e 8
+//! cargo xtask launch -n 4 --bin nccl-bench -- --mode processes
+//! cargo run --release -p nccl-bench -- --setup
 //! cargo xtask bench        # every mode, the report, the JSON and the plot
 //! ```
 //!
@@ -42,10 +42,12 @@ mod barrier;
 mod check;
 mod cli;
 mod coll;
+mod env;
+mod error;
+mod fns;
 mod run;
 mod setup;
 mod step;
-mod step_raw;
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -60,8 +62,9 @@ use serde_json::{Value, json};
 
 use barrier::HostBarrier;
 use cli::{Mode, Opts};
-use coll::{Coll, Elem, Layer};
-use run::{Driver, RankComms, Result, Spec};
+use coll::{Coll, Elem, Layer, Spec};
+use error::Result;
+use run::{Driver, RankComms};
 
 #[global_allocator]
 static ALLOCATOR: alloc::Counting = alloc::Counting;
@@ -183,7 +186,7 @@ fn watch_for(
     Ok(Some(observer))
 }
 
-fn to_dist(e: run::BoxError) -> nccl_dist::Error {
+fn to_dist(e: error::BoxError) -> nccl_dist::Error {
     nccl_dist::Error::InvalidArgument {
         op: "bench",
         reason: e.to_string(),
@@ -272,7 +275,7 @@ fn main_typed<T: Elem>(opts: &Opts) -> Result<()> {
         Mode::Processes => {
             let launch = Launch::detect().map_err(|e| {
                 format!(
-                    "--mode processes needs a launcher ({e}); try `cargo xtask launch -n 4 --example bench -- --mode processes`"
+                    "--mode processes needs a launcher ({e}); try `cargo xtask launch -n 4 --bin nccl-bench -- --mode processes`"
                 )
             })?;
             let world = World::init_with(launch, &world_options(&opts))?;

@@ -18,66 +18,16 @@ use nccl_dist::DType;
 use nccl_dist::nccl_safe::cudarc::driver::{
     CudaGraph, CudaSlice, CudaStream, DevicePtr, result as cuda, sys,
 };
-use nccl_dist::nccl_safe::nccl_sys::{cudaStream_t, ncclComm_t, ncclResult_t, pfn};
-use nccl_dist::nccl_safe::{Comm, GroupGuard, Library, OnStream, OpObserver, ReduceOp};
+use nccl_dist::nccl_safe::nccl_sys::{cudaStream_t, ncclComm_t, ncclResult_t};
+use nccl_dist::nccl_safe::{Comm, GroupGuard, OnStream, OpObserver, ReduceOp};
 
 use crate::alloc;
 use crate::barrier::HostBarrier;
 use crate::check::{count_wrong, expected, fill, inputs};
 use crate::cli::{Check, Opts};
-use crate::coll::{Coll, Elem, Layer, Shape};
-
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
-pub type Result<T, E = BoxError> = std::result::Result<T, E>;
-
-/// One operation to measure.
-#[derive(Debug, Clone, Copy)]
-pub struct Spec {
-    pub coll: Coll,
-    pub shape: Shape,
-    pub in_place: bool,
-    pub op: ReduceOp,
-    pub root: usize,
-}
-
-/// The nccl-sys entry points the raw layer and the raw step call, looked
-/// up once.
-pub struct Fns {
-    pub all_reduce: pfn::ncclAllReduce,
-    pub all_gather: pfn::ncclAllGather,
-    pub reduce_scatter: pfn::ncclReduceScatter,
-    pub broadcast: pfn::ncclBroadcast,
-    pub reduce: pfn::ncclReduce,
-    pub all_to_all: Option<pfn::ncclAlltoAll>,
-    pub send: pfn::ncclSend,
-    pub recv: pfn::ncclRecv,
-    pub group_start: pfn::ncclGroupStart,
-    pub group_end: pfn::ncclGroupEnd,
-    pub async_error: pfn::ncclCommGetAsyncError,
-    pub premul_create: pfn::ncclRedOpCreatePreMulSum,
-    pub premul_destroy: pfn::ncclRedOpDestroy,
-}
-
-impl Fns {
-    pub fn load() -> Result<Fns> {
-        let raw = Library::get()?.raw();
-        Ok(Fns {
-            all_reduce: raw.ncclAllReduce()?,
-            all_gather: raw.ncclAllGather()?,
-            reduce_scatter: raw.ncclReduceScatter()?,
-            broadcast: raw.ncclBroadcast()?,
-            reduce: raw.ncclReduce()?,
-            all_to_all: raw.ncclAlltoAll().ok(),
-            send: raw.ncclSend()?,
-            recv: raw.ncclRecv()?,
-            group_start: raw.ncclGroupStart()?,
-            group_end: raw.ncclGroupEnd()?,
-            async_error: raw.ncclCommGetAsyncError()?,
-            premul_create: raw.ncclRedOpCreatePreMulSum()?,
-            premul_destroy: raw.ncclRedOpDestroy()?,
-        })
-    }
-}
+use crate::coll::{Coll, Elem, Layer, Shape, Spec};
+use crate::error::{BoxError, Result, cuda_err};
+use crate::fns::Fns;
 
 /// The communicators of one rank that this thread drives.
 pub struct RankComms<'c> {
@@ -128,10 +78,6 @@ pub struct Driver<'c, T> {
     warmup: usize,
     graph_launches: usize,
     min_seconds: f64,
-}
-
-pub fn cuda_err(what: &'static str) -> impl Fn(cuda::DriverError) -> BoxError {
-    move |e| format!("{what}: {e}").into()
 }
 
 impl<'c, T: Elem> Driver<'c, T> {

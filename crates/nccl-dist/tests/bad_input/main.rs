@@ -1,0 +1,464 @@
+//! The bad-input table: every public function of `nccl-safe` and
+//! `nccl-dist`, driven with each class of invalid argument that applies to
+//! it, asserting the typed error (and that no NCCL call was needed to find
+//! it). Functions with nothing to refuse are listed in [`NOTHING_TO_REFUSE`]
+//! with the reason, and [`the_table_names_every_public_function`] checks,
+//! from the sources, that no public function is missing from the two.
+//!
+//! Classes: length, device, rank/root/peer, dtype, aliasing, use after
+//! abort, use after finalize, group misuse (a direct call or an init inside
+//! a group), double end, environment, format. Two are stopped by the type
+//! system and need no runtime case: `finalize`, `destroy`, `abort` and
+//! `GroupGuard::end` take `self`, so a second call or a use afterwards
+//! does not compile.
+//!
+//! `table_without_a_gpu` runs on any machine (`cargo xtask test` points
+//! `NCCL_LIBRARY` at a real libnccl); `table_on_gpus` is `#[ignore]`d and
+//! run by `cargo xtask gpu-test` (one thread, up to 2 GPUs).
+
+// Test code: the row helpers in the modules are not `#[test]` functions,
+// which clippy's `allow-unwrap-in-tests` alone covers.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeSet;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use nccl_dist::mesh::MeshShape;
+use nccl_dist::nccl_safe::cudarc::driver::{CudaContext, CudaSlice, DevicePtr};
+use nccl_dist::nccl_safe::{
+    self, Comm, Config, Encryption, Error as SafeError, GroupGuard, Library, NcclMemory, PreMulSum,
+    PresharedKey, ReduceOp, Registration, Role, UniqueId, Window, group,
+};
+use nccl_dist::placement::{NvmlStatus, Topology};
+use nccl_dist::rendezvous::{self, RendezvousError};
+use nccl_dist::{
+    CommStream, Communicator, DType, DeviceMesh, Error, HostCollectives, Launch, LaunchError,
+    MeshError, Secret, SecretError, WatchdogOptions, World, WorldOptions,
+};
+
+/// Functions with no argument that could be invalid, or whose every input
+/// is valid, with the reason. Names as `Type::function`.
+const NOTHING_TO_REFUSE: &[(&str, &str)] = &[
+    // Accessors of values that exist once the object does.
+    (
+        "Comm::rank size device stream timeout is_blocking compute_capability library capabilities fp8_reductions observer abort_handle",
+        "accessor",
+    ),
+    ("AbortHandle::is_aborted downgrade", "accessor"),
+    (
+        "WeakAbortHandle::upgrade is_alive",
+        "None / false once the communicator is gone, not an error",
+    ),
+    (
+        "Comm::force_send_recv_collectives set_observer",
+        "every value is valid",
+    ),
+    (
+        "Capabilities::symbols since name version has features",
+        "accessor / query",
+    ),
+    (
+        "Feature::decide",
+        "a pure function of the version and symbols",
+    ),
+    ("Library::raw version capabilities", "accessor"),
+    (
+        "Config::new timeout get_timeout is_blocking",
+        "every value is valid (the NCCL fields are checked at init: see Config rows)",
+    ),
+    ("Error::nccl_code", "accessor"),
+    ("UniqueId::digest", "accessor"),
+    ("ReduceOp::raw", "every op maps"),
+    ("PreMulSum::raw", "accessor"),
+    ("NcclMemory::device_ptr", "accessor"),
+    ("Registration::into_inner", "consumes the registration"),
+    (
+        "Window::deregister_all raw",
+        "consumes the windows / accessor",
+    ),
+    ("Access::none", "constructor without input"),
+    ("Link::abbreviation", "accessor"),
+    (
+        "Topology::gpus link nvml has_nvlink islands ring_order render",
+        "queries of a probed topology; link() answers None for unknown pairs",
+    ),
+    (
+        "GroupGuard::on on_stream nest",
+        "borrow the guard; misuse is a compile error or is refused at the collective (group rows)",
+    ),
+    ("NestedGroup::on", "as GroupGuard::on"),
+    ("nccl_safe::take_dropped_group_error", "query"),
+    (
+        "Span::device at_least times rank aliasing segments",
+        "crate-internal checks (pub inside a private module), driven by every collective row",
+    ),
+    ("nccl_safe::cudarc", "re-export"),
+    ("DeviceMesh::shape coordinate position comm", "accessor"),
+    ("SubMesh::shape coordinate", "accessor"),
+    (
+        "nccl_dist::device_order positions_on_host",
+        "pure functions of a topology / order; every input is valid",
+    ),
+    ("MeshShape::size names", "accessor"),
+    (
+        "MeshShape::rank_of",
+        "None for a coordinate outside the mesh, not an error",
+    ),
+    (
+        "DeviceMesh::world_rank_of",
+        "None for a coordinate outside the mesh, not an error",
+    ),
+    (
+        "CommStream::stream record new wait_for",
+        "accessor / records an event / a cross-device wait is valid CUDA",
+    ),
+    (
+        "GroupGuard::simulate",
+        "consumes the guard; NCCL's own errors come back typed",
+    ),
+    ("CommEvent::block is_done", "accessor / orders a stream"),
+    (
+        "World::comm into_comm rank size local_rank device launch watchdog",
+        "accessor",
+    ),
+    (
+        "WorldOptions::new secret timeout config method device port watchdog encryption",
+        "builders; checked when init uses them (World rows)",
+    ),
+    (
+        "nccl_dist::default_config nonblocking_config",
+        "constructor",
+    ),
+    (
+        "WorldOptions::op_timeout no_watchdog liveness",
+        "builders; every value is valid (a zero timeout fails the first wait, typed)",
+    ),
+    (
+        "World::explain abort_signal liveness spawn_local_with_options",
+        "maps an error / accessor / as spawn_local (its rows)",
+    ),
+    ("Error::lost_rank", "accessor"),
+    (
+        "Watched::track_stream",
+        "refuses a stream of another device (WrongDevice) before anything is kept; not driven here (needs a watched communicator on a GPU)",
+    ),
+    (
+        "Watchdog::peer_lost",
+        "every loss is valid input; it fails the watched communicators",
+    ),
+    (
+        "AbortHandle::request_abort abort_with try_status cause",
+        "as abort and status: every cause is valid; misuse in a group is refused (abort rows)",
+    ),
+    (
+        "AbortSignal::new trigger is_triggered cause",
+        "every cause is valid; triggering twice keeps the first",
+    ),
+    ("AbortCause::lost_rank", "accessor"),
+    (
+        "Liveness::in_process world losses first_loss is_lost on_loss leave",
+        "constructor / accessors / every hook is valid / idempotent goodbye",
+    ),
+    (
+        "Liveness::report",
+        "every loss is valid; a rank outside the world is ignored (logged)",
+    ),
+    (
+        "LivenessOptions::new heartbeat silence_limit enabled is_enabled heartbeat_interval silence",
+        "builders (values clamped to a floor) / accessors; the environment is checked (from_lookup rows)",
+    ),
+    (
+        "Config::abort_signal get_abort_signal",
+        "every signal is valid",
+    ),
+    ("OpObserver::unfinished", "a query an observer answers"),
+    (
+        "Comm::borrowed_stream",
+        "unsafe: the caller vouches that the raw stream is live on the communicator's context",
+    ),
+    (
+        "capture",
+        "its refusals (memory the graph does not own, a PreMulSum, a replaced buffer) need a GPU: a_captured_graph_owns_its_buffers_and_replays_bit_exact in tests/abort.rs",
+    ),
+    (
+        "CapturedGraph::buffers into_buffers",
+        "accessors of what the graph owns; into_buffers waits with the communicators' deadline",
+    ),
+    (
+        "Captured::open Opened::push",
+        "the trait's own plumbing (an unsafe trait: implementors vouch for what they push)",
+    ),
+    (
+        "allow_capture",
+        "unsafe scope around a closure: every input is valid, the contract (buffers and communicator outlive the graph's launches) is the caller's",
+    ),
+    (
+        "ObservedStream::as_raw",
+        "accessor; only nccl-safe makes an ObservedStream",
+    ),
+    (
+        "Secret::random bytes to_env_value",
+        "constructor / accessor",
+    ),
+    (
+        "Launch::first_host",
+        "pure string function; every input gives a host",
+    ),
+    (
+        "rendezvous::encode_frame",
+        "every kind and payload encode (the reader enforces the cap)",
+    ),
+    (
+        "WatchdogOptions::new timeout history poll_interval print_on_failure get_timeout options",
+        "builders clamp to their minimum",
+    ),
+    (
+        "Watchdog::start watch options",
+        "every communicator can be watched",
+    ),
+    (
+        "Watched::of label failure history render_history next_seq wait_idle",
+        "queries; of() answers None for an unwatched comm",
+    ),
+    ("Failure::render_history", "accessor"),
+    (
+        "nccl_dist::explain",
+        "maps an error; every error is valid input",
+    ),
+    ("Communicator::rank size device nccl of", "accessor"),
+    ("DType::size of", "accessor / type mapping"),
+    (
+        "OpObserver::issued as_any into_any",
+        "implemented by the user, called by the library",
+    ),
+    (
+        "DeviceBuffer::len is_empty read write",
+        "implemented by buffer types; the collectives check what they report (length, device and aliasing rows)",
+    ),
+    (
+        "Reduction::raw_for scalar_access scales",
+        "called by the collectives; raw_for refuses the op of another communicator (PreMulSum::host row)",
+    ),
+    (
+        "UniqueId::as_bytes",
+        "accessor (from_bytes takes any 128 bytes)",
+    ),
+    (
+        "Library::get",
+        "a bad NCCL_LIBRARY is a typed load error: nccl-sys's loader tests (crates/nccl-sys/tests/library.rs)",
+    ),
+];
+
+/// Every (function, class) a case exercised, for the coverage report.
+static SEEN: Mutex<BTreeSet<(String, String)>> = Mutex::new(BTreeSet::new());
+
+/// One row: `func` given an invalid argument of `class` answers an error
+/// that `want` accepts.
+fn case<T: std::fmt::Debug, E: std::fmt::Debug>(
+    func: &str,
+    class: &str,
+    got: Result<T, E>,
+    want: impl Fn(&E) -> bool,
+) {
+    match &got {
+        Err(e) if want(e) => {}
+        other => panic!("{func} with bad {class}: got {other:?}"),
+    }
+    SEEN.lock()
+        .unwrap()
+        .insert((func.to_string(), class.to_string()));
+}
+
+fn lookup(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+    move |k| {
+        pairs
+            .iter()
+            .find(|(n, _)| *n == k)
+            .map(|(_, v)| v.to_string())
+    }
+}
+
+fn has_library() -> bool {
+    std::env::var_os("NCCL_LIBRARY").is_some()
+}
+
+#[test]
+fn table_without_a_gpu() {
+    let id = UniqueId::from_bytes([7; 128]);
+    without_gpu::safe_rows(id);
+    without_gpu::dist_rows(id);
+}
+
+/// A host buffer's address is not device memory.
+fn host_ptr(v: &[f32]) -> u64 {
+    v.as_ptr() as u64
+}
+
+#[test]
+#[ignore = "needs GPUs: cargo xtask gpu-test"]
+fn table_on_gpus() {
+    if std::env::var("NCCL_SAFE_TEST_MODE").is_ok_and(|m| m != "single") {
+        // One thread drives the table; the other modes add nothing.
+        return;
+    }
+    let gpus = CudaContext::device_count().expect("CUDA") as usize;
+    let n = gpus.min(2);
+    safe_on_gpu::rows(n, gpus);
+    dist_on_gpus::rows(n, gpus);
+    let seen = SEEN.lock().unwrap();
+    eprintln!(
+        "bad-input table on {n} GPU(s): {} (function, class) rows passed",
+        seen.len()
+    );
+}
+
+/// A view over raw device memory, for the aliasing rows.
+struct RawView {
+    ptr: u64,
+    len: usize,
+    device: usize,
+}
+
+fn unsafe_view(ptr: u64, len: usize, device: usize) -> RawView {
+    RawView { ptr, len, device }
+}
+
+// SAFETY: only used with pointers into a live allocation of `len` f32 on
+// `device`, and refused before any use (partial overlap).
+unsafe impl nccl_safe::DeviceBuffer<f32> for RawView {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn device(&self) -> usize {
+        self.device
+    }
+    fn read<'a>(
+        &'a self,
+        _stream: &'a nccl_safe::cudarc::driver::CudaStream,
+    ) -> (u64, nccl_safe::Access<'a>) {
+        (self.ptr, nccl_safe::Access::none())
+    }
+}
+// SAFETY: as above.
+unsafe impl nccl_safe::DeviceBufferMut<f32> for RawView {
+    fn write<'a>(
+        &'a mut self,
+        _stream: &'a nccl_safe::cudarc::driver::CudaStream,
+    ) -> (u64, nccl_safe::Access<'a>) {
+        (self.ptr, nccl_safe::Access::none())
+    }
+}
+
+/// The public functions of a crate's sources: `pub fn` items and the
+/// methods of its public traits, by name.
+fn public_functions(src: &std::path::Path) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    // Module directories too (`src/liveness/*.rs`).
+    let mut files = Vec::new();
+    let mut dirs = vec![src.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else {
+                files.push(path);
+            }
+        }
+    }
+    for path in files {
+        if path.extension().is_none_or(|e| e != "rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        let mut in_pub_trait = 0usize;
+        let mut depth = 0usize;
+        for line in text.lines() {
+            let t = line.trim_start();
+            if t.starts_with("#[cfg(test)]") {
+                break;
+            }
+            if t.starts_with("pub trait ") || t.starts_with("pub unsafe trait ") {
+                in_pub_trait = depth + 1;
+            }
+            let fn_name = t
+                .strip_prefix("pub fn ")
+                .or_else(|| t.strip_prefix("pub unsafe fn "))
+                .or_else(|| t.strip_prefix("pub const fn "))
+                .or_else(|| {
+                    (in_pub_trait > 0 && depth == in_pub_trait)
+                        .then(|| {
+                            t.strip_prefix("fn ")
+                                .or_else(|| t.strip_prefix("unsafe fn "))
+                        })
+                        .flatten()
+                });
+            if let Some(rest) = fn_name {
+                let name: String = rest
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                if !name.is_empty() {
+                    names.insert(name);
+                }
+            }
+            depth += line.matches('{').count();
+            depth = depth.saturating_sub(line.matches('}').count());
+            if in_pub_trait > 0 && depth < in_pub_trait {
+                in_pub_trait = 0;
+            }
+        }
+    }
+    names
+}
+
+#[test]
+fn the_table_names_every_public_function() {
+    let mut covered = BTreeSet::new();
+    // Names in case rows: `case("Type::name", ...` / SEEN inserts.
+    for me in SOURCES {
+        for part in me.split('"').skip(1).step_by(2) {
+            if let Some((_, name)) = part.rsplit_once("::") {
+                covered.insert(name.to_string());
+            }
+        }
+    }
+    for (names, _) in NOTHING_TO_REFUSE {
+        let mut words = names.split_whitespace();
+        if let Some(first) = words.next() {
+            covered.insert(
+                first
+                    .rsplit_once("::")
+                    .map_or(first, |(_, n)| n)
+                    .to_string(),
+            );
+        }
+        covered.extend(words.map(str::to_string));
+    }
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut missing = Vec::new();
+    for krate in ["nccl-safe", "nccl-dist"] {
+        for name in public_functions(&root.join(krate).join("src")) {
+            if !covered.contains(&name) {
+                missing.push(format!("{krate}: {name}"));
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "public functions missing from the bad-input table: {missing:?}"
+    );
+}
+
+/// The files of this test, whose case rows name the functions covered.
+const SOURCES: [&str; 4] = [
+    include_str!("main.rs"),
+    include_str!("without_gpu.rs"),
+    include_str!("safe_on_gpu.rs"),
+    include_str!("dist_on_gpus.rs"),
+];
+
+mod dist_on_gpus;
+mod safe_on_gpu;
+mod without_gpu;

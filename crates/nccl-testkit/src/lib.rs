@@ -1,0 +1,37 @@
+//! The GPU test harness the GPU test binaries of nccl-safe and nccl-dist
+//! share (`publish = false`): the launch mode and world size `cargo xtask
+//! gpu-test` asks for, communicators made per rank in that mode, test
+//! values exact in every NCCL type with guarded, bit-exact checks, random
+//! unique ids and deadlines.
+//!
+//! ```text
+//! env.rs       the environment xtask sets: mode, world size, id file; random ids
+//! ranks.rs     Rank and run(config, body): a communicator per rank in each mode
+//! values.rs    TestType, exact inputs, Guarded buffers, each_type!
+//! deadline.rs  within(limit, f): a call that must return in time
+//! ```
+//!
+//! Import direction: `ranks` and `values` use `env`; nothing uses `ranks`.
+
+mod deadline;
+mod env;
+mod ranks;
+mod values;
+
+pub use deadline::within;
+pub use env::{Mode, env_number, exchange_id, mode, random_id, world};
+pub use ranks::{Rank, run};
+pub use values::{GUARD, GUARD_VALUE, Guarded, TestType, move_input, reduce_input, type_name};
+
+// For the macros, which run in the test crate.
+pub use {float8, half, nccl_safe};
+
+/// What a test body returns: any error, sendable between rank threads.
+pub type TestResult<T = ()> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+/// Fails the test with the error's message.
+pub fn check(result: TestResult) {
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}

@@ -1,0 +1,352 @@
+//! The summary figures and the targets they are held to: the flat
+//! `summary` object of `bench.json` and the targets table of the report.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde_json::{Value, json};
+
+use crate::Result;
+use crate::bench::json::{f, results, s, same};
+
+/// `x ≤ limit`; false when `x` is NaN (a missing figure), so a missing
+/// figure is never a hit.
+pub fn at_most(x: f64, limit: f64) -> bool {
+    x <= limit
+}
+
+/// `x ≥ limit`; false when `x` is NaN.
+pub fn at_least(x: f64, limit: f64) -> bool {
+    x >= limit
+}
+
+/// The largest of `(value, where)` pairs; NaN wins, so a missing figure
+/// shows instead of hiding behind a real one.
+pub fn worst(items: impl Iterator<Item = (f64, String)>) -> Option<(f64, String)> {
+    items.fold(None, |acc, (v, at)| match acc {
+        Some((a, _)) if a.is_nan() => acc,
+        Some((a, _)) if !v.is_nan() && v <= a => acc,
+        _ => Some((v, at)),
+    })
+}
+
+/// One figure of the targets table.
+pub struct Target {
+    key: &'static str,
+    /// `None`: the phase that measures it did not run.
+    value: Option<(f64, String)>,
+    limit: f64,
+    unit: &'static str,
+    /// What produces it, for the "not measured" line.
+    phase: &'static str,
+}
+
+impl Target {
+    /// Met only when measured and at most the limit (NaN: not met).
+    fn met(&self) -> bool {
+        self.value
+            .as_ref()
+            .is_some_and(|(v, _)| at_most(*v, self.limit))
+    }
+}
+
+/// The smallest size of each collective measured through `layer` in
+/// `doc`, out of place: (coll, record).
+pub fn smallest<'d>(doc: &'d Value, layer: &str) -> Vec<(&'d str, &'d Value)> {
+    let mut out: Vec<(&str, &Value)> = Vec::new();
+    for r in results(doc).filter(|r| r["in_place"] == false && s(r, "layer") == layer) {
+        let c = s(r, "coll");
+        match out.iter_mut().find(|(k, _)| *k == c) {
+            Some(slot) if slot.1["bytes"].as_u64() > r["bytes"].as_u64() => slot.1 = r,
+            Some(_) => {}
+            None => out.push((c, r)),
+        }
+    }
+    out
+}
+
+/// How much slower `a` is than `b` (µs per call), two layers measured at
+/// the same point in interleaved rounds: the median over rounds of each
+/// round's difference, so a stretch of seconds in which the whole machine
+/// runs slow or fast moves both sides of a difference alike. Records
+/// without per-round times (older runs) give the difference of medians.
+pub fn paired_excess(a: &Value, b: &Value) -> f64 {
+    let rounds = |r: &Value| -> Option<Vec<f64>> {
+        r["rounds_us"]
+            .as_array()?
+            .iter()
+            .map(Value::as_f64)
+            .collect::<Option<Vec<f64>>>()
+    };
+    match (rounds(a), rounds(b)) {
+        (Some(x), Some(y)) if x.len() == y.len() && !x.is_empty() => {
+            let mut d: Vec<f64> = x.iter().zip(&y).map(|(p, q)| p - q).collect();
+            d.sort_by(f64::total_cmp);
+            let m = d.len() / 2;
+            if d.len() % 2 == 1 {
+                d[m]
+            } else {
+                (d[m - 1] + d[m]) / 2.0
+            }
+        }
+        _ => f(a, "time_us") - f(b, "time_us"),
+    }
+}
+
+/// The modes whose latency jobs count for the targets: a thread and a
+/// process per GPU, blocking.
+pub const TARGET_MODES: &[&str] = &["threads", "processes"];
+
+/// The summary figures (see the module docs and `docs/bench/README.md`):
+///
+/// - `default_minus_raw_small_us_max`: the largest, over every collective,
+///   size ≤ 1 KiB and placement of the latency jobs in threads and
+///   processes mode, of the dist layer's µs per call (the world made
+///   with default options) minus raw's, measured in the same run: the
+///   median over rounds of each round's difference ([`paired_excess`]).
+/// - `watchdog_overhead_us`: the largest, over collectives and those
+///   modes, of `safe_wd − safe` (µs per call, paired by round as above)
+///   at each collective's smallest size, out of place: the same
+///   communicator with and without the watchdog's observer, interleaved.
+/// - `default_step_over_raw`: the largest over the step jobs (threads,
+///   processes) of median default step / median raw step.
+/// - `allocs_per_call_max`: the most heap allocations per call, counted
+///   on every thread of the process during the timed calls, in any
+///   measurement of any phase, and per NCCL call of the default step.
+pub fn summary(docs: &BTreeMap<String, Value>) -> (Value, Vec<Target>) {
+    let latency: Vec<(&str, &Value)> = TARGET_MODES
+        .iter()
+        .filter_map(|m| docs.get(&format!("latency-{m}")).map(|d| (*m, d)))
+        .collect();
+    let measured = |v: Option<(f64, String)>, ran: bool| {
+        if ran {
+            // The phase ran but gave nothing to compare: a NaN, never a hit.
+            Some(v.unwrap_or((f64::NAN, "no records to compare".into())))
+        } else {
+            None
+        }
+    };
+
+    let small = worst(latency.iter().flat_map(|(mode, doc)| {
+        let rs: Vec<&Value> = results(doc).collect();
+        rs.iter()
+            .filter(|r| s(r, "layer") == "dist" && r["bytes"].as_u64().is_some_and(|b| b <= 1024))
+            .map(|r| {
+                let over = rs
+                    .iter()
+                    .find(|q| s(q, "layer") == "raw" && same(q, r))
+                    .map_or(f64::NAN, |raw| paired_excess(r, raw));
+                let place = if r["in_place"] == true {
+                    "in place"
+                } else {
+                    "out of place"
+                };
+                (
+                    over,
+                    format!(
+                        "{mode} {} {} {place}",
+                        s(r, "coll"),
+                        human(r["bytes"].as_u64().unwrap_or(0))
+                    ),
+                )
+            })
+            .collect::<Vec<_>>()
+    }));
+
+    let watchdog = worst(latency.iter().flat_map(|(mode, doc)| {
+        smallest(doc, "safe_wd")
+            .into_iter()
+            .map(|(coll, on)| {
+                let over = results(doc)
+                    .find(|q| s(q, "layer") == "safe" && same(q, on))
+                    .map_or(f64::NAN, |off| paired_excess(on, off));
+                (
+                    over,
+                    format!("{mode} {coll} {}", human(on["bytes"].as_u64().unwrap_or(0))),
+                )
+            })
+            .collect::<Vec<_>>()
+    }));
+
+    let steps: Vec<(&str, &Value)> = TARGET_MODES
+        .iter()
+        .filter_map(|m| docs.get(&format!("step-{m}")).map(|d| (*m, d)))
+        .collect();
+    let step = worst(
+        steps
+            .iter()
+            .map(|(mode, d)| (f(&d["step"], "default_over_raw"), mode.to_string())),
+    );
+
+    let allocs = worst(
+        docs.iter()
+            .flat_map(|(name, doc)| {
+                results(doc).map(move |r| {
+                    (
+                        f(r, "allocs_per_call"),
+                        format!(
+                            "{name} {} {} {}",
+                            s(r, "layer"),
+                            s(r, "coll"),
+                            human(r["bytes"].as_u64().unwrap_or(0))
+                        ),
+                    )
+                })
+            })
+            .chain(steps.iter().map(|(mode, d)| {
+                (
+                    f(&d["step"], "allocs_per_call_default"),
+                    format!("step-{mode} default step"),
+                )
+            })),
+    );
+    let any_results = docs.values().any(|d| results(d).next().is_some()) || !steps.is_empty();
+
+    let targets = vec![
+        Target {
+            key: "default_minus_raw_small_us_max",
+            value: measured(small, !latency.is_empty()),
+            limit: 0.5,
+            unit: "µs",
+            phase: "latency",
+        },
+        Target {
+            key: "default_step_over_raw",
+            value: measured(step, !steps.is_empty()),
+            limit: 1.02,
+            unit: "",
+            phase: "step",
+        },
+        Target {
+            key: "watchdog_overhead_us",
+            value: measured(watchdog, !latency.is_empty()),
+            limit: 0.5,
+            unit: "µs",
+            phase: "latency",
+        },
+        Target {
+            key: "allocs_per_call_max",
+            value: measured(allocs, any_results),
+            limit: 0.0,
+            unit: "",
+            phase: "any",
+        },
+    ];
+    let mut flat = serde_json::Map::new();
+    for t in &targets {
+        // serde_json writes a NaN as null: a figure that could not be had.
+        flat.insert(t.key.into(), json!(t.value.as_ref().map(|(v, _)| *v)));
+        flat.insert(
+            format!("{}_at", t.key),
+            json!(t.value.as_ref().map(|(_, at)| at.clone())),
+        );
+        flat.insert(format!("{}_target", t.key), json!(t.limit));
+        flat.insert(format!("{}_met", t.key), json!(t.met()));
+    }
+    flat.insert("targets_met".into(), json!(targets.iter().all(Target::met)));
+    (Value::Object(flat), targets)
+}
+
+/// `shown` with a sign, two decimals where they tell hit from miss.
+pub fn signed(v: f64, limit: f64) -> String {
+    let short = format!("{v:+.2}");
+    match short.parse::<f64>() {
+        Ok(r) if at_most(r, limit) != at_most(v, limit) => format!("{v:+}"),
+        _ => short,
+    }
+}
+
+/// Shows a value so that rounding never makes a miss look like a hit.
+pub fn shown(v: f64, limit: f64) -> String {
+    let short = format!("{v:.3}");
+    match short.parse::<f64>() {
+        // The shortest text that reads back as exactly `v`.
+        Ok(r) if at_most(r, limit) != at_most(v, limit) => format!("{v}"),
+        _ => short,
+    }
+}
+
+pub fn targets_section(
+    md: &mut String,
+    targets: &[Target],
+    misses: &mut Vec<String>,
+) -> Result<()> {
+    writeln!(
+        md,
+        "## Targets
+"
+    )?;
+    writeln!(
+        md,
+        "Each figure from this run (`summary` in `bench.json`; how each is computed: `docs/bench/README.md`).
+"
+    )?;
+    writeln!(
+        md,
+        "| key | value | target | met | where (the worst case) |"
+    )?;
+    writeln!(md, "|---|---|---|---|---|")?;
+    for t in targets {
+        let (value, met, at) = match &t.value {
+            None => (
+                "not measured".to_string(),
+                format!("not measured (phase {} not run)", t.phase),
+                String::new(),
+            ),
+            Some((v, at)) if v.is_nan() => {
+                misses.push(format!("{}: could not be computed ({at})", t.key));
+                ("missing".to_string(), "**not met**".to_string(), at.clone())
+            }
+            Some((v, at)) => {
+                let met = t.met();
+                if !met {
+                    misses.push(format!("{} = {} > {}", t.key, shown(*v, t.limit), t.limit));
+                }
+                (
+                    format!("{} {}", shown(*v, t.limit), t.unit),
+                    if met { "met" } else { "**not met**" }.to_string(),
+                    at.clone(),
+                )
+            }
+        };
+        writeln!(
+            md,
+            "| `{}` | {value} | ≤ {} {} | {met} | {at} |",
+            t.key, t.limit, t.unit
+        )?;
+    }
+    writeln!(md)?;
+    Ok(())
+}
+
+/// A size in bytes as the report shows it (`8 B`, `1 KiB`, `2 GiB`).
+pub fn human(bytes: u64) -> String {
+    match bytes {
+        b if b >= 1 << 30 && b % (1 << 30) == 0 => format!("{} GiB", b >> 30),
+        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{} MiB", b >> 20),
+        b if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{} KiB", b >> 10),
+        b => format!("{b} B"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn excess_is_paired_by_round_and_falls_back_to_medians() {
+        // Round 2 ran on a slow machine for both layers: pairing removes it.
+        let a = json!({"time_us": 6.0, "rounds_us": [4.3, 6.3, 4.2]});
+        let b = json!({"time_us": 6.0, "rounds_us": [4.0, 6.0, 4.0]});
+        let d = paired_excess(&a, &b);
+        assert!((d - 0.3).abs() < 1e-9, "{d}");
+        let even = json!({"time_us": 5.0, "rounds_us": [5.0, 5.4]});
+        let base = json!({"time_us": 5.0, "rounds_us": [5.0, 5.0]});
+        assert!((paired_excess(&even, &base) - 0.2).abs() < 1e-9);
+        // Older records, or rounds that do not line up: medians.
+        let old = json!({"time_us": 5.5});
+        assert!((paired_excess(&old, &b) + 0.5).abs() < 1e-9);
+        let short = json!({"time_us": 7.0, "rounds_us": [7.0]});
+        assert!((paired_excess(&short, &b) - 1.0).abs() < 1e-9);
+    }
+}
