@@ -47,7 +47,7 @@ use std::time::{Duration, Instant};
 use crate::flags::{self, Flag, Trailing, switch, value};
 use crate::gpu_test::BENCH;
 use crate::launch::{Ended, launch_ranks};
-use crate::{Result, cargo, release_dir, test::gpu_count, workspace_root};
+use crate::{Result, cargo, gpu_count, release_dir, workspace_root};
 
 const PHASES: &[&str] = &["sweep", "latency", "graph", "events", "setup", "step"];
 const MODES: &[&str] = &["single", "threads", "processes"];

@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 
 use crate::flags::{self, Flag, Trailing, switch, value};
 use crate::launch::{Ended, job, rank_env, wait_all};
-use crate::{Result, cargo, release_dir, test::gpu_count, workspace_root};
+use crate::{Result, cargo, gpu_count, release_dir, workspace_root};
 
 /// The GPU test targets: (package, test target, name in the bundle, whether
 /// the launch mode matters). A target without communicators runs once per

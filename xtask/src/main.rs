@@ -192,6 +192,17 @@ fn display(cmd: &Command) -> String {
     text
 }
 
+/// GPUs `nvidia-smi -L` lists; 0 when it is missing or fails.
+pub fn gpu_count() -> usize {
+    match Command::new("nvidia-smi").arg("-L").output() {
+        Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.starts_with("GPU "))
+            .count(),
+        _ => 0,
+    }
+}
+
 /// The ignored tests a libtest binary lists.
 pub fn list_tests(binary: &Path) -> Result<Vec<String>> {
     let out = Command::new(binary)

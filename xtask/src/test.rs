@@ -6,9 +6,7 @@
 //! 3. runs the GPU test matrix (`cargo xtask gpu-test`) when `nvidia-smi`
 //!    sees GPUs.
 
-use std::process::Command;
-
-use crate::{Result, cargo, fetch, pins, run};
+use crate::{Result, cargo, fetch, gpu_count, pins, run};
 
 pub fn run_tests() -> Result<()> {
     fetch::all_nccl()?;
@@ -35,16 +33,5 @@ pub fn run_tests() -> Result<()> {
             eprintln!("xtask: {n} GPU(s) visible: running the GPU test matrix");
             crate::gpu_test::run(&[])
         }
-    }
-}
-
-/// GPUs `nvidia-smi -L` lists; 0 when it is missing or fails.
-pub fn gpu_count() -> usize {
-    match Command::new("nvidia-smi").arg("-L").output() {
-        Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter(|l| l.starts_with("GPU "))
-            .count(),
-        _ => 0,
     }
 }
