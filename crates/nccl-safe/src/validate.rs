@@ -1,6 +1,9 @@
 //! Checks every collective runs before any FFI call. Pure functions over
 //! addresses and counts, so they are tested without a GPU.
 
+use crate::capabilities::{FP8_REDUCTION_MIN_CC, Feature};
+use crate::comm::Comm;
+use crate::dtype::NcclType;
 use crate::error::{Error, Result, Role};
 
 /// A buffer as validation sees it: address, elements, device.
@@ -152,6 +155,32 @@ impl Check {
         }
         Ok(())
     }
+}
+
+/// Refuses `T` where the library (fp8 before 2.24) or, for reductions, the
+/// GPU (fp8 below compute capability 9.0) cannot handle it.
+pub(crate) fn check_dtype<T: NcclType>(comm: &Comm, op: &'static str, reduces: bool) -> Result<()> {
+    if T::IS_FP8 {
+        comm.capabilities().require(Feature::Fp8)?;
+        let cc = comm.compute_capability();
+        if reduces && cc < FP8_REDUCTION_MIN_CC {
+            let _ = op;
+            return Err(Error::Unsupported {
+                what: "fp8 reductions",
+                requires: format!(
+                    "compute capability {}.{}",
+                    FP8_REDUCTION_MIN_CC.0, FP8_REDUCTION_MIN_CC.1
+                ),
+                found: format!(
+                    "compute capability {}.{} on device {}",
+                    cc.0,
+                    cc.1,
+                    comm.device()
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1,0 +1,347 @@
+//! The reductions: all-reduce, reduce, reduce-scatter.
+
+use std::ffi::c_void;
+
+use crate::buffer::{DeviceBuffer, DeviceBufferMut};
+use crate::dtype::NcclType;
+use crate::error::Role;
+use crate::observe::OpInfo;
+use crate::ops::OnStream;
+use crate::ops::{check_reduction, ptr};
+use crate::reduce_op::Reduction;
+use crate::validate::Span;
+use crate::validate::check_dtype;
+use crate::{Error, Result};
+
+impl<'s, 'a> OnStream<'s, 'a> {
+    /// `ncclAllReduce`: every rank's `recv` gets the reduction of all
+    /// ranks' `send`. Count: `send.len()`.
+    pub fn all_reduce<T: NcclType>(
+        &self,
+        send: &'a (impl DeviceBuffer<T> + ?Sized),
+        recv: &'a mut (impl DeviceBufferMut<T> + ?Sized),
+        op: impl Reduction<'a, T>,
+    ) -> Result<()> {
+        const OP: &str = "ncclAllReduce";
+        let c = self.check::<T>(OP)?;
+        check_dtype::<T>(self.comm, OP, true)?;
+        check_reduction::<T>(self.comm, &op)?;
+        let (mut s, mut r) = (Self::span(send), Self::span(recv));
+        c.device(Role::Send, s)?;
+        c.device(Role::Recv, r)?;
+        let count = s.len;
+        c.times(count, 1)?;
+        c.at_least(Role::Recv, r, count)?;
+        let redop = self.redop(OP, &op)?;
+        let (sp, sa) = self.read_buf(OP, send)?;
+        let (rp, ra) = self.write_buf(OP, recv)?;
+        (s.ptr, r.ptr) = (sp, rp);
+        c.aliasing(s, count, r, count, Some(0))?;
+        if count == 0 {
+            return Ok(());
+        }
+        let scalar = op.scalar_access(self.stream);
+        let _span =
+            tracing::trace_span!("nccl.all_reduce", count, dtype = ?T::DATATYPE, op = op.name())
+                .entered();
+        let f = self.comm.library().raw().ncclAllReduce()?;
+        // SAFETY: validated: both buffers on this device, `count` elements
+        // readable at `sp` and writable at `rp`, no partial overlap; the
+        // op belongs to this communicator.
+        let enqueued = self.call(OpInfo::new(OP, count, T::DATATYPE), |comm, stream| unsafe {
+            f(
+                sp as *const c_void,
+                rp as *mut c_void,
+                count,
+                T::DATATYPE,
+                redop,
+                comm,
+                stream,
+            )
+        });
+        // Settled even on error: work queued before the failure keeps its
+        // buffers' bookkeeping until the group launches it.
+        self.settle([sa, ra].into_iter().chain(scalar));
+        enqueued?;
+        Ok(())
+    }
+
+    /// In-place `ncclAllReduce` on `buf`.
+    pub fn all_reduce_in_place<T: NcclType>(
+        &self,
+        buf: &'a mut (impl DeviceBufferMut<T> + ?Sized),
+        op: impl Reduction<'a, T>,
+    ) -> Result<()> {
+        const OP: &str = "ncclAllReduce";
+        let c = self.check::<T>(OP)?;
+        check_dtype::<T>(self.comm, OP, true)?;
+        check_reduction::<T>(self.comm, &op)?;
+        let b = Self::span(buf);
+        c.device(Role::InPlace, b)?;
+        let count = b.len;
+        c.times(count, 1)?;
+        let redop = self.redop(OP, &op)?;
+        if count == 0 {
+            return Ok(());
+        }
+        let (p, a) = self.write_buf(OP, buf)?;
+        let scalar = op.scalar_access(self.stream);
+        let _span = tracing::trace_span!("nccl.all_reduce", count, dtype = ?T::DATATYPE, op = op.name(), in_place = true).entered();
+        let f = self.comm.library().raw().ncclAllReduce()?;
+        // SAFETY: `count` elements at `p` on this device, read and written
+        // in place as NCCL defines for sendbuff == recvbuff.
+        let enqueued = self.call(OpInfo::new(OP, count, T::DATATYPE), |comm, stream| unsafe {
+            f(
+                p as *const c_void,
+                p as *mut c_void,
+                count,
+                T::DATATYPE,
+                redop,
+                comm,
+                stream,
+            )
+        });
+        // Settled even on error: work queued before the failure keeps its
+        // buffers' bookkeeping until the group launches it.
+        self.settle([a].into_iter().chain(scalar));
+        enqueued?;
+        Ok(())
+    }
+
+    /// `ncclReduce`: `root`'s `recv` gets the reduction of every rank's
+    /// `send`. Count: `send.len()`. `recv` is used (and required) on
+    /// `root` only.
+    pub fn reduce<T: NcclType, R: DeviceBufferMut<T> + ?Sized>(
+        &self,
+        send: &'a (impl DeviceBuffer<T> + ?Sized),
+        recv: Option<&'a mut R>,
+        op: impl Reduction<'a, T>,
+        root: usize,
+    ) -> Result<()> {
+        const OP: &str = "ncclReduce";
+        let c = self.check::<T>(OP)?;
+        check_dtype::<T>(self.comm, OP, true)?;
+        check_reduction::<T>(self.comm, &op)?;
+        c.rank("root", root)?;
+        let mut s = Self::span(send);
+        c.device(Role::Send, s)?;
+        let count = s.len;
+        c.times(count, 1)?;
+        let is_root = self.comm.rank() == root;
+        let recv = match recv {
+            Some(r) if is_root => Some(r),
+            None if is_root => {
+                return Err(Error::InvalidArgument {
+                    op: OP,
+                    reason: "the root needs a receive buffer",
+                });
+            }
+            _ => None,
+        };
+        if let Some(r) = &recv {
+            let r = Self::span(&**r);
+            c.device(Role::Recv, r)?;
+            c.at_least(Role::Recv, r, count)?;
+        }
+        let redop = self.redop(OP, &op)?;
+        let (sp, sa) = self.read_buf(OP, send)?;
+        s.ptr = sp;
+        let (rp, ra) = match recv {
+            Some(r) => {
+                let mut span = Self::span(&*r);
+                let (rp, ra) = self.write_buf(OP, r)?;
+                span.ptr = rp;
+                c.aliasing(s, count, span, count, Some(0))?;
+                (rp, Some(ra))
+            }
+            None => (0, None),
+        };
+        if count == 0 {
+            return Ok(());
+        }
+        let scalar = op.scalar_access(self.stream);
+        let _span =
+            tracing::trace_span!("nccl.reduce", count, dtype = ?T::DATATYPE, op = op.name(), root)
+                .entered();
+        let f = self.comm.library().raw().ncclReduce()?;
+        let root_c = root as i32;
+        let enqueued = self.call(
+            OpInfo::new(OP, count, T::DATATYPE).peer(root),
+            // SAFETY: validated as for all_reduce; `rp` is null off the root,
+            // where NCCL does not use the receive buffer.
+            |comm, stream| unsafe {
+                f(
+                    sp as *const c_void,
+                    rp as *mut c_void,
+                    count,
+                    T::DATATYPE,
+                    redop,
+                    root_c,
+                    comm,
+                    stream,
+                )
+            },
+        );
+        // Settled even on error: work queued before the failure keeps its
+        // buffers' bookkeeping until the group launches it.
+        self.settle([sa].into_iter().chain(ra).chain(scalar));
+        enqueued?;
+        Ok(())
+    }
+
+    /// In-place `ncclReduce`: `buf` is the input everywhere and the output
+    /// on `root`.
+    pub fn reduce_in_place<T: NcclType>(
+        &self,
+        buf: &'a mut (impl DeviceBufferMut<T> + ?Sized),
+        op: impl Reduction<'a, T>,
+        root: usize,
+    ) -> Result<()> {
+        const OP: &str = "ncclReduce";
+        let c = self.check::<T>(OP)?;
+        check_dtype::<T>(self.comm, OP, true)?;
+        check_reduction::<T>(self.comm, &op)?;
+        c.rank("root", root)?;
+        let b = Self::span(buf);
+        c.device(Role::InPlace, b)?;
+        let count = b.len;
+        c.times(count, 1)?;
+        let redop = self.redop(OP, &op)?;
+        if count == 0 {
+            return Ok(());
+        }
+        let (p, a) = self.write_buf(OP, buf)?;
+        let scalar = op.scalar_access(self.stream);
+        let _span = tracing::trace_span!("nccl.reduce", count, dtype = ?T::DATATYPE, op = op.name(), root, in_place = true).entered();
+        let f = self.comm.library().raw().ncclReduce()?;
+        let root_c = root as i32;
+        let enqueued = self.call(
+            OpInfo::new(OP, count, T::DATATYPE).peer(root),
+            // SAFETY: `count` elements at `p` on this device, in place.
+            |comm, stream| unsafe {
+                f(
+                    p as *const c_void,
+                    p as *mut c_void,
+                    count,
+                    T::DATATYPE,
+                    redop,
+                    root_c,
+                    comm,
+                    stream,
+                )
+            },
+        );
+        // Settled even on error: work queued before the failure keeps its
+        // buffers' bookkeeping until the group launches it.
+        self.settle([a].into_iter().chain(scalar));
+        enqueued?;
+        Ok(())
+    }
+
+    /// `ncclReduceScatter`: rank i's `recv` gets block i of the reduction
+    /// of every rank's `send`. Count per rank: `recv.len()`; `send` holds
+    /// at least `size * recv.len()`.
+    pub fn reduce_scatter<T: NcclType>(
+        &self,
+        send: &'a (impl DeviceBuffer<T> + ?Sized),
+        recv: &'a mut (impl DeviceBufferMut<T> + ?Sized),
+        op: impl Reduction<'a, T>,
+    ) -> Result<()> {
+        const OP: &str = "ncclReduceScatter";
+        let c = self.check::<T>(OP)?;
+        check_dtype::<T>(self.comm, OP, true)?;
+        check_reduction::<T>(self.comm, &op)?;
+        let (mut s, mut r) = (Self::span(send), Self::span(recv));
+        c.device(Role::Send, s)?;
+        c.device(Role::Recv, r)?;
+        let count = r.len;
+        let total = c.times(count, c.size)?;
+        c.at_least(Role::Send, s, total)?;
+        let redop = self.redop(OP, &op)?;
+        let (sp, sa) = self.read_buf(OP, send)?;
+        let (rp, ra) = self.write_buf(OP, recv)?;
+        (s.ptr, r.ptr) = (sp, rp);
+        // In place when recv == send + rank * count.
+        c.aliasing(Span { ptr: rp, ..r }, count, s, total, Some(c.rank * count))
+            .map_err(|_| Error::PartialAlias {
+                op: OP,
+                send: sp,
+                send_bytes: total * c.elem_bytes,
+                recv: rp,
+                recv_bytes: count * c.elem_bytes,
+            })?;
+        if count == 0 {
+            return Ok(());
+        }
+        let scalar = op.scalar_access(self.stream);
+        let _span = tracing::trace_span!("nccl.reduce_scatter", count, dtype = ?T::DATATYPE, op = op.name()).entered();
+        let f = self.comm.library().raw().ncclReduceScatter()?;
+        // SAFETY: validated: `size * count` elements readable at `sp`,
+        // `count` writable at `rp`, same device, NCCL's layout or disjoint.
+        let enqueued = self.call(OpInfo::new(OP, count, T::DATATYPE), |comm, stream| unsafe {
+            f(
+                sp as *const c_void,
+                rp as *mut c_void,
+                count,
+                T::DATATYPE,
+                redop,
+                comm,
+                stream,
+            )
+        });
+        // Settled even on error: work queued before the failure keeps its
+        // buffers' bookkeeping until the group launches it.
+        self.settle([sa, ra].into_iter().chain(scalar));
+        enqueued?;
+        Ok(())
+    }
+
+    /// In-place `ncclReduceScatter`: `buf` holds `size * n` inputs; rank
+    /// i's result lands in its own block `[i*n, (i+1)*n)`.
+    pub fn reduce_scatter_in_place<T: NcclType>(
+        &self,
+        buf: &'a mut (impl DeviceBufferMut<T> + ?Sized),
+        op: impl Reduction<'a, T>,
+    ) -> Result<()> {
+        const OP: &str = "ncclReduceScatter";
+        let c = self.check::<T>(OP)?;
+        check_dtype::<T>(self.comm, OP, true)?;
+        check_reduction::<T>(self.comm, &op)?;
+        let b = Self::span(buf);
+        c.device(Role::InPlace, b)?;
+        if b.len % c.size != 0 {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                reason: "the buffer length must be a multiple of the number of ranks",
+            });
+        }
+        let count = b.len / c.size;
+        let redop = self.redop(OP, &op)?;
+        if count == 0 {
+            return Ok(());
+        }
+        let (p, a) = self.write_buf(OP, buf)?;
+        let scalar = op.scalar_access(self.stream);
+        let rp = ptr(p, c.rank * count, c.elem_bytes);
+        let _span = tracing::trace_span!("nccl.reduce_scatter", count, dtype = ?T::DATATYPE, op = op.name(), in_place = true).entered();
+        let f = self.comm.library().raw().ncclReduceScatter()?;
+        // SAFETY: `size * count` elements at `p`; the output is this rank's
+        // block, NCCL's in-place layout.
+        let enqueued = self.call(OpInfo::new(OP, count, T::DATATYPE), |comm, stream| unsafe {
+            f(
+                p as *const c_void,
+                rp as *mut c_void,
+                count,
+                T::DATATYPE,
+                redop,
+                comm,
+                stream,
+            )
+        });
+        // Settled even on error: work queued before the failure keeps its
+        // buffers' bookkeeping until the group launches it.
+        self.settle([a].into_iter().chain(scalar));
+        enqueued?;
+        Ok(())
+    }
+}
