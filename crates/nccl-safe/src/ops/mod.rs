@@ -1,6 +1,13 @@
 //! Every collective and point-to-point operation, validated before NCCL
 //! sees it.
 //!
+//! [`OnStream`] (this file) is where operations go: a communicator, a
+//! stream, and the group or capture they are issued into. Each operation
+//! (`reduce.rs`, `movement.rs`, `rooted.rs`) validates its buffers and
+//! builds one `Op` (`op.rs`), whose one enqueue path traces, launches,
+//! waits, observes and keeps the buffers' bookkeeping. `forward.rs` gives
+//! `Comm` the direct forms, from the list in `crate::for_each_collective!`.
+//!
 //! Counts come from buffer lengths: the buffer named in each method's docs
 //! sets the count, and the other buffer must hold at least what the
 //! operation writes or reads. A count of 0 is a no-op that makes no NCCL
@@ -10,6 +17,7 @@
 
 mod forward;
 mod movement;
+mod op;
 mod reduce;
 mod rooted;
 
@@ -27,16 +35,13 @@ use crate::error::Role;
 use crate::group::{self, GroupGuard, GroupHold, NestedGroup};
 use crate::observe::{ObservedStream, OpInfo, Pending};
 use crate::reduce_op::Reduction;
-use crate::validate::{Check, Span};
+use crate::validate::{Check, Span, check_dtype};
 use crate::{Error, Result};
 
 /// Refuses what NCCL cannot run for `op` on `T`: fp8 scaled sums (Avg,
 /// PreMulSum) on a one-rank communicator, whose copy path has no fp8
 /// kernels (NCCL answers `ncclInvalidArgument`; seen with 2.28.9).
-pub(crate) fn check_reduction<'a, T: NcclType>(
-    comm: &Comm,
-    op: &impl Reduction<'a, T>,
-) -> Result<()> {
+fn check_reduction<'a, T: NcclType>(comm: &Comm, op: &impl Reduction<'a, T>) -> Result<()> {
     if T::IS_FP8 && comm.size() == 1 && op.scales() {
         return Err(Error::Unsupported {
             what: "fp8 Avg/PreMulSum on a one-rank communicator",
@@ -45,13 +50,6 @@ pub(crate) fn check_reduction<'a, T: NcclType>(
         });
     }
     Ok(())
-}
-
-/// Which way a rooted operation moves data.
-#[derive(Clone, Copy)]
-pub(crate) enum Rooted {
-    Gather,
-    Scatter,
 }
 
 /// A communicator and the stream its next operations go on, optionally
@@ -291,6 +289,43 @@ impl<'s, 'a> OnStream<'s, 'a> {
             access: self.access,
             hold: Some(self.hold.unwrap_or(group.held())),
             capture: self.capture,
+        }
+    }
+
+    /// The checks every operation starts with (thread, stream, capture,
+    /// and whether `T` can run here; `reduces` for a reduction).
+    fn begin<T: NcclType>(&self, op: &'static str, reduces: bool) -> Result<Check> {
+        let c = self.check::<T>(op)?;
+        check_dtype::<T>(self.comm, op, reduces)?;
+        Ok(c)
+    }
+
+    /// As [`OnStream::begin`] for a reduction, which NCCL must also be
+    /// able to run on `T` here.
+    fn begin_reducing<T: NcclType>(
+        &self,
+        op: &'static str,
+        reduction: &impl Reduction<'a, T>,
+    ) -> Result<Check> {
+        let c = self.begin::<T>(op, true)?;
+        check_reduction::<T>(self.comm, reduction)?;
+        Ok(c)
+    }
+
+    /// The root-side buffer of a rooted operation: required on `root`
+    /// (else `reason`), not used elsewhere.
+    fn at_root<B>(
+        &self,
+        op: &'static str,
+        buffer: Option<B>,
+        root: usize,
+        reason: &'static str,
+    ) -> Result<Option<B>> {
+        let is_root = self.comm.rank() == root;
+        match buffer {
+            Some(b) if is_root => Ok(Some(b)),
+            None if is_root => Err(Error::InvalidArgument { op, reason }),
+            _ => Ok(None),
         }
     }
 

@@ -1,17 +1,13 @@
-//! Data movement without a root: broadcast, all-gather, all-to-all, and
-//! point to point.
+//! Data movement without a reduction: broadcast, all-gather, all-to-all,
+//! and point to point. Each validates its buffers and builds one [`Op`]
+//! (all-to-all-v, a set of sends and receives, builds one per peer).
 
-use std::ffi::c_void;
-
-use crate::Feature;
 use crate::buffer::{DeviceBuffer, DeviceBufferMut};
 use crate::dtype::NcclType;
 use crate::error::Role;
-use crate::group::GroupGuard;
-use crate::observe::OpInfo;
+use crate::ops::op::{Kind, Op};
 use crate::ops::{OnStream, ptr};
 use crate::validate::Span;
-use crate::validate::check_dtype;
 use crate::{Error, Result};
 
 impl<'s, 'a> OnStream<'s, 'a> {
@@ -24,24 +20,13 @@ impl<'s, 'a> OnStream<'s, 'a> {
         root: usize,
     ) -> Result<()> {
         const OP: &str = "ncclBroadcast";
-        let c = self.check::<T>(OP)?;
-        check_dtype::<T>(self.comm, OP, false)?;
+        let c = self.begin::<T>(OP, false)?;
         c.rank("root", root)?;
         let mut r = Self::span(recv);
         c.device(Role::Recv, r)?;
         let count = r.len;
         c.times(count, 1)?;
-        let is_root = self.comm.rank() == root;
-        let send = match send {
-            Some(s) if is_root => Some(s),
-            None if is_root => {
-                return Err(Error::InvalidArgument {
-                    op: OP,
-                    reason: "the root needs a send buffer",
-                });
-            }
-            _ => None,
-        };
+        let send = self.at_root(OP, send, root, "the root needs a send buffer")?;
         if let Some(s) = send {
             let s = Self::span(s);
             c.device(Role::Send, s)?;
@@ -57,45 +42,21 @@ impl<'s, 'a> OnStream<'s, 'a> {
         let (rp, ra) = self.write_buf(OP, recv)?;
         r.ptr = rp;
         if let Some(s) = send {
-            c.aliasing(
-                Span {
-                    ptr: sp,
-                    ..Self::span(s)
-                },
-                count,
-                r,
-                count,
-                Some(0),
-            )?;
+            let s = Span {
+                ptr: sp,
+                ..Self::span(s)
+            };
+            c.aliasing(s, count, r, count, Some(0))?;
         }
         if count == 0 {
             return Ok(());
         }
-        let _span =
-            tracing::trace_span!("nccl.broadcast", count, dtype = ?T::DATATYPE, root).entered();
-        let f = self.comm.library().raw().ncclBroadcast()?;
-        let root_c = root as i32;
-        let enqueued = self.call(
-            OpInfo::new(OP, count, T::DATATYPE).peer(root),
-            // SAFETY: validated; `sp` is null off the root, where NCCL does not
-            // read the send buffer.
-            |comm, stream| unsafe {
-                f(
-                    sp as *const c_void,
-                    rp as *mut c_void,
-                    count,
-                    T::DATATYPE,
-                    root_c,
-                    comm,
-                    stream,
-                )
-            },
-        );
-        // Settled even on error: work queued before the failure keeps its
-        // buffers' bookkeeping until the group launches it.
-        self.settle(sa.into_iter().chain([ra]));
-        enqueued?;
-        Ok(())
+        let o = Op::of::<T>(OP, Kind::Broadcast, count)
+            .buffers(sp, rp)
+            .peer(root);
+        // SAFETY: validated; `sp` is null off the root, where NCCL does not
+        // read the send buffer.
+        unsafe { self.enqueue(o, sa.into_iter().chain([ra])) }
     }
 
     /// In-place `ncclBroadcast`: `root`'s `buf` overwrites everyone's.
@@ -105,8 +66,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
         root: usize,
     ) -> Result<()> {
         const OP: &str = "ncclBroadcast";
-        let c = self.check::<T>(OP)?;
-        check_dtype::<T>(self.comm, OP, false)?;
+        let c = self.begin::<T>(OP, false)?;
         c.rank("root", root)?;
         let b = Self::span(buf);
         c.device(Role::InPlace, b)?;
@@ -116,29 +76,11 @@ impl<'s, 'a> OnStream<'s, 'a> {
             return Ok(());
         }
         let (p, a) = self.write_buf(OP, buf)?;
-        let _span = tracing::trace_span!("nccl.broadcast", count, dtype = ?T::DATATYPE, root, in_place = true).entered();
-        let f = self.comm.library().raw().ncclBroadcast()?;
-        let root_c = root as i32;
-        let enqueued = self.call(
-            OpInfo::new(OP, count, T::DATATYPE).peer(root),
-            // SAFETY: `count` elements at `p` on this device, in place.
-            |comm, stream| unsafe {
-                f(
-                    p as *const c_void,
-                    p as *mut c_void,
-                    count,
-                    T::DATATYPE,
-                    root_c,
-                    comm,
-                    stream,
-                )
-            },
-        );
-        // Settled even on error: work queued before the failure keeps its
-        // buffers' bookkeeping until the group launches it.
-        self.settle([a]);
-        enqueued?;
-        Ok(())
+        let o = Op::of::<T>(OP, Kind::Broadcast, count)
+            .buffers(p, p)
+            .peer(root);
+        // SAFETY: `count` elements at `p` on this device, in place.
+        unsafe { self.enqueue(o.in_place(), [a]) }
     }
 
     /// `ncclAllGather`: rank i's `send` lands at block i of every rank's
@@ -150,8 +92,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
         recv: &'a mut (impl DeviceBufferMut<T> + ?Sized),
     ) -> Result<()> {
         const OP: &str = "ncclAllGather";
-        let c = self.check::<T>(OP)?;
-        check_dtype::<T>(self.comm, OP, false)?;
+        let c = self.begin::<T>(OP, false)?;
         let (mut s, mut r) = (Self::span(send), Self::span(recv));
         c.device(Role::Send, s)?;
         c.device(Role::Recv, r)?;
@@ -165,25 +106,10 @@ impl<'s, 'a> OnStream<'s, 'a> {
         if count == 0 {
             return Ok(());
         }
-        let _span = tracing::trace_span!("nccl.all_gather", count, dtype = ?T::DATATYPE).entered();
-        let f = self.comm.library().raw().ncclAllGather()?;
+        let o = Op::of::<T>(OP, Kind::AllGather, count).buffers(sp, rp);
         // SAFETY: validated: `count` readable at `sp`, `size * count`
         // writable at `rp`, same device, NCCL's layout or disjoint.
-        let enqueued = self.call(OpInfo::new(OP, count, T::DATATYPE), |comm, stream| unsafe {
-            f(
-                sp as *const c_void,
-                rp as *mut c_void,
-                count,
-                T::DATATYPE,
-                comm,
-                stream,
-            )
-        });
-        // Settled even on error: work queued before the failure keeps its
-        // buffers' bookkeeping until the group launches it.
-        self.settle([sa, ra]);
-        enqueued?;
-        Ok(())
+        unsafe { self.enqueue(o, [sa, ra]) }
     }
 
     /// In-place `ncclAllGather`: `buf` holds `size * n`; this rank's input
@@ -193,8 +119,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
         buf: &'a mut (impl DeviceBufferMut<T> + ?Sized),
     ) -> Result<()> {
         const OP: &str = "ncclAllGather";
-        let c = self.check::<T>(OP)?;
-        check_dtype::<T>(self.comm, OP, false)?;
+        let c = self.begin::<T>(OP, false)?;
         let b = Self::span(buf);
         c.device(Role::InPlace, b)?;
         if b.len % c.size != 0 {
@@ -209,27 +134,10 @@ impl<'s, 'a> OnStream<'s, 'a> {
         }
         let (p, a) = self.write_buf(OP, buf)?;
         let sp = ptr(p, c.rank * count, c.elem_bytes);
-        let _span =
-            tracing::trace_span!("nccl.all_gather", count, dtype = ?T::DATATYPE, in_place = true)
-                .entered();
-        let f = self.comm.library().raw().ncclAllGather()?;
+        let o = Op::of::<T>(OP, Kind::AllGather, count).buffers(sp, p);
         // SAFETY: `size * count` elements at `p`; the input is this rank's
         // block, NCCL's in-place layout.
-        let enqueued = self.call(OpInfo::new(OP, count, T::DATATYPE), |comm, stream| unsafe {
-            f(
-                sp as *const c_void,
-                p as *mut c_void,
-                count,
-                T::DATATYPE,
-                comm,
-                stream,
-            )
-        });
-        // Settled even on error: work queued before the failure keeps its
-        // buffers' bookkeeping until the group launches it.
-        self.settle([a]);
-        enqueued?;
-        Ok(())
+        unsafe { self.enqueue(o.in_place(), [a]) }
     }
 
     /// All-to-all: block j of `send` goes to rank j; block i of `recv`
@@ -242,8 +150,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
         recv: &'a mut (impl DeviceBufferMut<T> + ?Sized),
     ) -> Result<()> {
         const OP: &str = "ncclAlltoAll";
-        let c = self.check::<T>(OP)?;
-        check_dtype::<T>(self.comm, OP, false)?;
+        let c = self.begin::<T>(OP, false)?;
         let (mut s, mut r) = (Self::span(send), Self::span(recv));
         c.device(Role::Send, s)?;
         c.device(Role::Recv, r)?;
@@ -263,29 +170,10 @@ impl<'s, 'a> OnStream<'s, 'a> {
         if count == 0 {
             return Ok(());
         }
-        let _span = tracing::trace_span!("nccl.all_to_all", count, dtype = ?T::DATATYPE).entered();
-        if self.comm.uses_send_recv(Feature::NativeAllToAll) {
-            let e = c.elem_bytes;
-            let counts = vec![count; c.size];
-            let displs: Vec<usize> = (0..c.size).map(|i| i * count).collect();
-            self.send_recv_all::<T>(OP, sp, &counts, &displs, rp, &counts, &displs, e)?;
-        } else {
-            let f = self.comm.library().raw().ncclAlltoAll()?;
-            // SAFETY: validated: `size * count` elements at each address,
-            // same device, disjoint.
-            self.call(OpInfo::new(OP, count, T::DATATYPE), |comm, stream| unsafe {
-                f(
-                    sp as *const c_void,
-                    rp as *mut c_void,
-                    count,
-                    T::DATATYPE,
-                    comm,
-                    stream,
-                )
-            })?;
-        }
-        self.settle([sa, ra]);
-        Ok(())
+        let o = Op::of::<T>(OP, Kind::AllToAll, count).buffers(sp, rp);
+        // SAFETY: validated: `size * count` elements at each address, same
+        // device, disjoint.
+        unsafe { self.enqueue(o, [sa, ra]) }
     }
 
     /// All-to-all with per-peer counts and displacements (in elements):
@@ -303,8 +191,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
         recv_displs: &[usize],
     ) -> Result<()> {
         const OP: &str = "all_to_all_v";
-        let c = self.check::<T>(OP)?;
-        check_dtype::<T>(self.comm, OP, false)?;
+        let c = self.begin::<T>(OP, false)?;
         let (mut s, mut r) = (Self::span(send), Self::span(recv));
         c.device(Role::Send, s)?;
         c.device(Role::Recv, r)?;
@@ -318,69 +205,19 @@ impl<'s, 'a> OnStream<'s, 'a> {
             return Ok(());
         }
         let _span = tracing::trace_span!("nccl.all_to_all_v", dtype = ?T::DATATYPE).entered();
-        let enqueued = self.send_recv_all::<T>(
-            OP,
-            sp,
-            send_counts,
-            send_displs,
-            rp,
-            recv_counts,
-            recv_displs,
-            c.elem_bytes,
-        );
+        // Each peer's part is a send or a receive of its own count.
+        let o = Op::of::<T>(OP, Kind::Send, 0).buffers(sp, rp);
+        // SAFETY: every segment was validated to lie inside its buffer on
+        // this device; the buffers do not overlap.
+        let enqueued =
+            unsafe { self.send_recv_all(&o, send_counts, send_displs, recv_counts, recv_displs) };
         // Settled even on error: work queued before the failure keeps its
         // buffers' bookkeeping until the group launches it.
         self.settle([sa, ra]);
-        enqueued?;
-        Ok(())
+        enqueued
     }
 
-    /// Grouped `ncclSend`/`ncclRecv` with every peer (zero counts skipped).
-    #[allow(clippy::too_many_arguments)]
-    fn send_recv_all<T: NcclType>(
-        &self,
-        op: &'static str,
-        sp: u64,
-        send_counts: &[usize],
-        send_displs: &[usize],
-        rp: u64,
-        recv_counts: &[usize],
-        recv_displs: &[usize],
-        elem_bytes: usize,
-    ) -> Result<()> {
-        let lib = self.comm.library();
-        let (send, recv) = (lib.raw().ncclSend()?, lib.raw().ncclRecv()?);
-        let group: GroupGuard<'a> = GroupGuard::start_internal()?;
-        let on = self.within(&group);
-        for peer in 0..self.comm.size() {
-            let peer_c = peer as i32;
-            if send_counts[peer] > 0 {
-                let p = ptr(sp, send_displs[peer], elem_bytes);
-                let n = send_counts[peer];
-                on.call(
-                    OpInfo::new(op, n, T::DATATYPE).peer(peer),
-                    // SAFETY: the segment was validated to lie inside the send
-                    // buffer on this device.
-                    |comm, stream| unsafe {
-                        send(p as *const c_void, n, T::DATATYPE, peer_c, comm, stream)
-                    },
-                )?;
-            }
-            if recv_counts[peer] > 0 {
-                let p = ptr(rp, recv_displs[peer], elem_bytes);
-                let n = recv_counts[peer];
-                on.call(
-                    OpInfo::new(op, n, T::DATATYPE).peer(peer),
-                    // SAFETY: the segment was validated to lie inside the
-                    // receive buffer on this device.
-                    |comm, stream| unsafe {
-                        recv(p as *mut c_void, n, T::DATATYPE, peer_c, comm, stream)
-                    },
-                )?;
-            }
-        }
-        group.end()
-    }
+    // ---- point to point --------------------------------------------------------
 
     /// `ncclSend` of all of `buf` to `peer`, which must post a matching
     /// `recv`. Pair sends and receives that must progress together in one
@@ -391,8 +228,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
         peer: usize,
     ) -> Result<()> {
         const OP: &str = "ncclSend";
-        let c = self.check::<T>(OP)?;
-        check_dtype::<T>(self.comm, OP, false)?;
+        let c = self.begin::<T>(OP, false)?;
         c.rank("peer", peer)?;
         let b = Self::span(buf);
         c.device(Role::Send, b)?;
@@ -402,21 +238,9 @@ impl<'s, 'a> OnStream<'s, 'a> {
             return Ok(());
         }
         let (p, a) = self.read_buf(OP, buf)?;
-        let _span = tracing::trace_span!("nccl.send", count, dtype = ?T::DATATYPE, peer).entered();
-        let f = self.comm.library().raw().ncclSend()?;
-        let peer_c = peer as i32;
-        let enqueued = self.call(
-            OpInfo::new(OP, count, T::DATATYPE).peer(peer),
-            // SAFETY: `count` readable elements at `p` on this device.
-            |comm, stream| unsafe {
-                f(p as *const c_void, count, T::DATATYPE, peer_c, comm, stream)
-            },
-        );
-        // Settled even on error: work queued before the failure keeps its
-        // buffers' bookkeeping until the group launches it.
-        self.settle([a]);
-        enqueued?;
-        Ok(())
+        let o = Op::of::<T>(OP, Kind::Send, count).buffers(p, 0).peer(peer);
+        // SAFETY: `count` readable elements at `p` on this device.
+        unsafe { self.enqueue(o, [a]) }
     }
 
     /// `ncclRecv` of `buf.len()` elements from `peer`.
@@ -426,8 +250,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
         peer: usize,
     ) -> Result<()> {
         const OP: &str = "ncclRecv";
-        let c = self.check::<T>(OP)?;
-        check_dtype::<T>(self.comm, OP, false)?;
+        let c = self.begin::<T>(OP, false)?;
         c.rank("peer", peer)?;
         let b = Self::span(buf);
         c.device(Role::Recv, b)?;
@@ -437,18 +260,8 @@ impl<'s, 'a> OnStream<'s, 'a> {
             return Ok(());
         }
         let (p, a) = self.write_buf(OP, buf)?;
-        let _span = tracing::trace_span!("nccl.recv", count, dtype = ?T::DATATYPE, peer).entered();
-        let f = self.comm.library().raw().ncclRecv()?;
-        let peer_c = peer as i32;
-        let enqueued = self.call(
-            OpInfo::new(OP, count, T::DATATYPE).peer(peer),
-            // SAFETY: `count` writable elements at `p` on this device.
-            |comm, stream| unsafe { f(p as *mut c_void, count, T::DATATYPE, peer_c, comm, stream) },
-        );
-        // Settled even on error: work queued before the failure keeps its
-        // buffers' bookkeeping until the group launches it.
-        self.settle([a]);
-        enqueued?;
-        Ok(())
+        let o = Op::of::<T>(OP, Kind::Recv, count).buffers(0, p).peer(peer);
+        // SAFETY: `count` writable elements at `p` on this device.
+        unsafe { self.enqueue(o, [a]) }
     }
 }

@@ -1,16 +1,13 @@
-//! The reductions: all-reduce, reduce, reduce-scatter.
-
-use std::ffi::c_void;
+//! The reductions: all-reduce, reduce, reduce-scatter. Each validates its
+//! buffers and builds one [`Op`].
 
 use crate::buffer::{DeviceBuffer, DeviceBufferMut};
 use crate::dtype::NcclType;
 use crate::error::Role;
-use crate::observe::OpInfo;
-use crate::ops::OnStream;
-use crate::ops::{check_reduction, ptr};
+use crate::ops::op::{Kind, Op};
+use crate::ops::{OnStream, ptr};
 use crate::reduce_op::Reduction;
 use crate::validate::Span;
-use crate::validate::check_dtype;
 use crate::{Error, Result};
 
 impl<'s, 'a> OnStream<'s, 'a> {
@@ -23,9 +20,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
         op: impl Reduction<'a, T>,
     ) -> Result<()> {
         const OP: &str = "ncclAllReduce";
-        let c = self.check::<T>(OP)?;
-        check_dtype::<T>(self.comm, OP, true)?;
-        check_reduction::<T>(self.comm, &op)?;
+        let c = self.begin_reducing::<T>(OP, &op)?;
         let (mut s, mut r) = (Self::span(send), Self::span(recv));
         c.device(Role::Send, s)?;
         c.device(Role::Recv, r)?;
@@ -41,29 +36,16 @@ impl<'s, 'a> OnStream<'s, 'a> {
             return Ok(());
         }
         let scalar = op.scalar_access(self.stream);
-        let _span =
-            tracing::trace_span!("nccl.all_reduce", count, dtype = ?T::DATATYPE, op = op.name())
-                .entered();
-        let f = self.comm.library().raw().ncclAllReduce()?;
+        let o = Op::of::<T>(OP, Kind::AllReduce, count).buffers(sp, rp);
         // SAFETY: validated: both buffers on this device, `count` elements
         // readable at `sp` and writable at `rp`, no partial overlap; the
         // op belongs to this communicator.
-        let enqueued = self.call(OpInfo::new(OP, count, T::DATATYPE), |comm, stream| unsafe {
-            f(
-                sp as *const c_void,
-                rp as *mut c_void,
-                count,
-                T::DATATYPE,
-                redop,
-                comm,
-                stream,
+        unsafe {
+            self.enqueue(
+                o.reduce(redop, op.name()),
+                [sa, ra].into_iter().chain(scalar),
             )
-        });
-        // Settled even on error: work queued before the failure keeps its
-        // buffers' bookkeeping until the group launches it.
-        self.settle([sa, ra].into_iter().chain(scalar));
-        enqueued?;
-        Ok(())
+        }
     }
 
     /// In-place `ncclAllReduce` on `buf`.
@@ -73,9 +55,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
         op: impl Reduction<'a, T>,
     ) -> Result<()> {
         const OP: &str = "ncclAllReduce";
-        let c = self.check::<T>(OP)?;
-        check_dtype::<T>(self.comm, OP, true)?;
-        check_reduction::<T>(self.comm, &op)?;
+        let c = self.begin_reducing::<T>(OP, &op)?;
         let b = Self::span(buf);
         c.device(Role::InPlace, b)?;
         let count = b.len;
@@ -86,26 +66,15 @@ impl<'s, 'a> OnStream<'s, 'a> {
         }
         let (p, a) = self.write_buf(OP, buf)?;
         let scalar = op.scalar_access(self.stream);
-        let _span = tracing::trace_span!("nccl.all_reduce", count, dtype = ?T::DATATYPE, op = op.name(), in_place = true).entered();
-        let f = self.comm.library().raw().ncclAllReduce()?;
+        let o = Op::of::<T>(OP, Kind::AllReduce, count).buffers(p, p);
         // SAFETY: `count` elements at `p` on this device, read and written
         // in place as NCCL defines for sendbuff == recvbuff.
-        let enqueued = self.call(OpInfo::new(OP, count, T::DATATYPE), |comm, stream| unsafe {
-            f(
-                p as *const c_void,
-                p as *mut c_void,
-                count,
-                T::DATATYPE,
-                redop,
-                comm,
-                stream,
+        unsafe {
+            self.enqueue(
+                o.reduce(redop, op.name()).in_place(),
+                [a].into_iter().chain(scalar),
             )
-        });
-        // Settled even on error: work queued before the failure keeps its
-        // buffers' bookkeeping until the group launches it.
-        self.settle([a].into_iter().chain(scalar));
-        enqueued?;
-        Ok(())
+        }
     }
 
     /// `ncclReduce`: `root`'s `recv` gets the reduction of every rank's
@@ -119,25 +88,13 @@ impl<'s, 'a> OnStream<'s, 'a> {
         root: usize,
     ) -> Result<()> {
         const OP: &str = "ncclReduce";
-        let c = self.check::<T>(OP)?;
-        check_dtype::<T>(self.comm, OP, true)?;
-        check_reduction::<T>(self.comm, &op)?;
+        let c = self.begin_reducing::<T>(OP, &op)?;
         c.rank("root", root)?;
         let mut s = Self::span(send);
         c.device(Role::Send, s)?;
         let count = s.len;
         c.times(count, 1)?;
-        let is_root = self.comm.rank() == root;
-        let recv = match recv {
-            Some(r) if is_root => Some(r),
-            None if is_root => {
-                return Err(Error::InvalidArgument {
-                    op: OP,
-                    reason: "the root needs a receive buffer",
-                });
-            }
-            _ => None,
-        };
+        let recv = self.at_root(OP, recv, root, "the root needs a receive buffer")?;
         if let Some(r) = &recv {
             let r = Self::span(&**r);
             c.device(Role::Recv, r)?;
@@ -160,33 +117,17 @@ impl<'s, 'a> OnStream<'s, 'a> {
             return Ok(());
         }
         let scalar = op.scalar_access(self.stream);
-        let _span =
-            tracing::trace_span!("nccl.reduce", count, dtype = ?T::DATATYPE, op = op.name(), root)
-                .entered();
-        let f = self.comm.library().raw().ncclReduce()?;
-        let root_c = root as i32;
-        let enqueued = self.call(
-            OpInfo::new(OP, count, T::DATATYPE).peer(root),
-            // SAFETY: validated as for all_reduce; `rp` is null off the root,
-            // where NCCL does not use the receive buffer.
-            |comm, stream| unsafe {
-                f(
-                    sp as *const c_void,
-                    rp as *mut c_void,
-                    count,
-                    T::DATATYPE,
-                    redop,
-                    root_c,
-                    comm,
-                    stream,
-                )
-            },
-        );
-        // Settled even on error: work queued before the failure keeps its
-        // buffers' bookkeeping until the group launches it.
-        self.settle([sa].into_iter().chain(ra).chain(scalar));
-        enqueued?;
-        Ok(())
+        let o = Op::of::<T>(OP, Kind::Reduce, count)
+            .buffers(sp, rp)
+            .peer(root);
+        // SAFETY: validated as for all_reduce; `rp` is null off the root,
+        // where NCCL does not use the receive buffer.
+        unsafe {
+            self.enqueue(
+                o.reduce(redop, op.name()),
+                [sa].into_iter().chain(ra).chain(scalar),
+            )
+        }
     }
 
     /// In-place `ncclReduce`: `buf` is the input everywhere and the output
@@ -198,9 +139,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
         root: usize,
     ) -> Result<()> {
         const OP: &str = "ncclReduce";
-        let c = self.check::<T>(OP)?;
-        check_dtype::<T>(self.comm, OP, true)?;
-        check_reduction::<T>(self.comm, &op)?;
+        let c = self.begin_reducing::<T>(OP, &op)?;
         c.rank("root", root)?;
         let b = Self::span(buf);
         c.device(Role::InPlace, b)?;
@@ -212,30 +151,16 @@ impl<'s, 'a> OnStream<'s, 'a> {
         }
         let (p, a) = self.write_buf(OP, buf)?;
         let scalar = op.scalar_access(self.stream);
-        let _span = tracing::trace_span!("nccl.reduce", count, dtype = ?T::DATATYPE, op = op.name(), root, in_place = true).entered();
-        let f = self.comm.library().raw().ncclReduce()?;
-        let root_c = root as i32;
-        let enqueued = self.call(
-            OpInfo::new(OP, count, T::DATATYPE).peer(root),
-            // SAFETY: `count` elements at `p` on this device, in place.
-            |comm, stream| unsafe {
-                f(
-                    p as *const c_void,
-                    p as *mut c_void,
-                    count,
-                    T::DATATYPE,
-                    redop,
-                    root_c,
-                    comm,
-                    stream,
-                )
-            },
-        );
-        // Settled even on error: work queued before the failure keeps its
-        // buffers' bookkeeping until the group launches it.
-        self.settle([a].into_iter().chain(scalar));
-        enqueued?;
-        Ok(())
+        let o = Op::of::<T>(OP, Kind::Reduce, count)
+            .buffers(p, p)
+            .peer(root);
+        // SAFETY: `count` elements at `p` on this device, in place.
+        unsafe {
+            self.enqueue(
+                o.reduce(redop, op.name()).in_place(),
+                [a].into_iter().chain(scalar),
+            )
+        }
     }
 
     /// `ncclReduceScatter`: rank i's `recv` gets block i of the reduction
@@ -248,9 +173,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
         op: impl Reduction<'a, T>,
     ) -> Result<()> {
         const OP: &str = "ncclReduceScatter";
-        let c = self.check::<T>(OP)?;
-        check_dtype::<T>(self.comm, OP, true)?;
-        check_reduction::<T>(self.comm, &op)?;
+        let c = self.begin_reducing::<T>(OP, &op)?;
         let (mut s, mut r) = (Self::span(send), Self::span(recv));
         c.device(Role::Send, s)?;
         c.device(Role::Recv, r)?;
@@ -274,26 +197,15 @@ impl<'s, 'a> OnStream<'s, 'a> {
             return Ok(());
         }
         let scalar = op.scalar_access(self.stream);
-        let _span = tracing::trace_span!("nccl.reduce_scatter", count, dtype = ?T::DATATYPE, op = op.name()).entered();
-        let f = self.comm.library().raw().ncclReduceScatter()?;
+        let o = Op::of::<T>(OP, Kind::ReduceScatter, count).buffers(sp, rp);
         // SAFETY: validated: `size * count` elements readable at `sp`,
         // `count` writable at `rp`, same device, NCCL's layout or disjoint.
-        let enqueued = self.call(OpInfo::new(OP, count, T::DATATYPE), |comm, stream| unsafe {
-            f(
-                sp as *const c_void,
-                rp as *mut c_void,
-                count,
-                T::DATATYPE,
-                redop,
-                comm,
-                stream,
+        unsafe {
+            self.enqueue(
+                o.reduce(redop, op.name()),
+                [sa, ra].into_iter().chain(scalar),
             )
-        });
-        // Settled even on error: work queued before the failure keeps its
-        // buffers' bookkeeping until the group launches it.
-        self.settle([sa, ra].into_iter().chain(scalar));
-        enqueued?;
-        Ok(())
+        }
     }
 
     /// In-place `ncclReduceScatter`: `buf` holds `size * n` inputs; rank
@@ -304,9 +216,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
         op: impl Reduction<'a, T>,
     ) -> Result<()> {
         const OP: &str = "ncclReduceScatter";
-        let c = self.check::<T>(OP)?;
-        check_dtype::<T>(self.comm, OP, true)?;
-        check_reduction::<T>(self.comm, &op)?;
+        let c = self.begin_reducing::<T>(OP, &op)?;
         let b = Self::span(buf);
         c.device(Role::InPlace, b)?;
         if b.len % c.size != 0 {
@@ -323,25 +233,14 @@ impl<'s, 'a> OnStream<'s, 'a> {
         let (p, a) = self.write_buf(OP, buf)?;
         let scalar = op.scalar_access(self.stream);
         let rp = ptr(p, c.rank * count, c.elem_bytes);
-        let _span = tracing::trace_span!("nccl.reduce_scatter", count, dtype = ?T::DATATYPE, op = op.name(), in_place = true).entered();
-        let f = self.comm.library().raw().ncclReduceScatter()?;
+        let o = Op::of::<T>(OP, Kind::ReduceScatter, count).buffers(p, rp);
         // SAFETY: `size * count` elements at `p`; the output is this rank's
         // block, NCCL's in-place layout.
-        let enqueued = self.call(OpInfo::new(OP, count, T::DATATYPE), |comm, stream| unsafe {
-            f(
-                p as *const c_void,
-                rp as *mut c_void,
-                count,
-                T::DATATYPE,
-                redop,
-                comm,
-                stream,
+        unsafe {
+            self.enqueue(
+                o.reduce(redop, op.name()).in_place(),
+                [a].into_iter().chain(scalar),
             )
-        });
-        // Settled even on error: work queued before the failure keeps its
-        // buffers' bookkeeping until the group launches it.
-        self.settle([a].into_iter().chain(scalar));
-        enqueued?;
-        Ok(())
+        }
     }
 }
