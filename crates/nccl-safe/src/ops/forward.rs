@@ -1,15 +1,64 @@
-//! The direct forms on a communicator's own stream.
+//! The list of collectives that other types forward ([`for_each_collective!`](crate::for_each_collective)),
+//! and its first use: `Comm`'s direct forms on its own stream.
+//!
+//! Adding a collective is its constructor on [`OnStream`] and one line
+//! here; `Comm` and nccl-dist's `DeviceMesh` expand the list.
 
 use cudarc::driver::CudaStream;
 
-use crate::Result;
-use crate::buffer::{DeviceBuffer, DeviceBufferMut};
 use crate::comm::Comm;
-use crate::dtype::NcclType;
 use crate::ops::OnStream;
-use crate::reduce_op::Reduction;
 
-/// Direct forms on the communicator's own stream (outside groups).
+/// Calls `$callback!` with every collective [`OnStream`] has, one entry
+/// each: `name [generics] (parameters);` (with `#[...]` attributes to put
+/// on a forwarder), in the `'a` of the buffers' borrow. Paths are
+/// absolute, so the callback may expand in another crate.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! for_each_collective {
+    ($callback:ident) => {
+        $callback! {
+            all_reduce [T: $crate::NcclType] (send: &'a (impl $crate::DeviceBuffer<T> + ?Sized), recv: &'a mut (impl $crate::DeviceBufferMut<T> + ?Sized), op: impl $crate::Reduction<'a, T>);
+            all_reduce_in_place [T: $crate::NcclType] (buf: &'a mut (impl $crate::DeviceBufferMut<T> + ?Sized), op: impl $crate::Reduction<'a, T>);
+            reduce [T: $crate::NcclType, R: $crate::DeviceBufferMut<T> + ?Sized] (send: &'a (impl $crate::DeviceBuffer<T> + ?Sized), recv: Option<&'a mut R>, op: impl $crate::Reduction<'a, T>, root: usize);
+            reduce_in_place [T: $crate::NcclType] (buf: &'a mut (impl $crate::DeviceBufferMut<T> + ?Sized), op: impl $crate::Reduction<'a, T>, root: usize);
+            reduce_scatter [T: $crate::NcclType] (send: &'a (impl $crate::DeviceBuffer<T> + ?Sized), recv: &'a mut (impl $crate::DeviceBufferMut<T> + ?Sized), op: impl $crate::Reduction<'a, T>);
+            reduce_scatter_in_place [T: $crate::NcclType] (buf: &'a mut (impl $crate::DeviceBufferMut<T> + ?Sized), op: impl $crate::Reduction<'a, T>);
+            broadcast [T: $crate::NcclType, S: $crate::DeviceBuffer<T> + ?Sized] (send: Option<&'a S>, recv: &'a mut (impl $crate::DeviceBufferMut<T> + ?Sized), root: usize);
+            broadcast_in_place [T: $crate::NcclType] (buf: &'a mut (impl $crate::DeviceBufferMut<T> + ?Sized), root: usize);
+            all_gather [T: $crate::NcclType] (send: &'a (impl $crate::DeviceBuffer<T> + ?Sized), recv: &'a mut (impl $crate::DeviceBufferMut<T> + ?Sized));
+            all_gather_in_place [T: $crate::NcclType] (buf: &'a mut (impl $crate::DeviceBufferMut<T> + ?Sized));
+            all_to_all [T: $crate::NcclType] (send: &'a (impl $crate::DeviceBuffer<T> + ?Sized), recv: &'a mut (impl $crate::DeviceBufferMut<T> + ?Sized));
+            #[allow(clippy::too_many_arguments)]
+            all_to_all_v [T: $crate::NcclType] (send: &'a (impl $crate::DeviceBuffer<T> + ?Sized), send_counts: &[usize], send_displs: &[usize], recv: &'a mut (impl $crate::DeviceBufferMut<T> + ?Sized), recv_counts: &[usize], recv_displs: &[usize]);
+            gather [T: $crate::NcclType, R: $crate::DeviceBufferMut<T> + ?Sized] (send: &'a (impl $crate::DeviceBuffer<T> + ?Sized), recv: Option<&'a mut R>, root: usize);
+            gather_in_place [T: $crate::NcclType] (buf: &'a mut (impl $crate::DeviceBufferMut<T> + ?Sized), root: usize);
+            scatter [T: $crate::NcclType, S: $crate::DeviceBuffer<T> + ?Sized] (send: Option<&'a S>, recv: &'a mut (impl $crate::DeviceBufferMut<T> + ?Sized), root: usize);
+            scatter_in_place [T: $crate::NcclType] (buf: &'a mut (impl $crate::DeviceBufferMut<T> + ?Sized), root: usize);
+            send [T: $crate::NcclType] (buf: &'a (impl $crate::DeviceBuffer<T> + ?Sized), peer: usize);
+            recv [T: $crate::NcclType] (buf: &'a mut (impl $crate::DeviceBufferMut<T> + ?Sized), peer: usize);
+        }
+    };
+}
+
+/// `Comm`'s forwarders: each collective on the communicator's own stream.
+macro_rules! comm_forwarders {
+    ($( $(#[$attr:meta])* $name:ident [$($generics:tt)*] ($($arg:ident : $ty:ty),*); )*) => {
+        /// Direct forms on the communicator's own stream (outside groups).
+        impl Comm {
+            $(
+                #[doc = concat!("See [`OnStream::", stringify!($name), "`].")]
+                $(#[$attr])*
+                pub fn $name<'a, $($generics)*>(&'a self, $($arg: $ty),*) -> $crate::Result<()> {
+                    self.own().$name($($arg),*)
+                }
+            )*
+        }
+    };
+}
+
+crate::for_each_collective!(comm_forwarders);
+
 impl Comm {
     /// Operations on `stream` instead of the communicator's own.
     pub fn on<'a>(&'a self, stream: &'a CudaStream) -> OnStream<'a, 'a> {
@@ -18,186 +67,5 @@ impl Comm {
 
     fn own(&self) -> OnStream<'_, '_> {
         OnStream::direct(self, self.stream())
-    }
-
-    /// See [`OnStream::all_reduce`].
-    pub fn all_reduce<'a, T: NcclType>(
-        &'a self,
-        send: &'a (impl DeviceBuffer<T> + ?Sized),
-        recv: &'a mut (impl DeviceBufferMut<T> + ?Sized),
-        op: impl Reduction<'a, T>,
-    ) -> Result<()> {
-        self.own().all_reduce(send, recv, op)
-    }
-
-    /// See [`OnStream::all_reduce_in_place`].
-    pub fn all_reduce_in_place<'a, T: NcclType>(
-        &'a self,
-        buf: &'a mut (impl DeviceBufferMut<T> + ?Sized),
-        op: impl Reduction<'a, T>,
-    ) -> Result<()> {
-        self.own().all_reduce_in_place(buf, op)
-    }
-
-    /// See [`OnStream::reduce`].
-    pub fn reduce<'a, T: NcclType, R: DeviceBufferMut<T> + ?Sized>(
-        &'a self,
-        send: &'a (impl DeviceBuffer<T> + ?Sized),
-        recv: Option<&'a mut R>,
-        op: impl Reduction<'a, T>,
-        root: usize,
-    ) -> Result<()> {
-        self.own().reduce(send, recv, op, root)
-    }
-
-    /// See [`OnStream::reduce_in_place`].
-    pub fn reduce_in_place<'a, T: NcclType>(
-        &'a self,
-        buf: &'a mut (impl DeviceBufferMut<T> + ?Sized),
-        op: impl Reduction<'a, T>,
-        root: usize,
-    ) -> Result<()> {
-        self.own().reduce_in_place(buf, op, root)
-    }
-
-    /// See [`OnStream::reduce_scatter`].
-    pub fn reduce_scatter<'a, T: NcclType>(
-        &'a self,
-        send: &'a (impl DeviceBuffer<T> + ?Sized),
-        recv: &'a mut (impl DeviceBufferMut<T> + ?Sized),
-        op: impl Reduction<'a, T>,
-    ) -> Result<()> {
-        self.own().reduce_scatter(send, recv, op)
-    }
-
-    /// See [`OnStream::reduce_scatter_in_place`].
-    pub fn reduce_scatter_in_place<'a, T: NcclType>(
-        &'a self,
-        buf: &'a mut (impl DeviceBufferMut<T> + ?Sized),
-        op: impl Reduction<'a, T>,
-    ) -> Result<()> {
-        self.own().reduce_scatter_in_place(buf, op)
-    }
-
-    /// See [`OnStream::broadcast`].
-    pub fn broadcast<'a, T: NcclType, S: DeviceBuffer<T> + ?Sized>(
-        &'a self,
-        send: Option<&'a S>,
-        recv: &'a mut (impl DeviceBufferMut<T> + ?Sized),
-        root: usize,
-    ) -> Result<()> {
-        self.own().broadcast(send, recv, root)
-    }
-
-    /// See [`OnStream::broadcast_in_place`].
-    pub fn broadcast_in_place<'a, T: NcclType>(
-        &'a self,
-        buf: &'a mut (impl DeviceBufferMut<T> + ?Sized),
-        root: usize,
-    ) -> Result<()> {
-        self.own().broadcast_in_place(buf, root)
-    }
-
-    /// See [`OnStream::all_gather`].
-    pub fn all_gather<'a, T: NcclType>(
-        &'a self,
-        send: &'a (impl DeviceBuffer<T> + ?Sized),
-        recv: &'a mut (impl DeviceBufferMut<T> + ?Sized),
-    ) -> Result<()> {
-        self.own().all_gather(send, recv)
-    }
-
-    /// See [`OnStream::all_gather_in_place`].
-    pub fn all_gather_in_place<'a, T: NcclType>(
-        &'a self,
-        buf: &'a mut (impl DeviceBufferMut<T> + ?Sized),
-    ) -> Result<()> {
-        self.own().all_gather_in_place(buf)
-    }
-
-    /// See [`OnStream::all_to_all`].
-    pub fn all_to_all<'a, T: NcclType>(
-        &'a self,
-        send: &'a (impl DeviceBuffer<T> + ?Sized),
-        recv: &'a mut (impl DeviceBufferMut<T> + ?Sized),
-    ) -> Result<()> {
-        self.own().all_to_all(send, recv)
-    }
-
-    /// See [`OnStream::all_to_all_v`].
-    #[allow(clippy::too_many_arguments)]
-    pub fn all_to_all_v<'a, T: NcclType>(
-        &'a self,
-        send: &'a (impl DeviceBuffer<T> + ?Sized),
-        send_counts: &[usize],
-        send_displs: &[usize],
-        recv: &'a mut (impl DeviceBufferMut<T> + ?Sized),
-        recv_counts: &[usize],
-        recv_displs: &[usize],
-    ) -> Result<()> {
-        self.own().all_to_all_v(
-            send,
-            send_counts,
-            send_displs,
-            recv,
-            recv_counts,
-            recv_displs,
-        )
-    }
-
-    /// See [`OnStream::gather`].
-    pub fn gather<'a, T: NcclType, R: DeviceBufferMut<T> + ?Sized>(
-        &'a self,
-        send: &'a (impl DeviceBuffer<T> + ?Sized),
-        recv: Option<&'a mut R>,
-        root: usize,
-    ) -> Result<()> {
-        self.own().gather(send, recv, root)
-    }
-
-    /// See [`OnStream::gather_in_place`].
-    pub fn gather_in_place<'a, T: NcclType>(
-        &'a self,
-        buf: &'a mut (impl DeviceBufferMut<T> + ?Sized),
-        root: usize,
-    ) -> Result<()> {
-        self.own().gather_in_place(buf, root)
-    }
-
-    /// See [`OnStream::scatter_in_place`].
-    pub fn scatter_in_place<'a, T: NcclType>(
-        &'a self,
-        buf: &'a mut (impl DeviceBufferMut<T> + ?Sized),
-        root: usize,
-    ) -> Result<()> {
-        self.own().scatter_in_place(buf, root)
-    }
-
-    /// See [`OnStream::scatter`].
-    pub fn scatter<'a, T: NcclType, S: DeviceBuffer<T> + ?Sized>(
-        &'a self,
-        send: Option<&'a S>,
-        recv: &'a mut (impl DeviceBufferMut<T> + ?Sized),
-        root: usize,
-    ) -> Result<()> {
-        self.own().scatter(send, recv, root)
-    }
-
-    /// See [`OnStream::send`].
-    pub fn send<'a, T: NcclType>(
-        &'a self,
-        buf: &'a (impl DeviceBuffer<T> + ?Sized),
-        peer: usize,
-    ) -> Result<()> {
-        self.own().send(buf, peer)
-    }
-
-    /// See [`OnStream::recv`].
-    pub fn recv<'a, T: NcclType>(
-        &'a self,
-        buf: &'a mut (impl DeviceBufferMut<T> + ?Sized),
-        peer: usize,
-    ) -> Result<()> {
-        self.own().recv(buf, peer)
     }
 }
