@@ -38,109 +38,40 @@ use nccl_safe::{Access, Comm, DeviceBuffer, DeviceBufferMut, NcclType, ReduceOp}
 
 use crate::error::Result;
 
-/// An element type, known at run time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum DType {
-    /// `i8`.
-    I8,
-    /// `u8`.
-    U8,
-    /// `i32`.
-    I32,
-    /// `u32`.
-    U32,
-    /// `i64`.
-    I64,
-    /// `u64`.
-    U64,
-    /// IEEE half precision (`half::f16`).
-    F16,
-    /// `f32`.
-    F32,
-    /// `f64`.
-    F64,
-    /// bfloat16 (`half::bf16`).
-    BF16,
-    /// fp8 e4m3 (NCCL 2.24+).
-    F8E4M3,
-    /// fp8 e5m2 (NCCL 2.24+).
-    F8E5M2,
-}
+/// Defines [`DType`] (one tag per type of nccl-safe's list), its `ALL`,
+/// and `with_type!`, which runs a body with a type alias bound to a tag's
+/// Rust type. `$d` is a `$`, for the inner macro's own variables.
+macro_rules! dtypes {
+    ($d:tt $($tag:ident = $t:ty => $nccl:ident $([fp8 = $fp8:literal])?, $doc:literal;)*) => {
+        /// An element type, known at run time.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        #[non_exhaustive]
+        pub enum DType {
+            $(#[doc = $doc] $tag,)*
+        }
 
-/// Runs `$body` with `$t` bound to the Rust type of `$dtype`.
-macro_rules! with_type {
-    ($dtype:expr, $t:ident => $body:expr) => {
-        match $dtype {
-            DType::I8 => {
-                type $t = i8;
-                $body
-            }
-            DType::U8 => {
-                type $t = u8;
-                $body
-            }
-            DType::I32 => {
-                type $t = i32;
-                $body
-            }
-            DType::U32 => {
-                type $t = u32;
-                $body
-            }
-            DType::I64 => {
-                type $t = i64;
-                $body
-            }
-            DType::U64 => {
-                type $t = u64;
-                $body
-            }
-            DType::F16 => {
-                type $t = half::f16;
-                $body
-            }
-            DType::F32 => {
-                type $t = f32;
-                $body
-            }
-            DType::F64 => {
-                type $t = f64;
-                $body
-            }
-            DType::BF16 => {
-                type $t = half::bf16;
-                $body
-            }
-            DType::F8E4M3 => {
-                type $t = float8::F8E4M3;
-                $body
-            }
-            DType::F8E5M2 => {
-                type $t = float8::F8E5M2;
-                $body
-            }
+        impl DType {
+            /// Every tag.
+            pub const ALL: [DType; [$(DType::$tag),*].len()] = [$(DType::$tag),*];
+        }
+
+        /// Runs `$body` with `$t` bound to the Rust type of `$dtype`.
+        macro_rules! with_type {
+            ($d dtype:expr, $d alias:ident => $d body:expr) => {
+                match $d dtype {
+                    $(DType::$tag => {
+                        type $d alias = $t;
+                        $d body
+                    })*
+                }
+            };
         }
     };
 }
 
-impl DType {
-    /// Every tag.
-    pub const ALL: [DType; 12] = [
-        DType::I8,
-        DType::U8,
-        DType::I32,
-        DType::U32,
-        DType::I64,
-        DType::U64,
-        DType::F16,
-        DType::F32,
-        DType::F64,
-        DType::BF16,
-        DType::F8E4M3,
-        DType::F8E5M2,
-    ];
+nccl_safe::for_each_dtype!(dtypes $);
 
+impl DType {
     /// Bytes per element.
     pub fn size(self) -> usize {
         with_type!(self, T => std::mem::size_of::<T>())
