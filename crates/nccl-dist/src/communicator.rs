@@ -28,13 +28,12 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use std::marker::PhantomData;
 use std::sync::Arc;
 
 use nccl_safe::cudarc::driver::CudaStream;
 use nccl_safe::cudarc::driver::sys::CUstream;
 use nccl_safe::nccl_sys::ncclDataType_t;
-use nccl_safe::{Access, Comm, DeviceBuffer, DeviceBufferMut, NcclType, ReduceOp};
+use nccl_safe::{Comm, NcclType, RawBuffer, ReduceOp};
 
 use crate::error::Result;
 
@@ -92,38 +91,6 @@ impl DType {
     }
 }
 
-/// Raw device memory presented to the typed API. Built only inside this
-/// module, from pointers whose validity the caller of an `unsafe` method
-/// promised.
-struct Raw<T> {
-    ptr: u64,
-    len: usize,
-    device: usize,
-    _t: PhantomData<T>,
-}
-
-// SAFETY: the caller of the `Communicator` method that built this promised
-// `len` elements of `T` at `ptr` on `device`, alive and unraced until the
-// work on the given stream is done; the stream order is the caller's.
-unsafe impl<T: NcclType> DeviceBuffer<T> for Raw<T> {
-    fn len(&self) -> usize {
-        self.len
-    }
-    fn device(&self) -> usize {
-        self.device
-    }
-    fn read<'a>(&'a self, _stream: &'a CudaStream) -> (u64, Access<'a>) {
-        (self.ptr, Access::none())
-    }
-}
-
-// SAFETY: as above, for writing.
-unsafe impl<T: NcclType> DeviceBufferMut<T> for Raw<T> {
-    fn write<'a>(&'a mut self, _stream: &'a CudaStream) -> (u64, Access<'a>) {
-        (self.ptr, Access::none())
-    }
-}
-
 /// What each method of [`Communicator`] needs: the typed buffers and the
 /// stream.
 struct Call<'c> {
@@ -164,19 +131,26 @@ impl<'c> Call<'c> {
         Call { comm, stream }
     }
 
-    fn buf<T: NcclType>(&self, op: &'static str, ptr: u64, len: usize) -> Result<Raw<T>> {
+    /// The caller's `len` elements at `ptr`, on the device the driver
+    /// says the pointer belongs to.
+    ///
+    /// # Safety
+    ///
+    /// The trait contract for `ptr` and `len`.
+    unsafe fn buf<T: NcclType>(
+        &self,
+        op: &'static str,
+        ptr: u64,
+        len: usize,
+    ) -> Result<RawBuffer<T>> {
         let device = if len == 0 {
             self.comm.device()
         } else {
             let bytes = len.saturating_mul(std::mem::size_of::<T>()) as u64;
             crate::pointers::device_of(op, ptr, bytes)?
         };
-        Ok(Raw {
-            ptr,
-            len,
-            device,
-            _t: PhantomData,
-        })
+        // SAFETY: the caller's promise (the trait contract).
+        Ok(unsafe { RawBuffer::from_raw_parts(ptr, len, device) })
     }
 }
 
@@ -408,8 +382,9 @@ impl Communicator for Comm {
         const OP: &str = "Communicator::all_reduce";
         // SAFETY: the caller's promise about `stream`.
         let c = unsafe { Call::new(self, stream) };
-        // SAFETY: the trait's contract covers graph capture: the memory
-        // and the communicator outlive every launch of a captured call.
+        // SAFETY: the trait's contract covers the buffers made below from
+        // the caller's pointers, and graph capture: the memory and the
+        // communicator outlive every launch of a captured call.
         unsafe {
             nccl_safe::allow_capture(|| -> Result<()> {
                 with_type!(dtype, T => {
@@ -438,8 +413,9 @@ impl Communicator for Comm {
         const OP: &str = "Communicator::broadcast";
         // SAFETY: the caller's promise about `stream`.
         let c = unsafe { Call::new(self, stream) };
-        // SAFETY: the trait's contract covers graph capture: the memory
-        // and the communicator outlive every launch of a captured call.
+        // SAFETY: the trait's contract covers the buffers made below from
+        // the caller's pointers, and graph capture: the memory and the
+        // communicator outlive every launch of a captured call.
         unsafe {
             nccl_safe::allow_capture(|| -> Result<()> {
                 with_type!(dtype, T => {
@@ -470,8 +446,9 @@ impl Communicator for Comm {
         const OP: &str = "Communicator::reduce";
         // SAFETY: the caller's promise about `stream`.
         let c = unsafe { Call::new(self, stream) };
-        // SAFETY: the trait's contract covers graph capture: the memory
-        // and the communicator outlive every launch of a captured call.
+        // SAFETY: the trait's contract covers the buffers made below from
+        // the caller's pointers, and graph capture: the memory and the
+        // communicator outlive every launch of a captured call.
         unsafe {
             nccl_safe::allow_capture(|| -> Result<()> {
                 with_type!(dtype, T => {
@@ -502,8 +479,9 @@ impl Communicator for Comm {
         let c = unsafe { Call::new(self, stream) };
         let total = times(OP, count, Comm::size(self))?;
         let own_slot = times(OP, times(OP, count, Comm::rank(self))?, dtype.size())?;
-        // SAFETY: the trait's contract covers graph capture: the memory
-        // and the communicator outlive every launch of a captured call.
+        // SAFETY: the trait's contract covers the buffers made below from
+        // the caller's pointers, and graph capture: the memory and the
+        // communicator outlive every launch of a captured call.
         unsafe {
             nccl_safe::allow_capture(|| -> Result<()> {
                 with_type!(dtype, T => {
@@ -534,8 +512,9 @@ impl Communicator for Comm {
         let c = unsafe { Call::new(self, stream) };
         let total = times(OP, count, Comm::size(self))?;
         let own_slot = times(OP, times(OP, count, Comm::rank(self))?, dtype.size())?;
-        // SAFETY: the trait's contract covers graph capture: the memory
-        // and the communicator outlive every launch of a captured call.
+        // SAFETY: the trait's contract covers the buffers made below from
+        // the caller's pointers, and graph capture: the memory and the
+        // communicator outlive every launch of a captured call.
         unsafe {
             nccl_safe::allow_capture(|| -> Result<()> {
                 with_type!(dtype, T => {
@@ -564,8 +543,9 @@ impl Communicator for Comm {
         // SAFETY: the caller's promise about `stream`.
         let c = unsafe { Call::new(self, stream) };
         let total = times(OP, count, Comm::size(self))?;
-        // SAFETY: the trait's contract covers graph capture: the memory
-        // and the communicator outlive every launch of a captured call.
+        // SAFETY: the trait's contract covers the buffers made below from
+        // the caller's pointers, and graph capture: the memory and the
+        // communicator outlive every launch of a captured call.
         unsafe {
             nccl_safe::allow_capture(|| -> Result<()> {
                 with_type!(dtype, T => {
@@ -589,8 +569,9 @@ impl Communicator for Comm {
         const OP: &str = "Communicator::send";
         // SAFETY: the caller's promise about `stream`.
         let c = unsafe { Call::new(self, stream) };
-        // SAFETY: the trait's contract covers graph capture: the memory
-        // and the communicator outlive every launch of a captured call.
+        // SAFETY: the trait's contract covers the buffers made below from
+        // the caller's pointers, and graph capture: the memory and the
+        // communicator outlive every launch of a captured call.
         unsafe {
             nccl_safe::allow_capture(|| -> Result<()> {
                 with_type!(dtype, T => {
@@ -613,8 +594,9 @@ impl Communicator for Comm {
         const OP: &str = "Communicator::recv";
         // SAFETY: the caller's promise about `stream`.
         let c = unsafe { Call::new(self, stream) };
-        // SAFETY: the trait's contract covers graph capture: the memory
-        // and the communicator outlive every launch of a captured call.
+        // SAFETY: the trait's contract covers the buffers made below from
+        // the caller's pointers, and graph capture: the memory and the
+        // communicator outlive every launch of a captured call.
         unsafe {
             nccl_safe::allow_capture(|| -> Result<()> {
                 with_type!(dtype, T => {
@@ -640,8 +622,9 @@ impl Communicator for Comm {
         const OP: &str = "Communicator::send_recv";
         // SAFETY: the caller's promise about `stream`.
         let c = unsafe { Call::new(self, stream) };
-        // SAFETY: the trait's contract covers graph capture: the memory
-        // and the communicator outlive every launch of a captured call.
+        // SAFETY: the trait's contract covers the buffers made below from
+        // the caller's pointers, and graph capture: the memory and the
+        // communicator outlive every launch of a captured call.
         unsafe {
             nccl_safe::allow_capture(|| -> Result<()> {
                 with_type!(dtype, T => {

@@ -62,7 +62,7 @@ mod unique_id;
 mod validate;
 
 pub use abort::{AbortCause, AbortSignal};
-pub use buffer::{Access, DeviceBuffer, DeviceBufferMut};
+pub use buffer::{Access, DeviceBuffer, DeviceBufferMut, RawBuffer};
 pub use capabilities::{Capabilities, FP8_REDUCTION_MIN_CC, Feature};
 pub use capture::{Captured, CapturedGraph, Capturing, Opened, allow_capture, capture};
 pub use comm::{AbortHandle, Comm, CommStatus, WeakAbortHandle};
