@@ -166,6 +166,25 @@ fn times(op: &'static str, count: usize, n: usize) -> Result<usize> {
     })
 }
 
+/// The frame of each method of `impl Communicator for Comm`: the call's
+/// stream `$c` and, with capture allowed, `$body` run with `$t` the Rust
+/// type of `$dtype`.
+macro_rules! typed_call {
+    ($comm:expr, $stream:expr, $dtype:expr, |$c:ident, $t:ident| $body:block) => {{
+        // SAFETY: the caller's promise about `stream`.
+        let $c = unsafe { Call::new($comm, $stream) };
+        // SAFETY: the trait's contract covers the buffers made in `$body`
+        // from the caller's pointers, and graph capture: the memory and the
+        // communicator outlive every launch of a captured call.
+        unsafe {
+            nccl_safe::allow_capture(|| -> Result<()> {
+                with_type!($dtype, $t => $body);
+                Ok(())
+            })
+        }
+    }};
+}
+
 /// A communicator as a framework sees it: raw device pointers (as `u64`
 /// device addresses), a dtype tag and a stream, behind `dyn`.
 ///
@@ -380,25 +399,15 @@ impl Communicator for Comm {
         stream: Option<CUstream>,
     ) -> Result<()> {
         const OP: &str = "Communicator::all_reduce";
-        // SAFETY: the caller's promise about `stream`.
-        let c = unsafe { Call::new(self, stream) };
-        // SAFETY: the trait's contract covers the buffers made below from
-        // the caller's pointers, and graph capture: the memory and the
-        // communicator outlive every launch of a captured call.
-        unsafe {
-            nccl_safe::allow_capture(|| -> Result<()> {
-                with_type!(dtype, T => {
-                    let mut r = c.buf::<T>(OP, recv, count)?;
-                    if send == recv {
-                        self.on(&c.stream).all_reduce_in_place(&mut r, op)?;
-                    } else {
-                        let s = c.buf::<T>(OP, send, count)?;
-                        self.on(&c.stream).all_reduce(&s, &mut r, op)?;
-                    }
-                });
-                Ok(())
-            })
-        }
+        typed_call!(self, stream, dtype, |c, T| {
+            let mut r = c.buf::<T>(OP, recv, count)?;
+            if send == recv {
+                self.on(&c.stream).all_reduce_in_place(&mut r, op)?;
+            } else {
+                let s = c.buf::<T>(OP, send, count)?;
+                self.on(&c.stream).all_reduce(&s, &mut r, op)?;
+            }
+        })
     }
 
     unsafe fn broadcast(
@@ -411,26 +420,17 @@ impl Communicator for Comm {
         stream: Option<CUstream>,
     ) -> Result<()> {
         const OP: &str = "Communicator::broadcast";
-        // SAFETY: the caller's promise about `stream`.
-        let c = unsafe { Call::new(self, stream) };
-        // SAFETY: the trait's contract covers the buffers made below from
-        // the caller's pointers, and graph capture: the memory and the
-        // communicator outlive every launch of a captured call.
-        unsafe {
-            nccl_safe::allow_capture(|| -> Result<()> {
-                with_type!(dtype, T => {
-                    let mut r = c.buf::<T>(OP, recv, count)?;
-                    if send == recv {
-                        self.on(&c.stream).broadcast_in_place(&mut r, root)?;
-                    } else {
-                        let on_root = Comm::rank(self) == root;
-                        let s = c.buf::<T>(OP, send, if on_root { count } else { 0 })?;
-                        self.on(&c.stream).broadcast(on_root.then_some(&s), &mut r, root)?;
-                    }
-                });
-                Ok(())
-            })
-        }
+        typed_call!(self, stream, dtype, |c, T| {
+            let mut r = c.buf::<T>(OP, recv, count)?;
+            if send == recv {
+                self.on(&c.stream).broadcast_in_place(&mut r, root)?;
+            } else {
+                let on_root = Comm::rank(self) == root;
+                let s = c.buf::<T>(OP, send, if on_root { count } else { 0 })?;
+                self.on(&c.stream)
+                    .broadcast(on_root.then_some(&s), &mut r, root)?;
+            }
+        })
     }
 
     unsafe fn reduce(
@@ -444,26 +444,17 @@ impl Communicator for Comm {
         stream: Option<CUstream>,
     ) -> Result<()> {
         const OP: &str = "Communicator::reduce";
-        // SAFETY: the caller's promise about `stream`.
-        let c = unsafe { Call::new(self, stream) };
-        // SAFETY: the trait's contract covers the buffers made below from
-        // the caller's pointers, and graph capture: the memory and the
-        // communicator outlive every launch of a captured call.
-        unsafe {
-            nccl_safe::allow_capture(|| -> Result<()> {
-                with_type!(dtype, T => {
-                    let mut s = c.buf::<T>(OP, send, count)?;
-                    if send == recv {
-                        self.on(&c.stream).reduce_in_place(&mut s, op, root)?;
-                    } else {
-                        let on_root = Comm::rank(self) == root;
-                        let mut r = c.buf::<T>(OP, recv, if on_root { count } else { 0 })?;
-                        self.on(&c.stream).reduce(&s, on_root.then_some(&mut r), op, root)?;
-                    }
-                });
-                Ok(())
-            })
-        }
+        typed_call!(self, stream, dtype, |c, T| {
+            let mut s = c.buf::<T>(OP, send, count)?;
+            if send == recv {
+                self.on(&c.stream).reduce_in_place(&mut s, op, root)?;
+            } else {
+                let on_root = Comm::rank(self) == root;
+                let mut r = c.buf::<T>(OP, recv, if on_root { count } else { 0 })?;
+                self.on(&c.stream)
+                    .reduce(&s, on_root.then_some(&mut r), op, root)?;
+            }
+        })
     }
 
     unsafe fn all_gather(
@@ -475,27 +466,17 @@ impl Communicator for Comm {
         stream: Option<CUstream>,
     ) -> Result<()> {
         const OP: &str = "Communicator::all_gather";
-        // SAFETY: the caller's promise about `stream`.
-        let c = unsafe { Call::new(self, stream) };
         let total = times(OP, count, Comm::size(self))?;
         let own_slot = times(OP, times(OP, count, Comm::rank(self))?, dtype.size())?;
-        // SAFETY: the trait's contract covers the buffers made below from
-        // the caller's pointers, and graph capture: the memory and the
-        // communicator outlive every launch of a captured call.
-        unsafe {
-            nccl_safe::allow_capture(|| -> Result<()> {
-                with_type!(dtype, T => {
-                    let mut r = c.buf::<T>(OP, recv, total)?;
-                    if recv.checked_add(own_slot as u64) == Some(send) {
-                        self.on(&c.stream).all_gather_in_place(&mut r)?;
-                    } else {
-                        let s = c.buf::<T>(OP, send, count)?;
-                        self.on(&c.stream).all_gather(&s, &mut r)?;
-                    }
-                });
-                Ok(())
-            })
-        }
+        typed_call!(self, stream, dtype, |c, T| {
+            let mut r = c.buf::<T>(OP, recv, total)?;
+            if recv.checked_add(own_slot as u64) == Some(send) {
+                self.on(&c.stream).all_gather_in_place(&mut r)?;
+            } else {
+                let s = c.buf::<T>(OP, send, count)?;
+                self.on(&c.stream).all_gather(&s, &mut r)?;
+            }
+        })
     }
 
     unsafe fn reduce_scatter(
@@ -508,27 +489,17 @@ impl Communicator for Comm {
         stream: Option<CUstream>,
     ) -> Result<()> {
         const OP: &str = "Communicator::reduce_scatter";
-        // SAFETY: the caller's promise about `stream`.
-        let c = unsafe { Call::new(self, stream) };
         let total = times(OP, count, Comm::size(self))?;
         let own_slot = times(OP, times(OP, count, Comm::rank(self))?, dtype.size())?;
-        // SAFETY: the trait's contract covers the buffers made below from
-        // the caller's pointers, and graph capture: the memory and the
-        // communicator outlive every launch of a captured call.
-        unsafe {
-            nccl_safe::allow_capture(|| -> Result<()> {
-                with_type!(dtype, T => {
-                    let mut s = c.buf::<T>(OP, send, total)?;
-                    if send.checked_add(own_slot as u64) == Some(recv) {
-                        self.on(&c.stream).reduce_scatter_in_place(&mut s, op)?;
-                    } else {
-                        let mut r = c.buf::<T>(OP, recv, count)?;
-                        self.on(&c.stream).reduce_scatter(&s, &mut r, op)?;
-                    }
-                });
-                Ok(())
-            })
-        }
+        typed_call!(self, stream, dtype, |c, T| {
+            let mut s = c.buf::<T>(OP, send, total)?;
+            if send.checked_add(own_slot as u64) == Some(recv) {
+                self.on(&c.stream).reduce_scatter_in_place(&mut s, op)?;
+            } else {
+                let mut r = c.buf::<T>(OP, recv, count)?;
+                self.on(&c.stream).reduce_scatter(&s, &mut r, op)?;
+            }
+        })
     }
 
     unsafe fn all_to_all(
@@ -540,22 +511,12 @@ impl Communicator for Comm {
         stream: Option<CUstream>,
     ) -> Result<()> {
         const OP: &str = "Communicator::all_to_all";
-        // SAFETY: the caller's promise about `stream`.
-        let c = unsafe { Call::new(self, stream) };
         let total = times(OP, count, Comm::size(self))?;
-        // SAFETY: the trait's contract covers the buffers made below from
-        // the caller's pointers, and graph capture: the memory and the
-        // communicator outlive every launch of a captured call.
-        unsafe {
-            nccl_safe::allow_capture(|| -> Result<()> {
-                with_type!(dtype, T => {
-                    let s = c.buf::<T>(OP, send, total)?;
-                    let mut r = c.buf::<T>(OP, recv, total)?;
-                    self.on(&c.stream).all_to_all(&s, &mut r)?;
-                });
-                Ok(())
-            })
-        }
+        typed_call!(self, stream, dtype, |c, T| {
+            let s = c.buf::<T>(OP, send, total)?;
+            let mut r = c.buf::<T>(OP, recv, total)?;
+            self.on(&c.stream).all_to_all(&s, &mut r)?;
+        })
     }
 
     unsafe fn send(
@@ -567,20 +528,10 @@ impl Communicator for Comm {
         stream: Option<CUstream>,
     ) -> Result<()> {
         const OP: &str = "Communicator::send";
-        // SAFETY: the caller's promise about `stream`.
-        let c = unsafe { Call::new(self, stream) };
-        // SAFETY: the trait's contract covers the buffers made below from
-        // the caller's pointers, and graph capture: the memory and the
-        // communicator outlive every launch of a captured call.
-        unsafe {
-            nccl_safe::allow_capture(|| -> Result<()> {
-                with_type!(dtype, T => {
-                    let b = c.buf::<T>(OP, buf, count)?;
-                    self.on(&c.stream).send(&b, peer)?;
-                });
-                Ok(())
-            })
-        }
+        typed_call!(self, stream, dtype, |c, T| {
+            let b = c.buf::<T>(OP, buf, count)?;
+            self.on(&c.stream).send(&b, peer)?;
+        })
     }
 
     unsafe fn recv(
@@ -592,20 +543,10 @@ impl Communicator for Comm {
         stream: Option<CUstream>,
     ) -> Result<()> {
         const OP: &str = "Communicator::recv";
-        // SAFETY: the caller's promise about `stream`.
-        let c = unsafe { Call::new(self, stream) };
-        // SAFETY: the trait's contract covers the buffers made below from
-        // the caller's pointers, and graph capture: the memory and the
-        // communicator outlive every launch of a captured call.
-        unsafe {
-            nccl_safe::allow_capture(|| -> Result<()> {
-                with_type!(dtype, T => {
-                    let mut b = c.buf::<T>(OP, buf, count)?;
-                    self.on(&c.stream).recv(&mut b, peer)?;
-                });
-                Ok(())
-            })
-        }
+        typed_call!(self, stream, dtype, |c, T| {
+            let mut b = c.buf::<T>(OP, buf, count)?;
+            self.on(&c.stream).recv(&mut b, peer)?;
+        })
     }
 
     unsafe fn send_recv(
@@ -620,24 +561,14 @@ impl Communicator for Comm {
         stream: Option<CUstream>,
     ) -> Result<()> {
         const OP: &str = "Communicator::send_recv";
-        // SAFETY: the caller's promise about `stream`.
-        let c = unsafe { Call::new(self, stream) };
-        // SAFETY: the trait's contract covers the buffers made below from
-        // the caller's pointers, and graph capture: the memory and the
-        // communicator outlive every launch of a captured call.
-        unsafe {
-            nccl_safe::allow_capture(|| -> Result<()> {
-                with_type!(dtype, T => {
-                    let s = c.buf::<T>(OP, send, send_count)?;
-                    let mut r = c.buf::<T>(OP, recv, recv_count)?;
-                    nccl_safe::group(|g| {
-                        g.on_stream(self, &c.stream).send(&s, send_peer)?;
-                        g.on_stream(self, &c.stream).recv(&mut r, recv_peer)
-                    })?;
-                });
-                Ok(())
-            })
-        }
+        typed_call!(self, stream, dtype, |c, T| {
+            let s = c.buf::<T>(OP, send, send_count)?;
+            let mut r = c.buf::<T>(OP, recv, recv_count)?;
+            nccl_safe::group(|g| {
+                g.on_stream(self, &c.stream).send(&s, send_peer)?;
+                g.on_stream(self, &c.stream).recv(&mut r, recv_peer)
+            })?;
+        })
     }
 
     fn barrier(&self) -> Result<()> {
