@@ -89,7 +89,7 @@ const NOTHING_TO_REFUSE: &[(&str, &str)] = &[
     ("NestedGroup::on", "as GroupGuard::on"),
     ("nccl_safe::take_dropped_group_error", "query"),
     (
-        "Span::device at_least times rank aliasing segments",
+        "Span::device at_least holds blocks times rank aliasing segments",
         "crate-internal checks (pub inside a private module), driven by every collective row",
     ),
     ("nccl_safe::cudarc", "re-export"),

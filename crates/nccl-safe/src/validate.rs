@@ -38,6 +38,24 @@ impl Check {
         }
     }
 
+    /// `span` is on this device and holds at least `needed` elements.
+    pub fn holds(&self, role: Role, span: Span, needed: usize) -> Result<()> {
+        self.device(role, span)?;
+        self.at_least(role, span, needed)
+    }
+
+    /// `len` split into one block per rank: the block length, refused
+    /// with `reason` when `len` is not a multiple of the number of ranks.
+    pub fn blocks(&self, len: usize, reason: &'static str) -> Result<usize> {
+        if !len.is_multiple_of(self.size) {
+            return Err(Error::InvalidArgument {
+                op: self.op,
+                reason,
+            });
+        }
+        Ok(len / self.size)
+    }
+
     /// `span` must hold at least `needed` elements.
     pub fn at_least(&self, role: Role, span: Span, needed: usize) -> Result<()> {
         if span.len >= needed {

@@ -329,6 +329,46 @@ impl<'s, 'a> OnStream<'s, 'a> {
         }
     }
 
+    /// The root-side buffer of a rooted operation opened for reading, as
+    /// a span with its address (`None` off the root).
+    fn read_at_root<T: NcclType, S: DeviceBuffer<T> + ?Sized>(
+        &self,
+        op: &'static str,
+        buffer: Option<&'a S>,
+    ) -> Result<Option<(Span, Access<'a>)>> {
+        let open = |b: &'a S| {
+            let (ptr, access) = self.read_buf(op, b)?;
+            Ok((
+                Span {
+                    ptr,
+                    ..Self::span(b)
+                },
+                access,
+            ))
+        };
+        buffer.map(open).transpose()
+    }
+
+    /// As [`OnStream::read_at_root`], for writing.
+    fn write_at_root<T: NcclType, R: DeviceBufferMut<T> + ?Sized>(
+        &self,
+        op: &'static str,
+        buffer: Option<&'a mut R>,
+    ) -> Result<Option<(Span, Access<'a>)>> {
+        let open = |b: &'a mut R| {
+            let span = Self::span(&*b);
+            let (ptr, access) = self.write_buf(op, b)?;
+            Ok((Span { ptr, ..span }, access))
+        };
+        buffer.map(open).transpose()
+    }
+
+    /// The address and access of an opened root-side buffer: 0 and none
+    /// off the root (NCCL does not use the buffer there).
+    fn root_side(opened: Option<(Span, Access<'a>)>) -> (u64, Option<Access<'a>>) {
+        opened.map_or((0, None), |(span, access)| (span.ptr, Some(access)))
+    }
+
     pub(crate) fn span<T: NcclType>(buffer: &(impl DeviceBuffer<T> + ?Sized)) -> Span {
         Span {
             ptr: 0,

@@ -2,13 +2,12 @@
 //! and point to point. Each validates its buffers and builds one [`Op`]
 //! (all-to-all-v, a set of sends and receives, builds one per peer).
 
+use crate::Result;
 use crate::buffer::{DeviceBuffer, DeviceBufferMut};
 use crate::dtype::NcclType;
 use crate::error::Role;
 use crate::ops::op::{Kind, Op};
 use crate::ops::{OnStream, ptr};
-use crate::validate::Span;
-use crate::{Error, Result};
 
 impl<'s, 'a> OnStream<'s, 'a> {
     /// `ncclBroadcast`: `root`'s `send` lands in every rank's `recv`.
@@ -28,26 +27,15 @@ impl<'s, 'a> OnStream<'s, 'a> {
         c.times(count, 1)?;
         let send = self.at_root(OP, send, root, "the root needs a send buffer")?;
         if let Some(s) = send {
-            let s = Self::span(s);
-            c.device(Role::Send, s)?;
-            c.at_least(Role::Send, s, count)?;
+            c.holds(Role::Send, Self::span(s), count)?;
         }
-        let (sp, sa) = match send {
-            Some(s) => {
-                let (p, a) = self.read_buf(OP, s)?;
-                (p, Some(a))
-            }
-            None => (0, None),
-        };
+        let send = self.read_at_root(OP, send)?;
         let (rp, ra) = self.write_buf(OP, recv)?;
         r.ptr = rp;
-        if let Some(s) = send {
-            let s = Span {
-                ptr: sp,
-                ..Self::span(s)
-            };
+        if let Some((s, _)) = send {
             c.aliasing(s, count, r, count, Some(0))?;
         }
+        let (sp, sa) = Self::root_side(send);
         if count == 0 {
             return Ok(());
         }
@@ -122,13 +110,10 @@ impl<'s, 'a> OnStream<'s, 'a> {
         let c = self.begin::<T>(OP, false)?;
         let b = Self::span(buf);
         c.device(Role::InPlace, b)?;
-        if b.len % c.size != 0 {
-            return Err(Error::InvalidArgument {
-                op: OP,
-                reason: "the buffer length must be a multiple of the number of ranks",
-            });
-        }
-        let count = b.len / c.size;
+        let count = c.blocks(
+            b.len,
+            "the buffer length must be a multiple of the number of ranks",
+        )?;
         if count == 0 {
             return Ok(());
         }
@@ -154,13 +139,10 @@ impl<'s, 'a> OnStream<'s, 'a> {
         let (mut s, mut r) = (Self::span(send), Self::span(recv));
         c.device(Role::Send, s)?;
         c.device(Role::Recv, r)?;
-        if s.len % c.size != 0 {
-            return Err(Error::InvalidArgument {
-                op: OP,
-                reason: "the send length must be a multiple of the number of ranks",
-            });
-        }
-        let count = s.len / c.size;
+        let count = c.blocks(
+            s.len,
+            "the send length must be a multiple of the number of ranks",
+        )?;
         let total = c.times(count, c.size)?;
         c.at_least(Role::Recv, r, total)?;
         let (sp, sa) = self.read_buf(OP, send)?;

@@ -96,23 +96,16 @@ impl<'s, 'a> OnStream<'s, 'a> {
         c.times(count, 1)?;
         let recv = self.at_root(OP, recv, root, "the root needs a receive buffer")?;
         if let Some(r) = &recv {
-            let r = Self::span(&**r);
-            c.device(Role::Recv, r)?;
-            c.at_least(Role::Recv, r, count)?;
+            c.holds(Role::Recv, Self::span(&**r), count)?;
         }
         let redop = self.redop(OP, &op)?;
         let (sp, sa) = self.read_buf(OP, send)?;
         s.ptr = sp;
-        let (rp, ra) = match recv {
-            Some(r) => {
-                let mut span = Self::span(&*r);
-                let (rp, ra) = self.write_buf(OP, r)?;
-                span.ptr = rp;
-                c.aliasing(s, count, span, count, Some(0))?;
-                (rp, Some(ra))
-            }
-            None => (0, None),
-        };
+        let recv = self.write_at_root(OP, recv)?;
+        if let Some((r, _)) = recv {
+            c.aliasing(s, count, r, count, Some(0))?;
+        }
+        let (rp, ra) = Self::root_side(recv);
         if count == 0 {
             return Ok(());
         }
@@ -219,13 +212,10 @@ impl<'s, 'a> OnStream<'s, 'a> {
         let c = self.begin_reducing::<T>(OP, &op)?;
         let b = Self::span(buf);
         c.device(Role::InPlace, b)?;
-        if b.len % c.size != 0 {
-            return Err(Error::InvalidArgument {
-                op: OP,
-                reason: "the buffer length must be a multiple of the number of ranks",
-            });
-        }
-        let count = b.len / c.size;
+        let count = c.blocks(
+            b.len,
+            "the buffer length must be a multiple of the number of ranks",
+        )?;
         let redop = self.redop(OP, &op)?;
         if count == 0 {
             return Ok(());

@@ -6,7 +6,7 @@ use crate::dtype::NcclType;
 use crate::error::Role;
 use crate::ops::op::{Kind, Op};
 use crate::ops::{OnStream, ptr};
-use crate::validate::Span;
+use crate::validate::{Check, Span};
 use crate::{Error, Result};
 
 impl<'s, 'a> OnStream<'s, 'a> {
@@ -28,22 +28,15 @@ impl<'s, 'a> OnStream<'s, 'a> {
         let total = c.times(count, c.size)?;
         let recv = self.at_root(OP, recv, root, "the root needs a receive buffer")?;
         if let Some(r) = &recv {
-            let r = Self::span(&**r);
-            c.device(Role::Recv, r)?;
-            c.at_least(Role::Recv, r, total)?;
+            c.holds(Role::Recv, Self::span(&**r), total)?;
         }
         let (sp, sa) = self.read_buf(OP, send)?;
         s.ptr = sp;
-        let (rp, ra) = match recv {
-            Some(r) => {
-                let mut span = Self::span(&*r);
-                let (rp, ra) = self.write_buf(OP, r)?;
-                span.ptr = rp;
-                c.aliasing(s, count, span, total, Some(root * count))?;
-                (rp, Some(ra))
-            }
-            None => (0, None),
-        };
+        let recv = self.write_at_root(OP, recv)?;
+        if let Some((r, _)) = recv {
+            c.aliasing(s, count, r, total, Some(root * count))?;
+        }
+        let (rp, ra) = Self::root_side(recv);
         if count == 0 {
             return Ok(());
         }
@@ -68,19 +61,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
         c.rank("root", root)?;
         let b = Self::span(buf);
         c.device(Role::InPlace, b)?;
-        let is_root = self.comm.rank() == root;
-        let count = if is_root {
-            if b.len % c.size != 0 {
-                return Err(Error::InvalidArgument {
-                    op: OP,
-                    reason: "the root's buffer length must be a multiple of the number of ranks",
-                });
-            }
-            b.len / c.size
-        } else {
-            b.len
-        };
-        c.times(count, c.size)?;
+        let (count, is_root) = self.in_place_count(&c, b, root)?;
         if count == 0 {
             return Ok(());
         }
@@ -116,33 +97,22 @@ impl<'s, 'a> OnStream<'s, 'a> {
         let total = c.times(count, c.size)?;
         let send = self.at_root(OP, send, root, "the root needs a send buffer")?;
         if let Some(s) = send {
-            let s = Self::span(s);
-            c.device(Role::Send, s)?;
-            c.at_least(Role::Send, s, total)?;
+            c.holds(Role::Send, Self::span(s), total)?;
         }
-        let (sp, sa) = match send {
-            Some(s) => {
-                let (p, a) = self.read_buf(OP, s)?;
-                (p, Some(a))
-            }
-            None => (0, None),
-        };
+        let send = self.read_at_root(OP, send)?;
         let (rp, ra) = self.write_buf(OP, recv)?;
         r.ptr = rp;
-        if let Some(s) = send {
-            let s = Span {
-                ptr: sp,
-                ..Self::span(s)
-            };
+        if let Some((s, _)) = send {
             c.aliasing(r, count, s, total, Some(root * count))
                 .map_err(|_| Error::PartialAlias {
                     op: OP,
-                    send: sp,
+                    send: s.ptr,
                     send_bytes: total * c.elem_bytes,
                     recv: rp,
                     recv_bytes: count * c.elem_bytes,
                 })?;
         }
+        let (sp, sa) = Self::root_side(send);
         if count == 0 {
             return Ok(());
         }
@@ -167,19 +137,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
         c.rank("root", root)?;
         let b = Self::span(buf);
         c.device(Role::InPlace, b)?;
-        let is_root = self.comm.rank() == root;
-        let count = if is_root {
-            if b.len % c.size != 0 {
-                return Err(Error::InvalidArgument {
-                    op: OP,
-                    reason: "the root's buffer length must be a multiple of the number of ranks",
-                });
-            }
-            b.len / c.size
-        } else {
-            b.len
-        };
-        c.times(count, c.size)?;
+        let (count, is_root) = self.in_place_count(&c, b, root)?;
         if count == 0 {
             return Ok(());
         }
@@ -195,5 +153,22 @@ impl<'s, 'a> OnStream<'s, 'a> {
         // SAFETY: validated; off the root the root-side address is null,
         // where NCCL does not use it.
         unsafe { self.enqueue(o.in_place(), [a]) }
+    }
+
+    /// The count of an in-place gather or scatter: on the root, `b` holds
+    /// one block per rank; elsewhere it is the block. With whether this
+    /// rank is the root.
+    fn in_place_count(&self, c: &Check, b: Span, root: usize) -> Result<(usize, bool)> {
+        let is_root = self.comm.rank() == root;
+        let count = if is_root {
+            c.blocks(
+                b.len,
+                "the root's buffer length must be a multiple of the number of ranks",
+            )?
+        } else {
+            b.len
+        };
+        c.times(count, c.size)?;
+        Ok((count, is_root))
     }
 }
