@@ -17,6 +17,16 @@
 //! ranks, so communicators that one thread created together (`init_all`,
 //! `split_all`) are finalized together, in one group, when the last of them
 //! is dropped; they may be dropped in any order.
+//!
+//! # Files
+//!
+//! `poll.rs` (the waiting loop) ← `teardown.rs` (bounded teardown, alone
+//! or by clique) ← `handle.rs` (the state `Comm` and `AbortHandle` share:
+//! the raw handle under its mutex, the abort protocol) ← this file (`Comm`,
+//! its accessors, [`Comm::with_raw`]), `init.rs`, `split.rs` (split,
+//! shrink, grow) and `abort.rs` (`AbortHandle`; revoke, finalize, destroy,
+//! abort). The group files import `handle.rs`; it imports only the
+//! group's thread state back.
 
 mod abort;
 pub(crate) mod handle;
@@ -51,17 +61,17 @@ pub use handle::CommStatus;
 pub struct Comm {
     /// Dropped by hand in `Drop`, so the teardown it may start knows that
     /// this thread waits for it.
-    pub(crate) shared: std::mem::ManuallyDrop<Arc<Shared>>,
-    pub(crate) stream: Arc<CudaStream>,
-    pub(crate) rank: usize,
-    pub(crate) size: usize,
-    pub(crate) device: usize,
-    pub(crate) compute_capability: (i32, i32),
-    pub(crate) force_send_recv: Cell<bool>,
+    pub(in crate::comm) shared: std::mem::ManuallyDrop<Arc<Shared>>,
+    pub(in crate::comm) stream: Arc<CudaStream>,
+    pub(in crate::comm) rank: usize,
+    pub(in crate::comm) size: usize,
+    pub(in crate::comm) device: usize,
+    pub(in crate::comm) compute_capability: (i32, i32),
+    pub(in crate::comm) force_send_recv: Cell<bool>,
     pub(crate) observer: RefCell<Option<Arc<dyn OpObserver>>>,
     /// The last stream handed to [`Comm::borrowed_stream`], wrapped.
-    pub(crate) borrowed: RefCell<Option<Arc<CudaStream>>>,
-    pub(crate) _not_sync: PhantomData<Cell<()>>,
+    pub(in crate::comm) borrowed: RefCell<Option<Arc<CudaStream>>>,
+    pub(in crate::comm) _not_sync: PhantomData<Cell<()>>,
 }
 
 impl std::fmt::Debug for Comm {

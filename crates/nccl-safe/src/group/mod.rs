@@ -4,6 +4,12 @@
 //! One thread driving several GPUs must put the calls for all of them in one
 //! group, and concurrent sends and receives must share a group to progress.
 //! Groups nest; only the outermost end launches.
+//!
+//! `state.rs` holds the thread's open group (depth, deferred teardowns)
+//! and imports nothing above it; `raw.rs` makes the NCCL calls and keeps
+//! the communicators the open group uses; this file is the guard.
+//! `GroupGuard::on` lives with the operations (`ops/`), which import the
+//! group, not the reverse.
 
 mod raw;
 pub(crate) mod state;
