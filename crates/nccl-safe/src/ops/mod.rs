@@ -85,12 +85,12 @@ impl std::fmt::Debug for OnStream<'_, '_> {
 /// validated to lie inside the buffer, whose contract promises it is real
 /// memory, so this cannot wrap; wrapping keeps a lying implementation from
 /// causing a panic here.
-pub(crate) fn ptr(address: u64, offset_elems: usize, elem_bytes: usize) -> u64 {
+fn ptr(address: u64, offset_elems: usize, elem_bytes: usize) -> u64 {
     address.wrapping_add(offset_elems.wrapping_mul(elem_bytes) as u64)
 }
 
 impl<'s, 'a> OnStream<'s, 'a> {
-    pub(crate) fn direct(comm: &'a Comm, stream: &'a CudaStream) -> Self {
+    fn direct(comm: &'a Comm, stream: &'a CudaStream) -> Self {
         OnStream {
             comm,
             stream,
@@ -100,11 +100,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
         }
     }
 
-    pub(crate) fn grouped(
-        comm: &'a Comm,
-        stream: &'a CudaStream,
-        hold: &'s RefCell<GroupHold<'a>>,
-    ) -> Self {
+    fn grouped(comm: &'a Comm, stream: &'a CudaStream, hold: &'s RefCell<GroupHold<'a>>) -> Self {
         OnStream {
             comm,
             stream,
@@ -132,7 +128,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
 
     /// `buffer` opened for reading; while capturing, it must be one the
     /// graph owns.
-    pub(crate) fn read_buf<T: NcclType>(
+    fn read_buf<T: NcclType>(
         &self,
         op: &'static str,
         buffer: &'a (impl DeviceBuffer<T> + ?Sized),
@@ -144,7 +140,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
 
     /// `buffer` opened for writing; while capturing, it must be one the
     /// graph owns.
-    pub(crate) fn write_buf<T: NcclType>(
+    fn write_buf<T: NcclType>(
         &self,
         op: &'static str,
         buffer: &'a mut (impl DeviceBufferMut<T> + ?Sized),
@@ -177,7 +173,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
 
     /// The reduction's NCCL handle; while capturing, a built-in one only (a
     /// PreMulSum is destroyed with its value, before a later launch).
-    pub(crate) fn redop<T: NcclType>(
+    fn redop<T: NcclType>(
         &self,
         op: &'static str,
         reduction: &impl Reduction<'a, T>,
@@ -192,7 +188,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
         Ok(raw)
     }
 
-    pub(crate) fn check<T>(&self, op: &'static str) -> Result<Check> {
+    fn check<T>(&self, op: &'static str) -> Result<Check> {
         if self.hold.is_none() && group::is_open() {
             return Err(Error::InvalidArgument {
                 op,
@@ -227,7 +223,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
     /// Keeps the accesses until the group ends (inside a group) or drops
     /// them now, after the enqueue (outside one). Accesses whose drop does
     /// nothing are not kept.
-    pub(crate) fn settle(&self, accesses: impl IntoIterator<Item = Access<'a>>) {
+    fn settle(&self, accesses: impl IntoIterator<Item = Access<'a>>) {
         if let Some(hold) = self.hold {
             hold.borrow_mut()
                 .accesses
@@ -237,7 +233,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
 
     /// One NCCL enqueue call on the live communicator, with nonblocking
     /// polling and error capture.
-    pub(crate) fn call(
+    fn call(
         &self,
         info: OpInfo,
         f: impl FnOnce(ncclComm_t, cudaStream_t) -> ncclResult_t,
@@ -282,7 +278,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
     /// at its end, which reports them), else into `group` itself, whose end
     /// launches and reports them. Either way the calls and their streams
     /// stay borrowed until the group that reports them ends.
-    pub(crate) fn within<'t>(&'t self, group: &'t GroupGuard<'a>) -> OnStream<'t, 'a> {
+    fn within<'t>(&'t self, group: &'t GroupGuard<'a>) -> OnStream<'t, 'a> {
         OnStream {
             comm: self.comm,
             stream: self.stream,
@@ -369,7 +365,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
         opened.map_or((0, None), |(span, access)| (span.ptr, Some(access)))
     }
 
-    pub(crate) fn span<T: NcclType>(buffer: &(impl DeviceBuffer<T> + ?Sized)) -> Span {
+    fn span<T: NcclType>(buffer: &(impl DeviceBuffer<T> + ?Sized)) -> Span {
         Span {
             ptr: 0,
             len: buffer.len(),
