@@ -1,16 +1,14 @@
 //! House rules the compiler does not check, as tests that `cargo xtask test`
 //! runs (they read the sources as text):
 //!
-//! - no hand-written source file over [`MAX_LINES`] lines, except the ones
-//!   listed in [`LONG_FILES`], which may only shrink (generated reference
-//!   bindings are not hand-written);
+//! - no hand-written source file over [`MAX_LINES`] lines (generated
+//!   reference bindings are not hand-written);
 //! - `NCCL_RS_*` names spelled out only in each crate's `env.rs` (nccl-safe:
 //!   `secrecy.rs`; nccl-bench has its own), outside tests;
-//! - no new cycle of `use crate::…` imports between the files of a crate
-//!   ([`KNOWN_CYCLES`] lists the ones the redesign still has to break;
-//!   grouped `use crate::{…}` trees and names the crate root re-exports
-//!   are followed to their module, `use super::…` is not).
-//!
+//! - no cycle of `use crate::…` imports between the files of a crate
+//!   (grouped `use crate::{…}` trees and names the crate root re-exports
+//!   are followed to their module; `use super::…` and a parent declaring
+//!   its children are not edges);
 //! - the lints that keep two more rules stay on: `SAFETY:` comments on
 //!   `unsafe` blocks (clippy's `undocumented_unsafe_blocks`) and no
 //!   `unwrap` outside tests (`unwrap_used`, with `allow-unwrap-in-tests`
@@ -22,34 +20,6 @@ use std::path::{Path, PathBuf};
 
 /// The longest a hand-written source file may be.
 pub const MAX_LINES: usize = 800;
-
-/// Files over [`MAX_LINES`] today, each with the most lines it may have:
-/// the redesign splits them; a file here may shrink, never grow.
-pub const LONG_FILES: &[(&str, usize)] = &[
-    ("crates/nccl-safe/src/collectives.rs", 1656),
-    ("crates/nccl-safe/src/comm.rs", 1903),
-];
-
-/// The groups of files tied by import cycles today (strongly connected
-/// components of the `use crate::…` graph); the redesign breaks them. A
-/// group found that is not inside one of these fails the test, so they may
-/// shrink or split, never grow or appear.
-pub const KNOWN_CYCLES: &[&[&str]] = &[&[
-    "crates/nccl-safe/src/abort.rs",
-    "crates/nccl-safe/src/capabilities.rs",
-    "crates/nccl-safe/src/capture.rs",
-    "crates/nccl-safe/src/collectives.rs",
-    "crates/nccl-safe/src/comm.rs",
-    "crates/nccl-safe/src/config.rs",
-    "crates/nccl-safe/src/error.rs",
-    "crates/nccl-safe/src/group.rs",
-    "crates/nccl-safe/src/library.rs",
-    "crates/nccl-safe/src/memory.rs",
-    "crates/nccl-safe/src/reduce_op.rs",
-    "crates/nccl-safe/src/secrecy.rs",
-    "crates/nccl-safe/src/unique_id.rs",
-    "crates/nccl-safe/src/validate.rs",
-]];
 
 /// Every hand-written `.rs` file of the workspace, relative to the root.
 fn sources(root: &Path) -> Vec<PathBuf> {
@@ -80,19 +50,14 @@ fn sources(root: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
-/// Files over [`MAX_LINES`] that are not allowed to be, with their length.
+/// Files over [`MAX_LINES`], with their length.
 pub fn too_long(root: &Path) -> Vec<(String, usize)> {
     sources(root)
         .into_iter()
         .filter_map(|rel| {
             let text = std::fs::read_to_string(root.join(&rel)).ok()?;
             let lines = text.lines().count();
-            let name = rel.to_string_lossy().into_owned();
-            let limit = LONG_FILES
-                .iter()
-                .find(|(f, _)| *f == name)
-                .map_or(MAX_LINES, |(_, n)| *n);
-            (lines > limit).then_some((name, lines))
+            (lines > MAX_LINES).then(|| (rel.to_string_lossy().into_owned(), lines))
         })
         .collect()
 }
@@ -432,11 +397,11 @@ mod tests {
     }
 
     #[test]
-    fn no_source_file_grows_past_its_limit() {
+    fn no_source_file_is_over_the_limit() {
         let long = too_long(&root());
         assert!(
             long.is_empty(),
-            "over {MAX_LINES} lines (or past their entry in LONG_FILES): {long:?}"
+            "over {MAX_LINES} lines: split along a seam: {long:?}"
         );
     }
 
@@ -456,18 +421,11 @@ mod tests {
     }
 
     #[test]
-    fn no_new_import_cycle_between_files() {
-        let new: Vec<Vec<String>> = import_cycles(&root())
-            .into_iter()
-            .filter(|c| {
-                !KNOWN_CYCLES
-                    .iter()
-                    .any(|known| c.iter().all(|f| known.contains(&f.as_str())))
-            })
-            .collect();
+    fn no_import_cycle_between_files() {
+        let cycles = import_cycles(&root());
         assert!(
-            new.is_empty(),
-            "files tied by import cycles, new or grown (see KNOWN_CYCLES): {new:#?}"
+            cycles.is_empty(),
+            "files tied by import cycles (each group imports itself round): {cycles:#?}"
         );
     }
 

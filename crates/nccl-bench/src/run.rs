@@ -46,6 +46,8 @@ struct Rank<'c, T> {
     dist: Option<&'c Comm>,
     watch: Option<Arc<dyn OpObserver>>,
     stream: Arc<CudaStream>,
+    /// The raw handle while [`Driver::holding`] holds the communicator
+    /// (null otherwise).
     raw_comm: ncclComm_t,
     raw_stream: cudaStream_t,
     send: Option<CudaSlice<T>>,
@@ -104,16 +106,13 @@ impl<'c, T: Elem> Driver<'c, T> {
                     // cudarc's cross-stream events have nothing to order.
                     unsafe { stream.context().disable_event_tracking() };
                 }
-                // SAFETY: the handle is used only while `comm` lives, by
-                // this thread, for calls `comm` would make itself.
-                let raw_comm = unsafe { comm.as_raw() }?;
                 let raw_stream = stream.cu_stream() as cudaStream_t;
                 Ok(Rank {
                     comm,
                     dist,
                     watch,
                     stream,
-                    raw_comm,
+                    raw_comm: std::ptr::null_mut(),
                     raw_stream,
                     send: None,
                     recv: None,
@@ -249,6 +248,39 @@ impl<'c, T: Elem> Driver<'c, T> {
             }
         }
         Ok(())
+    }
+
+    /// Runs `f` with every rank's communicator held from rank `i` on
+    /// (alive, not aborted, used by this thread only) and its raw handle
+    /// in `raw_comm`: a loop of raw calls inside takes no lock of ours, as
+    /// a C program's would not. Nothing inside may call the safe API on
+    /// these communicators (it would wait for this thread).
+    fn holding<R>(&mut self, i: usize, f: impl FnOnce(&mut Self) -> Result<R>) -> Result<R> {
+        let Some(comm) = self.ranks.get(i).map(|r| r.comm) else {
+            return f(self);
+        };
+        // SAFETY: the handle is used only by `issue_raw` on this thread,
+        // for calls the typed API would make itself, and is cleared
+        // before the closure returns.
+        let held = unsafe {
+            comm.with_raw(|raw| {
+                self.ranks[i].raw_comm = raw;
+                let out = self.holding(i + 1, f);
+                self.ranks[i].raw_comm = std::ptr::null_mut();
+                out
+            })
+        };
+        held?
+    }
+
+    /// As [`Driver::holding`] for the raw layer; other layers run `f` as
+    /// it is.
+    fn held_for<R>(&mut self, layer: Layer, f: impl FnOnce(&mut Self) -> Result<R>) -> Result<R> {
+        if layer == Layer::Raw {
+            self.holding(0, f)
+        } else {
+            f(self)
+        }
     }
 
     fn issue_raw(&self, spec: &Spec) -> Result<()> {
@@ -403,9 +435,12 @@ impl<'c, T: Elem> Driver<'c, T> {
     fn measure_on(&mut self, layer: Layer, spec: &Spec, graph: bool) -> Result<Sample> {
         self.barrier()?;
         let t0 = Instant::now();
-        for _ in 0..self.warmup {
-            self.issue(layer, spec)?;
-        }
+        self.held_for(layer, |d| {
+            for _ in 0..d.warmup {
+                d.issue(layer, spec)?;
+            }
+            Ok(())
+        })?;
         self.wait()?;
         let mut iters = self.iters;
         if !graph && self.min_seconds > 0.0 && self.warmup > 0 {
@@ -421,13 +456,12 @@ impl<'c, T: Elem> Driver<'c, T> {
             self.barrier()?;
             let open = self.window_open()?;
             let t0 = Instant::now();
-            let mut issued = Ok(());
-            for _ in 0..iters {
-                issued = self.issue(layer, spec);
-                if issued.is_err() {
-                    break;
+            let issued = self.held_for(layer, |d| {
+                for _ in 0..iters {
+                    d.issue(layer, spec)?;
                 }
-            }
+                Ok(())
+            });
             // Every thread closes the window, even after a failure, so
             // none waits for it until the deadline.
             let allocs = self.window_close(open)?;
@@ -461,17 +495,16 @@ impl<'c, T: Elem> Driver<'c, T> {
                 .map_err(cuda_err("beginning a capture"))?;
         }
         let open = self.window_open()?;
-        let mut issued = Ok(());
         // SAFETY: the buffers and communicators of `prepare` outlive the
         // graphs below, whose launches are waited for before they go.
-        unsafe {
+        let issued = unsafe {
             nccl_dist::nccl_safe::allow_capture(|| {
-                for _ in 0..self.iters {
-                    issued = self.issue(layer, spec);
-                    if issued.is_err() {
-                        break;
+                self.held_for(layer, |d| {
+                    for _ in 0..d.iters {
+                        d.issue(layer, spec)?;
                     }
-                }
+                    Ok(())
+                })
             })
         };
         let allocs = self.window_close(open)?;
@@ -527,7 +560,7 @@ impl<'c, T: Elem> Driver<'c, T> {
         if wd {
             self.watchdog(true)?;
         }
-        let issued = self.issue(layer, spec);
+        let issued = self.held_for(layer, |d| d.issue(layer, spec));
         let off = if wd { self.watchdog(false) } else { Ok(()) };
         issued?;
         off?;

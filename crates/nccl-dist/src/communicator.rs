@@ -28,119 +28,49 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use std::marker::PhantomData;
 use std::sync::Arc;
 
 use nccl_safe::cudarc::driver::CudaStream;
 use nccl_safe::cudarc::driver::sys::CUstream;
 use nccl_safe::nccl_sys::ncclDataType_t;
-use nccl_safe::{Access, Comm, DeviceBuffer, DeviceBufferMut, NcclType, ReduceOp};
+use nccl_safe::{Comm, NcclType, RawBuffer, ReduceOp};
 
 use crate::error::Result;
 
-/// An element type, known at run time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum DType {
-    /// `i8`.
-    I8,
-    /// `u8`.
-    U8,
-    /// `i32`.
-    I32,
-    /// `u32`.
-    U32,
-    /// `i64`.
-    I64,
-    /// `u64`.
-    U64,
-    /// IEEE half precision (`half::f16`).
-    F16,
-    /// `f32`.
-    F32,
-    /// `f64`.
-    F64,
-    /// bfloat16 (`half::bf16`).
-    BF16,
-    /// fp8 e4m3 (NCCL 2.24+).
-    F8E4M3,
-    /// fp8 e5m2 (NCCL 2.24+).
-    F8E5M2,
-}
+/// Defines [`DType`] (one tag per type of nccl-safe's list), its `ALL`,
+/// and `with_type!`, which runs a body with a type alias bound to a tag's
+/// Rust type. `$d` is a `$`, for the inner macro's own variables.
+macro_rules! dtypes {
+    ($d:tt $($tag:ident = $t:ty => $nccl:ident $([fp8 = $fp8:literal])?, $doc:literal;)*) => {
+        /// An element type, known at run time.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        #[non_exhaustive]
+        pub enum DType {
+            $(#[doc = $doc] $tag,)*
+        }
 
-/// Runs `$body` with `$t` bound to the Rust type of `$dtype`.
-macro_rules! with_type {
-    ($dtype:expr, $t:ident => $body:expr) => {
-        match $dtype {
-            DType::I8 => {
-                type $t = i8;
-                $body
-            }
-            DType::U8 => {
-                type $t = u8;
-                $body
-            }
-            DType::I32 => {
-                type $t = i32;
-                $body
-            }
-            DType::U32 => {
-                type $t = u32;
-                $body
-            }
-            DType::I64 => {
-                type $t = i64;
-                $body
-            }
-            DType::U64 => {
-                type $t = u64;
-                $body
-            }
-            DType::F16 => {
-                type $t = half::f16;
-                $body
-            }
-            DType::F32 => {
-                type $t = f32;
-                $body
-            }
-            DType::F64 => {
-                type $t = f64;
-                $body
-            }
-            DType::BF16 => {
-                type $t = half::bf16;
-                $body
-            }
-            DType::F8E4M3 => {
-                type $t = float8::F8E4M3;
-                $body
-            }
-            DType::F8E5M2 => {
-                type $t = float8::F8E5M2;
-                $body
-            }
+        impl DType {
+            /// Every tag.
+            pub const ALL: [DType; [$(DType::$tag),*].len()] = [$(DType::$tag),*];
+        }
+
+        /// Runs `$body` with `$t` bound to the Rust type of `$dtype`.
+        macro_rules! with_type {
+            ($d dtype:expr, $d alias:ident => $d body:expr) => {
+                match $d dtype {
+                    $(DType::$tag => {
+                        type $d alias = $t;
+                        $d body
+                    })*
+                }
+            };
         }
     };
 }
 
-impl DType {
-    /// Every tag.
-    pub const ALL: [DType; 12] = [
-        DType::I8,
-        DType::U8,
-        DType::I32,
-        DType::U32,
-        DType::I64,
-        DType::U64,
-        DType::F16,
-        DType::F32,
-        DType::F64,
-        DType::BF16,
-        DType::F8E4M3,
-        DType::F8E5M2,
-    ];
+nccl_safe::for_each_dtype!(dtypes $);
 
+impl DType {
     /// Bytes per element.
     pub fn size(self) -> usize {
         with_type!(self, T => std::mem::size_of::<T>())
@@ -158,38 +88,6 @@ impl DType {
             .into_iter()
             .find(|d| d.nccl() == T::DATATYPE)
             .unwrap_or(DType::U8)
-    }
-}
-
-/// Raw device memory presented to the typed API. Built only inside this
-/// module, from pointers whose validity the caller of an `unsafe` method
-/// promised.
-struct Raw<T> {
-    ptr: u64,
-    len: usize,
-    device: usize,
-    _t: PhantomData<T>,
-}
-
-// SAFETY: the caller of the `Communicator` method that built this promised
-// `len` elements of `T` at `ptr` on `device`, alive and unraced until the
-// work on the given stream is done; the stream order is the caller's.
-unsafe impl<T: NcclType> DeviceBuffer<T> for Raw<T> {
-    fn len(&self) -> usize {
-        self.len
-    }
-    fn device(&self) -> usize {
-        self.device
-    }
-    fn read<'a>(&'a self, _stream: &'a CudaStream) -> (u64, Access<'a>) {
-        (self.ptr, Access::none())
-    }
-}
-
-// SAFETY: as above, for writing.
-unsafe impl<T: NcclType> DeviceBufferMut<T> for Raw<T> {
-    fn write<'a>(&'a mut self, _stream: &'a CudaStream) -> (u64, Access<'a>) {
-        (self.ptr, Access::none())
     }
 }
 
@@ -233,19 +131,26 @@ impl<'c> Call<'c> {
         Call { comm, stream }
     }
 
-    fn buf<T: NcclType>(&self, op: &'static str, ptr: u64, len: usize) -> Result<Raw<T>> {
+    /// The caller's `len` elements at `ptr`, on the device the driver
+    /// says the pointer belongs to.
+    ///
+    /// # Safety
+    ///
+    /// The trait contract for `ptr` and `len`.
+    unsafe fn buf<T: NcclType>(
+        &self,
+        op: &'static str,
+        ptr: u64,
+        len: usize,
+    ) -> Result<RawBuffer<T>> {
         let device = if len == 0 {
             self.comm.device()
         } else {
             let bytes = len.saturating_mul(std::mem::size_of::<T>()) as u64;
             crate::pointers::device_of(op, ptr, bytes)?
         };
-        Ok(Raw {
-            ptr,
-            len,
-            device,
-            _t: PhantomData,
-        })
+        // SAFETY: the caller's promise (the trait contract).
+        Ok(unsafe { RawBuffer::from_raw_parts(ptr, len, device) })
     }
 }
 
@@ -259,6 +164,25 @@ fn times(op: &'static str, count: usize, n: usize) -> Result<usize> {
         }
         .into()
     })
+}
+
+/// The frame of each method of `impl Communicator for Comm`: the call's
+/// stream `$c` and, with capture allowed, `$body` run with `$t` the Rust
+/// type of `$dtype`.
+macro_rules! typed_call {
+    ($comm:expr, $stream:expr, $dtype:expr, |$c:ident, $t:ident| $body:block) => {{
+        // SAFETY: the caller's promise about `stream`.
+        let $c = unsafe { Call::new($comm, $stream) };
+        // SAFETY: the trait's contract covers the buffers made in `$body`
+        // from the caller's pointers, and graph capture: the memory and the
+        // communicator outlive every launch of a captured call.
+        unsafe {
+            nccl_safe::allow_capture(|| -> Result<()> {
+                with_type!($dtype, $t => $body);
+                Ok(())
+            })
+        }
+    }};
 }
 
 /// A communicator as a framework sees it: raw device pointers (as `u64`
@@ -475,24 +399,15 @@ impl Communicator for Comm {
         stream: Option<CUstream>,
     ) -> Result<()> {
         const OP: &str = "Communicator::all_reduce";
-        // SAFETY: the caller's promise about `stream`.
-        let c = unsafe { Call::new(self, stream) };
-        // SAFETY: the trait's contract covers graph capture: the memory
-        // and the communicator outlive every launch of a captured call.
-        unsafe {
-            nccl_safe::allow_capture(|| -> Result<()> {
-                with_type!(dtype, T => {
-                    let mut r = c.buf::<T>(OP, recv, count)?;
-                    if send == recv {
-                        self.on(&c.stream).all_reduce_in_place(&mut r, op)?;
-                    } else {
-                        let s = c.buf::<T>(OP, send, count)?;
-                        self.on(&c.stream).all_reduce(&s, &mut r, op)?;
-                    }
-                });
-                Ok(())
-            })
-        }
+        typed_call!(self, stream, dtype, |c, T| {
+            let mut r = c.buf::<T>(OP, recv, count)?;
+            if send == recv {
+                self.on(&c.stream).all_reduce_in_place(&mut r, op)?;
+            } else {
+                let s = c.buf::<T>(OP, send, count)?;
+                self.on(&c.stream).all_reduce(&s, &mut r, op)?;
+            }
+        })
     }
 
     unsafe fn broadcast(
@@ -505,25 +420,17 @@ impl Communicator for Comm {
         stream: Option<CUstream>,
     ) -> Result<()> {
         const OP: &str = "Communicator::broadcast";
-        // SAFETY: the caller's promise about `stream`.
-        let c = unsafe { Call::new(self, stream) };
-        // SAFETY: the trait's contract covers graph capture: the memory
-        // and the communicator outlive every launch of a captured call.
-        unsafe {
-            nccl_safe::allow_capture(|| -> Result<()> {
-                with_type!(dtype, T => {
-                    let mut r = c.buf::<T>(OP, recv, count)?;
-                    if send == recv {
-                        self.on(&c.stream).broadcast_in_place(&mut r, root)?;
-                    } else {
-                        let on_root = Comm::rank(self) == root;
-                        let s = c.buf::<T>(OP, send, if on_root { count } else { 0 })?;
-                        self.on(&c.stream).broadcast(on_root.then_some(&s), &mut r, root)?;
-                    }
-                });
-                Ok(())
-            })
-        }
+        typed_call!(self, stream, dtype, |c, T| {
+            let mut r = c.buf::<T>(OP, recv, count)?;
+            if send == recv {
+                self.on(&c.stream).broadcast_in_place(&mut r, root)?;
+            } else {
+                let on_root = Comm::rank(self) == root;
+                let s = c.buf::<T>(OP, send, if on_root { count } else { 0 })?;
+                self.on(&c.stream)
+                    .broadcast(on_root.then_some(&s), &mut r, root)?;
+            }
+        })
     }
 
     unsafe fn reduce(
@@ -537,25 +444,17 @@ impl Communicator for Comm {
         stream: Option<CUstream>,
     ) -> Result<()> {
         const OP: &str = "Communicator::reduce";
-        // SAFETY: the caller's promise about `stream`.
-        let c = unsafe { Call::new(self, stream) };
-        // SAFETY: the trait's contract covers graph capture: the memory
-        // and the communicator outlive every launch of a captured call.
-        unsafe {
-            nccl_safe::allow_capture(|| -> Result<()> {
-                with_type!(dtype, T => {
-                    let mut s = c.buf::<T>(OP, send, count)?;
-                    if send == recv {
-                        self.on(&c.stream).reduce_in_place(&mut s, op, root)?;
-                    } else {
-                        let on_root = Comm::rank(self) == root;
-                        let mut r = c.buf::<T>(OP, recv, if on_root { count } else { 0 })?;
-                        self.on(&c.stream).reduce(&s, on_root.then_some(&mut r), op, root)?;
-                    }
-                });
-                Ok(())
-            })
-        }
+        typed_call!(self, stream, dtype, |c, T| {
+            let mut s = c.buf::<T>(OP, send, count)?;
+            if send == recv {
+                self.on(&c.stream).reduce_in_place(&mut s, op, root)?;
+            } else {
+                let on_root = Comm::rank(self) == root;
+                let mut r = c.buf::<T>(OP, recv, if on_root { count } else { 0 })?;
+                self.on(&c.stream)
+                    .reduce(&s, on_root.then_some(&mut r), op, root)?;
+            }
+        })
     }
 
     unsafe fn all_gather(
@@ -567,26 +466,17 @@ impl Communicator for Comm {
         stream: Option<CUstream>,
     ) -> Result<()> {
         const OP: &str = "Communicator::all_gather";
-        // SAFETY: the caller's promise about `stream`.
-        let c = unsafe { Call::new(self, stream) };
         let total = times(OP, count, Comm::size(self))?;
         let own_slot = times(OP, times(OP, count, Comm::rank(self))?, dtype.size())?;
-        // SAFETY: the trait's contract covers graph capture: the memory
-        // and the communicator outlive every launch of a captured call.
-        unsafe {
-            nccl_safe::allow_capture(|| -> Result<()> {
-                with_type!(dtype, T => {
-                    let mut r = c.buf::<T>(OP, recv, total)?;
-                    if recv.checked_add(own_slot as u64) == Some(send) {
-                        self.on(&c.stream).all_gather_in_place(&mut r)?;
-                    } else {
-                        let s = c.buf::<T>(OP, send, count)?;
-                        self.on(&c.stream).all_gather(&s, &mut r)?;
-                    }
-                });
-                Ok(())
-            })
-        }
+        typed_call!(self, stream, dtype, |c, T| {
+            let mut r = c.buf::<T>(OP, recv, total)?;
+            if recv.checked_add(own_slot as u64) == Some(send) {
+                self.on(&c.stream).all_gather_in_place(&mut r)?;
+            } else {
+                let s = c.buf::<T>(OP, send, count)?;
+                self.on(&c.stream).all_gather(&s, &mut r)?;
+            }
+        })
     }
 
     unsafe fn reduce_scatter(
@@ -599,26 +489,17 @@ impl Communicator for Comm {
         stream: Option<CUstream>,
     ) -> Result<()> {
         const OP: &str = "Communicator::reduce_scatter";
-        // SAFETY: the caller's promise about `stream`.
-        let c = unsafe { Call::new(self, stream) };
         let total = times(OP, count, Comm::size(self))?;
         let own_slot = times(OP, times(OP, count, Comm::rank(self))?, dtype.size())?;
-        // SAFETY: the trait's contract covers graph capture: the memory
-        // and the communicator outlive every launch of a captured call.
-        unsafe {
-            nccl_safe::allow_capture(|| -> Result<()> {
-                with_type!(dtype, T => {
-                    let mut s = c.buf::<T>(OP, send, total)?;
-                    if send.checked_add(own_slot as u64) == Some(recv) {
-                        self.on(&c.stream).reduce_scatter_in_place(&mut s, op)?;
-                    } else {
-                        let mut r = c.buf::<T>(OP, recv, count)?;
-                        self.on(&c.stream).reduce_scatter(&s, &mut r, op)?;
-                    }
-                });
-                Ok(())
-            })
-        }
+        typed_call!(self, stream, dtype, |c, T| {
+            let mut s = c.buf::<T>(OP, send, total)?;
+            if send.checked_add(own_slot as u64) == Some(recv) {
+                self.on(&c.stream).reduce_scatter_in_place(&mut s, op)?;
+            } else {
+                let mut r = c.buf::<T>(OP, recv, count)?;
+                self.on(&c.stream).reduce_scatter(&s, &mut r, op)?;
+            }
+        })
     }
 
     unsafe fn all_to_all(
@@ -630,21 +511,12 @@ impl Communicator for Comm {
         stream: Option<CUstream>,
     ) -> Result<()> {
         const OP: &str = "Communicator::all_to_all";
-        // SAFETY: the caller's promise about `stream`.
-        let c = unsafe { Call::new(self, stream) };
         let total = times(OP, count, Comm::size(self))?;
-        // SAFETY: the trait's contract covers graph capture: the memory
-        // and the communicator outlive every launch of a captured call.
-        unsafe {
-            nccl_safe::allow_capture(|| -> Result<()> {
-                with_type!(dtype, T => {
-                    let s = c.buf::<T>(OP, send, total)?;
-                    let mut r = c.buf::<T>(OP, recv, total)?;
-                    self.on(&c.stream).all_to_all(&s, &mut r)?;
-                });
-                Ok(())
-            })
-        }
+        typed_call!(self, stream, dtype, |c, T| {
+            let s = c.buf::<T>(OP, send, total)?;
+            let mut r = c.buf::<T>(OP, recv, total)?;
+            self.on(&c.stream).all_to_all(&s, &mut r)?;
+        })
     }
 
     unsafe fn send(
@@ -656,19 +528,10 @@ impl Communicator for Comm {
         stream: Option<CUstream>,
     ) -> Result<()> {
         const OP: &str = "Communicator::send";
-        // SAFETY: the caller's promise about `stream`.
-        let c = unsafe { Call::new(self, stream) };
-        // SAFETY: the trait's contract covers graph capture: the memory
-        // and the communicator outlive every launch of a captured call.
-        unsafe {
-            nccl_safe::allow_capture(|| -> Result<()> {
-                with_type!(dtype, T => {
-                    let b = c.buf::<T>(OP, buf, count)?;
-                    self.on(&c.stream).send(&b, peer)?;
-                });
-                Ok(())
-            })
-        }
+        typed_call!(self, stream, dtype, |c, T| {
+            let b = c.buf::<T>(OP, buf, count)?;
+            self.on(&c.stream).send(&b, peer)?;
+        })
     }
 
     unsafe fn recv(
@@ -680,19 +543,10 @@ impl Communicator for Comm {
         stream: Option<CUstream>,
     ) -> Result<()> {
         const OP: &str = "Communicator::recv";
-        // SAFETY: the caller's promise about `stream`.
-        let c = unsafe { Call::new(self, stream) };
-        // SAFETY: the trait's contract covers graph capture: the memory
-        // and the communicator outlive every launch of a captured call.
-        unsafe {
-            nccl_safe::allow_capture(|| -> Result<()> {
-                with_type!(dtype, T => {
-                    let mut b = c.buf::<T>(OP, buf, count)?;
-                    self.on(&c.stream).recv(&mut b, peer)?;
-                });
-                Ok(())
-            })
-        }
+        typed_call!(self, stream, dtype, |c, T| {
+            let mut b = c.buf::<T>(OP, buf, count)?;
+            self.on(&c.stream).recv(&mut b, peer)?;
+        })
     }
 
     unsafe fn send_recv(
@@ -707,23 +561,14 @@ impl Communicator for Comm {
         stream: Option<CUstream>,
     ) -> Result<()> {
         const OP: &str = "Communicator::send_recv";
-        // SAFETY: the caller's promise about `stream`.
-        let c = unsafe { Call::new(self, stream) };
-        // SAFETY: the trait's contract covers graph capture: the memory
-        // and the communicator outlive every launch of a captured call.
-        unsafe {
-            nccl_safe::allow_capture(|| -> Result<()> {
-                with_type!(dtype, T => {
-                    let s = c.buf::<T>(OP, send, send_count)?;
-                    let mut r = c.buf::<T>(OP, recv, recv_count)?;
-                    nccl_safe::group(|g| {
-                        g.on_stream(self, &c.stream).send(&s, send_peer)?;
-                        g.on_stream(self, &c.stream).recv(&mut r, recv_peer)
-                    })?;
-                });
-                Ok(())
-            })
-        }
+        typed_call!(self, stream, dtype, |c, T| {
+            let s = c.buf::<T>(OP, send, send_count)?;
+            let mut r = c.buf::<T>(OP, recv, recv_count)?;
+            nccl_safe::group(|g| {
+                g.on_stream(self, &c.stream).send(&s, send_peer)?;
+                g.on_stream(self, &c.stream).recv(&mut r, recv_peer)
+            })?;
+        })
     }
 
     fn barrier(&self) -> Result<()> {

@@ -19,7 +19,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use nccl_safe::{Comm, DeviceBuffer, DeviceBufferMut, NcclType, Reduction};
+use nccl_safe::Comm;
 
 use crate::error::{Error, Result};
 use crate::mesh::{MeshError, MeshShape};
@@ -307,70 +307,33 @@ impl DeviceMesh {
     pub fn axes_of(&self, name: &str) -> Result<Vec<&str>> {
         Ok(self.group(name)?.axes.iter().map(String::as_str).collect())
     }
-
-    /// All-reduce along `axis`. See [`Comm::all_reduce`].
-    pub fn all_reduce<'a, T: NcclType>(
-        &'a self,
-        axis: &str,
-        send: &'a (impl DeviceBuffer<T> + ?Sized),
-        recv: &'a mut (impl DeviceBufferMut<T> + ?Sized),
-        op: impl Reduction<'a, T>,
-    ) -> Result<()> {
-        Ok(self.axis(axis)?.all_reduce(send, recv, op)?)
-    }
-
-    /// In-place all-reduce along `axis`.
-    pub fn all_reduce_in_place<'a, T: NcclType>(
-        &'a self,
-        axis: &str,
-        buf: &'a mut (impl DeviceBufferMut<T> + ?Sized),
-        op: impl Reduction<'a, T>,
-    ) -> Result<()> {
-        Ok(self.axis(axis)?.all_reduce_in_place(buf, op)?)
-    }
-
-    /// In-place broadcast along `axis` from the rank whose index along it
-    /// is `root`.
-    pub fn broadcast_in_place<'a, T: NcclType>(
-        &'a self,
-        axis: &str,
-        buf: &'a mut (impl DeviceBufferMut<T> + ?Sized),
-        root: usize,
-    ) -> Result<()> {
-        Ok(self.axis(axis)?.broadcast_in_place(buf, root)?)
-    }
-
-    /// All-gather along `axis`.
-    pub fn all_gather<'a, T: NcclType>(
-        &'a self,
-        axis: &str,
-        send: &'a (impl DeviceBuffer<T> + ?Sized),
-        recv: &'a mut (impl DeviceBufferMut<T> + ?Sized),
-    ) -> Result<()> {
-        Ok(self.axis(axis)?.all_gather(send, recv)?)
-    }
-
-    /// Reduce-scatter along `axis`.
-    pub fn reduce_scatter<'a, T: NcclType>(
-        &'a self,
-        axis: &str,
-        send: &'a (impl DeviceBuffer<T> + ?Sized),
-        recv: &'a mut (impl DeviceBufferMut<T> + ?Sized),
-        op: impl Reduction<'a, T>,
-    ) -> Result<()> {
-        Ok(self.axis(axis)?.reduce_scatter(send, recv, op)?)
-    }
-
-    /// All-to-all along `axis`.
-    pub fn all_to_all<'a, T: NcclType>(
-        &'a self,
-        axis: &str,
-        send: &'a (impl DeviceBuffer<T> + ?Sized),
-        recv: &'a mut (impl DeviceBufferMut<T> + ?Sized),
-    ) -> Result<()> {
-        Ok(self.axis(axis)?.all_to_all(send, recv)?)
-    }
 }
+
+/// `DeviceMesh`'s forwarders: each collective on the communicator of an
+/// axis (or flattened group).
+macro_rules! mesh_forwarders {
+    ($( $(#[$attr:meta])* $name:ident [$($generics:tt)*] ($($arg:ident : $ty:ty),*); )*) => {
+        /// Collectives along one axis (or flattened group): ranks, roots
+        /// and peers are indices along it.
+        impl DeviceMesh {
+            $(
+                #[doc = concat!(
+                    "[`Comm::", stringify!($name), "`] on the communicator of `axis`."
+                )]
+                $(#[$attr])*
+                pub fn $name<'a, $($generics)*>(
+                    &'a self,
+                    axis: &str,
+                    $($arg: $ty),*
+                ) -> Result<()> {
+                    Ok(self.axis(axis)?.$name($($arg),*)?)
+                }
+            )*
+        }
+    };
+}
+
+nccl_safe::for_each_collective!(mesh_forwarders);
 
 /// Some axes of a [`DeviceMesh`], sharing its communicators.
 #[derive(Debug)]

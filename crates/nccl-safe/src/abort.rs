@@ -11,8 +11,6 @@
 
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
-use crate::comm::Shared;
-
 /// Why a communicator was aborted.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -64,10 +62,17 @@ impl AbortCause {
     }
 }
 
+/// A communicator a signal can abort (implemented by the communicator's
+/// shared state, which sits above this file).
+pub(crate) trait Abortable: Send + Sync {
+    /// Asks for an abort with `cause` without waiting.
+    fn request_abort(&self, cause: AbortCause) -> bool;
+}
+
 struct SignalInner {
     /// Set once, when triggered: whether and why.
     cause: OnceLock<AbortCause>,
-    members: Mutex<Vec<Weak<Shared>>>,
+    members: Mutex<Vec<Weak<dyn Abortable>>>,
 }
 
 /// Aborts every communicator that carries it, once. Cheap to clone; all
@@ -128,7 +133,7 @@ impl AbortSignal {
     /// wins; triggering again does nothing.
     pub fn trigger(&self, cause: AbortCause) {
         let _ = self.inner.cause.set(cause);
-        let members: Vec<Arc<Shared>> = self
+        let members: Vec<Arc<dyn Abortable>> = self
             .inner
             .members
             .lock()
@@ -137,8 +142,8 @@ impl AbortSignal {
             .filter_map(Weak::upgrade)
             .collect();
         let cause = self.cause().unwrap_or(AbortCause::Requested);
-        for shared in members {
-            shared.request_abort(cause.clone());
+        for member in members {
+            member.request_abort(cause.clone());
         }
     }
 
@@ -153,9 +158,9 @@ impl AbortSignal {
     }
 
     /// Adds a communicator (at its creation).
-    pub(crate) fn enroll(&self, shared: &Arc<Shared>) {
+    pub(crate) fn enroll(&self, member: Weak<dyn Abortable>) {
         let mut members = self.inner.members.lock().unwrap_or_else(|p| p.into_inner());
         members.retain(|w| w.strong_count() > 0);
-        members.push(Arc::downgrade(shared));
+        members.push(member);
     }
 }

@@ -1,6 +1,7 @@
 //! Device memory as collectives see it: a pointer, an element count and a
 //! device, plus the stream ordering the memory's owner needs.
 
+use std::marker::PhantomData;
 use std::sync::Arc;
 
 use cudarc::driver::{
@@ -207,3 +208,70 @@ macro_rules! cudarc_buffer {
 }
 
 cudarc_buffer!(CudaSlice<T>, CudaView<'_, T>, CudaViewMut<'_, T>; mut CudaSlice<T>, CudaViewMut<'_, T>);
+
+/// Device memory known only by its address: `len` elements of `T` at a
+/// device address on one GPU, with no owner whose stream must be ordered
+/// with the work (its [`Access`] is [`Access::none`]). For memory that
+/// frameworks hand over as a pointer; made only by the `unsafe`
+/// [`RawBuffer::from_raw_parts`], whose caller answers for it.
+pub struct RawBuffer<T> {
+    ptr: u64,
+    len: usize,
+    device: usize,
+    _type: PhantomData<T>,
+}
+
+impl<T> std::fmt::Debug for RawBuffer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RawBuffer")
+            .field("ptr", &format_args!("{:#x}", self.ptr))
+            .field("len", &self.len)
+            .field("device", &self.device)
+            .finish()
+    }
+}
+
+impl<T: NcclType> RawBuffer<T> {
+    /// `len` elements of `T` at the device address `ptr` on CUDA device
+    /// `device`.
+    ///
+    /// # Safety
+    ///
+    /// Unless `len` is 0: `ptr` is the address of `len` elements of `T` in
+    /// one live allocation on `device`, which stays allocated until every
+    /// operation given this buffer has finished on its stream (for an
+    /// operation captured into a CUDA graph: every launch of the graph);
+    /// meanwhile no other work writes the memory, nor reads it while an
+    /// operation writes it. Ordering that work with the operation's stream
+    /// is the caller's: the buffer orders nothing.
+    pub unsafe fn from_raw_parts(ptr: u64, len: usize, device: usize) -> RawBuffer<T> {
+        RawBuffer {
+            ptr,
+            len,
+            device,
+            _type: PhantomData,
+        }
+    }
+}
+
+// SAFETY: `from_raw_parts`'s caller promised `len` elements of `T` at `ptr`
+// on `device`, allocated and unraced until the work on the given stream is
+// done; the stream order is the caller's, so there is nothing to record.
+unsafe impl<T: NcclType> DeviceBuffer<T> for RawBuffer<T> {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn device(&self) -> usize {
+        self.device
+    }
+    fn read<'a>(&'a self, _stream: &'a CudaStream) -> (u64, Access<'a>) {
+        (self.ptr, Access::none())
+    }
+}
+
+// SAFETY: as above, for writing.
+unsafe impl<T: NcclType> DeviceBufferMut<T> for RawBuffer<T> {
+    fn write<'a>(&'a mut self, _stream: &'a CudaStream) -> (u64, Access<'a>) {
+        (self.ptr, Access::none())
+    }
+}

@@ -23,8 +23,35 @@ pub trait NcclType: DeviceRepr + Copy + Send + Sync + 'static + sealed::Sealed {
     const IS_FP8: bool = false;
 }
 
+/// Calls `$callback!` with the one list of element types, after any
+/// tokens given first: `Tag = rust_type => ncclDataType [fp8 = true],
+/// "doc";` per type, `Tag` naming it in nccl-dist's run-time `DType`.
+/// `NcclType`'s impls below and `DType` (with its `with_type!`) expand
+/// it, so adding a type is one line here.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! for_each_dtype {
+    ($callback:ident $($first:tt)*) => {
+        $callback! {
+            $($first)*
+            I8 = i8 => ncclInt8, "`i8`.";
+            U8 = u8 => ncclUint8, "`u8`.";
+            I32 = i32 => ncclInt32, "`i32`.";
+            U32 = u32 => ncclUint32, "`u32`.";
+            I64 = i64 => ncclInt64, "`i64`.";
+            U64 = u64 => ncclUint64, "`u64`.";
+            F16 = half::f16 => ncclFloat16, "IEEE half precision (`half::f16`).";
+            F32 = f32 => ncclFloat32, "`f32`.";
+            F64 = f64 => ncclFloat64, "`f64`.";
+            BF16 = half::bf16 => ncclBfloat16, "bfloat16 (`half::bf16`).";
+            F8E4M3 = float8::F8E4M3 => ncclFloat8e4m3 [fp8 = true], "fp8 e4m3 (NCCL 2.24+).";
+            F8E5M2 = float8::F8E5M2 => ncclFloat8e5m2 [fp8 = true], "fp8 e5m2 (NCCL 2.24+).";
+        }
+    };
+}
+
 macro_rules! nccl_type {
-    ($($t:ty => $dt:ident $(, fp8 = $fp8:literal)?;)*) => {$(
+    ($($tag:ident = $t:ty => $dt:ident $([fp8 = $fp8:literal])?, $doc:literal;)*) => {$(
         impl sealed::Sealed for $t {}
         impl NcclType for $t {
             const DATATYPE: ncclDataType_t = ncclDataType_t::$dt;
@@ -33,20 +60,7 @@ macro_rules! nccl_type {
     )*};
 }
 
-nccl_type! {
-    i8 => ncclInt8;
-    u8 => ncclUint8;
-    i32 => ncclInt32;
-    u32 => ncclUint32;
-    i64 => ncclInt64;
-    u64 => ncclUint64;
-    half::f16 => ncclFloat16;
-    f32 => ncclFloat32;
-    f64 => ncclFloat64;
-    half::bf16 => ncclBfloat16;
-    float8::F8E4M3 => ncclFloat8e4m3, fp8 = true;
-    float8::F8E5M2 => ncclFloat8e5m2, fp8 = true;
-}
+crate::for_each_dtype!(nccl_type);
 
 #[cfg(test)]
 mod tests {

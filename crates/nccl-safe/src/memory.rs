@@ -97,7 +97,7 @@ impl<T: NcclType> Drop for NcclMemory<T> {
         // wait behind every other stream's work, a stuck kernel included).
         let _ = self.ctx.bind_to_thread();
         let finished = self.stream.record_event(None).is_ok_and(|event| {
-            let waited = crate::comm::poll_with_backoff(self.timeout, || {
+            let waited = crate::comm::poll::poll_with_backoff(self.timeout, || {
                 event.try_is_complete().map_err(|source| Error::Cuda {
                     op: "ncclMemFree",
                     source,
@@ -171,7 +171,7 @@ impl<'c, B> Registration<'c, B> {
         const OP: &str = "ncclCommRegister";
         let lib = comm.library();
         lib.capabilities().require(Feature::Register)?;
-        if crate::group::in_group() {
+        if crate::group::is_open() {
             return Err(Error::InvalidArgument {
                 op: OP,
                 reason: "not allowed while a group is open on this thread",
@@ -325,7 +325,7 @@ impl<'c, B> Window<'c, B> {
         let slot: *mut nccl_sys::ncclWindow_t = &mut *self.win;
         // Inside a group NCCL refers to the communicator until its end: an
         // abort from another thread must wait for it.
-        let grouped = crate::group::in_group();
+        let grouped = crate::group::is_open();
         if grouped {
             crate::group::touch(self.comm.shared());
         }
@@ -348,7 +348,7 @@ impl<'c, B> Window<'c, B> {
     where
         B: DeviceBufferMut<T>,
     {
-        if crate::group::in_group() {
+        if crate::group::is_open() {
             return Err(Error::InvalidArgument {
                 op: "ncclCommWindowRegister",
                 reason: "not allowed while a group is open; use Window::register_all",
@@ -435,7 +435,7 @@ impl<'c, B> Window<'c, B> {
             return;
         }
         let lib = self.comm.library();
-        let grouped = crate::group::in_group();
+        let grouped = crate::group::is_open();
         if grouped {
             crate::group::touch(self.comm.shared());
         }
@@ -466,7 +466,7 @@ impl<'c, B> Window<'c, B> {
 
 impl<B> Drop for Window<'_, B> {
     fn drop(&mut self) {
-        if crate::group::in_group() {
+        if crate::group::is_open() {
             // NCCL would deregister at the group's end, after the buffer is
             // gone: keep the buffer and the slot alive for good instead.
             tracing::warn!(

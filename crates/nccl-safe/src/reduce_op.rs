@@ -131,7 +131,7 @@ impl<'c, T: NcclType> PreMulSum<'c, T> {
         const OP: &str = "ncclRedOpCreatePreMulSum";
         let lib = comm.library();
         lib.capabilities().require(Feature::PreMulSum)?;
-        crate::collectives::check_dtype::<T>(comm, OP, true)?;
+        crate::validate::check_dtype::<T>(comm, OP, true)?;
         comm.shared().with_raw(OP, |raw| {
             let create = lib.raw().ncclRedOpCreatePreMulSum()?;
             let mut op = ncclRedOp_t::ncclSum;

@@ -1,6 +1,9 @@
 //! Checks every collective runs before any FFI call. Pure functions over
 //! addresses and counts, so they are tested without a GPU.
 
+use crate::capabilities::{FP8_REDUCTION_MIN_CC, Feature};
+use crate::comm::Comm;
+use crate::dtype::NcclType;
 use crate::error::{Error, Result, Role};
 
 /// A buffer as validation sees it: address, elements, device.
@@ -33,6 +36,24 @@ impl Check {
                 found: span.device,
             })
         }
+    }
+
+    /// `span` is on this device and holds at least `needed` elements.
+    pub fn holds(&self, role: Role, span: Span, needed: usize) -> Result<()> {
+        self.device(role, span)?;
+        self.at_least(role, span, needed)
+    }
+
+    /// `len` split into one block per rank: the block length, refused
+    /// with `reason` when `len` is not a multiple of the number of ranks.
+    pub fn blocks(&self, len: usize, reason: &'static str) -> Result<usize> {
+        if !len.is_multiple_of(self.size) {
+            return Err(Error::InvalidArgument {
+                op: self.op,
+                reason,
+            });
+        }
+        Ok(len / self.size)
     }
 
     /// `span` must hold at least `needed` elements.
@@ -152,6 +173,32 @@ impl Check {
         }
         Ok(())
     }
+}
+
+/// Refuses `T` where the library (fp8 before 2.24) or, for reductions, the
+/// GPU (fp8 below compute capability 9.0) cannot handle it.
+pub(crate) fn check_dtype<T: NcclType>(comm: &Comm, op: &'static str, reduces: bool) -> Result<()> {
+    if T::IS_FP8 {
+        comm.capabilities().require(Feature::Fp8)?;
+        let cc = comm.compute_capability();
+        if reduces && cc < FP8_REDUCTION_MIN_CC {
+            let _ = op;
+            return Err(Error::Unsupported {
+                what: "fp8 reductions",
+                requires: format!(
+                    "compute capability {}.{}",
+                    FP8_REDUCTION_MIN_CC.0, FP8_REDUCTION_MIN_CC.1
+                ),
+                found: format!(
+                    "compute capability {}.{} on device {}",
+                    cc.0,
+                    cc.1,
+                    comm.device()
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -41,6 +41,7 @@
 //! back and compared with the expected values and with each other, bit
 //! for bit.
 
+use std::cell::Cell;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -261,24 +262,23 @@ fn per_rank(world: &World, host: &HostBarrier, opts: &Opts) -> Result<Option<Val
     let mut avg = ncclRedOp_t::ncclSum;
     let mut scalar = scale;
     // SAFETY: `scalar` is one f32 on the host, read before the call
-    // returns; the handle is live.
+    // returns; the handle is held for the call.
     let created = unsafe {
-        (f.premul_create)(
-            &mut avg,
-            (&mut scalar as *mut f32).cast(),
-            f32::DATATYPE,
-            ncclScalarResidence_t::ncclScalarHostImmediate,
-            raw_dp.as_raw()?,
-        )
-    };
+        raw_dp.with_raw(|dp| {
+            (f.premul_create)(
+                &mut avg,
+                (&mut scalar as *mut f32).cast(),
+                f32::DATATYPE,
+                ncclScalarResidence_t::ncclScalarHostImmediate,
+                dp,
+            )
+        })
+    }?;
     ok("ncclRedOpCreatePreMulSum", created)?;
     let raw = Raw {
         f,
-        // SAFETY: used by this thread only, while `raw_dp`/`raw_tp` live,
-        // for calls the typed API would make itself.
-        dp: unsafe { raw_dp.as_raw() }?,
-        // SAFETY: as above.
-        tp: unsafe { raw_tp.as_raw() }?,
+        dp: Cell::new(std::ptr::null_mut()),
+        tp: Cell::new(std::ptr::null_mut()),
         stream: rs.cu_stream() as cudaStream_t,
         avg,
         next: next as i32,
@@ -311,27 +311,28 @@ fn per_rank(world: &World, host: &HostBarrier, opts: &Opts) -> Result<Option<Val
                         unsafe { raw.step(&rp) }
                     }
                 };
+                // `n` steps; the raw side's inside one hold of its handles.
+                let run = |n: usize, b: &mut Bufs| -> Result<()> {
+                    let mut go = || (0..n).try_for_each(|_| one(b));
+                    if side == 0 {
+                        go()
+                    } else {
+                        raw.holding(&raw_dp, &raw_tp, go)
+                    }
+                };
                 let (b, s) = if side == 0 {
                     (&mut db, &ds)
                 } else {
                     (&mut rb, &rs)
                 };
-                for _ in 0..opts.warmup {
-                    one(b)?;
-                }
+                run(opts.warmup, b)?;
                 wait(s, opts, &all)?;
                 nccl_dist::Communicator::barrier(&raw_whole)?;
                 host.wait()?;
                 let a0 = alloc::process();
                 host.wait()?;
                 let t0 = Instant::now();
-                let mut issued = Ok(());
-                for _ in 0..opts.iters {
-                    issued = one(b);
-                    if issued.is_err() {
-                        break;
-                    }
-                }
+                let issued = run(opts.iters, b);
                 host.wait()?;
                 let allocs = alloc::process() - a0;
                 // Nobody moves on (and allocates) before all have read.
@@ -352,7 +353,7 @@ fn per_rank(world: &World, host: &HostBarrier, opts: &Opts) -> Result<Option<Val
         default.step(&mut db)?;
         wait(&ds, opts, &all)?;
         // SAFETY: as above.
-        unsafe { raw.step(&rp) }?;
+        raw.holding(&raw_dp, &raw_tp, || unsafe { raw.step(&rp) })?;
         wait(&rs, opts, &all)?;
         let want = expected(&l, &place);
         let (dout, rout) = (db.outputs(&ds)?, rb.outputs(&rs)?);
@@ -391,10 +392,11 @@ fn per_rank(world: &World, host: &HostBarrier, opts: &Opts) -> Result<Option<Val
             differ,
         })
     })();
-    // SAFETY: made on `raw.dp` above; its last use has returned.
-    let destroyed = unsafe { (raw.f.premul_destroy)(raw.avg, raw.dp) };
+    // SAFETY: made on `raw_dp` above; its last use has returned; the
+    // handle is held for the call.
+    let destroyed = unsafe { raw_dp.with_raw(|dp| (raw.f.premul_destroy)(raw.avg, dp)) };
     let m = measured?;
-    ok("ncclRedOpDestroy", destroyed)?;
+    ok("ncclRedOpDestroy", destroyed?)?;
 
     // The slowest rank's time per round; counts summed over ranks.
     let mut flat: Vec<f64> = m.rounds.iter().flatten().copied().collect();

@@ -2,13 +2,14 @@
 //! on the raw handles of blocking, unwatched communicators, as a C program
 //! would issue it (see `mod.rs` for the step).
 
+use std::cell::Cell;
 use std::ffi::c_void;
 use std::sync::Arc;
 
 use half::bf16;
 use nccl_dist::nccl_safe::cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use nccl_dist::nccl_safe::nccl_sys::{cudaStream_t, ncclComm_t, ncclRedOp_t, ncclResult_t};
-use nccl_dist::nccl_safe::{NcclType, ReduceOp};
+use nccl_dist::nccl_safe::{Comm, NcclType, ReduceOp};
 
 use crate::error::Result;
 use crate::fns::Fns;
@@ -68,8 +69,10 @@ impl Ptrs {
 /// The raw side: blocking, unwatched communicators' handles.
 pub struct Raw {
     pub f: Fns,
-    pub dp: ncclComm_t,
-    pub tp: ncclComm_t,
+    /// The handles, set while [`Raw::holding`] holds the
+    /// communicators (null otherwise).
+    pub dp: Cell<ncclComm_t>,
+    pub tp: Cell<ncclComm_t>,
     pub stream: cudaStream_t,
     pub avg: ncclRedOp_t,
     pub next: i32,
@@ -78,6 +81,30 @@ pub struct Raw {
 }
 
 impl Raw {
+    /// Runs `f` with the handles set, `dp` and `tp` held (alive, not
+    /// aborted, used by this thread only) for its duration: a loop of raw
+    /// steps inside takes no lock of ours, as a C program's would not. Nothing
+    /// inside may call the safe API on `dp` or `tp` (it would wait for this
+    /// thread).
+    pub fn holding<R>(&self, dp: &Comm, tp: &Comm, f: impl FnOnce() -> Result<R>) -> Result<R> {
+        // SAFETY: the handles are used only by `Raw::step` on this thread, for
+        // calls the typed API would make itself, and are cleared before the
+        // closures return.
+        let held = unsafe {
+            dp.with_raw(|d| {
+                tp.with_raw(|t| {
+                    self.dp.set(d);
+                    self.tp.set(t);
+                    let out = f();
+                    self.dp.set(std::ptr::null_mut());
+                    self.tp.set(std::ptr::null_mut());
+                    out
+                })
+            })
+        };
+        held??
+    }
+
     /// # Safety
     ///
     /// `ptrs` address live buffers of the layout on this rank's device,
@@ -87,7 +114,7 @@ impl Raw {
         let f = &self.f;
         let (bf, fl) = (bf16::DATATYPE, f32::DATATYPE);
         let sum = ReduceOp::Sum.raw();
-        let (dp, tp, st, l) = (self.dp, self.tp, self.stream, &self.l);
+        let (dp, tp, st, l) = (self.dp.get(), self.tp.get(), self.stream, &self.l);
         let p = |a: u64| a as *const c_void;
         let m = |a: u64| a as *mut c_void;
         // SAFETY: the caller's promise; counts match the buffers of `l`.

@@ -64,6 +64,10 @@ const NOTHING_TO_REFUSE: &[(&str, &str)] = &[
     ),
     ("Library::raw version capabilities", "accessor"),
     (
+        "RawBuffer::from_raw_parts",
+        "unsafe: its caller answers for the memory; the collectives check the rest",
+    ),
+    (
         "Config::new timeout get_timeout is_blocking",
         "every value is valid (the NCCL fields are checked at init: see Config rows)",
     ),
@@ -90,7 +94,7 @@ const NOTHING_TO_REFUSE: &[(&str, &str)] = &[
     ("NestedGroup::on", "as GroupGuard::on"),
     ("nccl_safe::take_dropped_group_error", "query"),
     (
-        "Span::device at_least times rank aliasing segments",
+        "Span::device at_least holds blocks times rank aliasing segments",
         "crate-internal checks (pub inside a private module), driven by every collective row",
     ),
     ("nccl_safe::cudarc", "re-export"),
@@ -314,40 +318,10 @@ fn table_on_gpus() {
 }
 
 /// A view over raw device memory, for the aliasing rows.
-struct RawView {
-    ptr: u64,
-    len: usize,
-    device: usize,
-}
-
-fn unsafe_view(ptr: u64, len: usize, device: usize) -> RawView {
-    RawView { ptr, len, device }
-}
-
-// SAFETY: only used with pointers into a live allocation of `len` f32 on
-// `device`, and refused before any use (partial overlap).
-unsafe impl nccl_safe::DeviceBuffer<f32> for RawView {
-    fn len(&self) -> usize {
-        self.len
-    }
-    fn device(&self) -> usize {
-        self.device
-    }
-    fn read<'a>(
-        &'a self,
-        _stream: &'a nccl_safe::cudarc::driver::CudaStream,
-    ) -> (u64, nccl_safe::Access<'a>) {
-        (self.ptr, nccl_safe::Access::none())
-    }
-}
-// SAFETY: as above.
-unsafe impl nccl_safe::DeviceBufferMut<f32> for RawView {
-    fn write<'a>(
-        &'a mut self,
-        _stream: &'a nccl_safe::cudarc::driver::CudaStream,
-    ) -> (u64, nccl_safe::Access<'a>) {
-        (self.ptr, nccl_safe::Access::none())
-    }
+fn unsafe_view(ptr: u64, len: usize, device: usize) -> nccl_safe::RawBuffer<f32> {
+    // SAFETY: only used with pointers into a live allocation of f32 on
+    // `device`, in calls refused before any use (partial overlap, overflow).
+    unsafe { nccl_safe::RawBuffer::from_raw_parts(ptr, len, device) }
 }
 
 /// The public functions of a crate's sources: `pub fn` items and the

@@ -477,10 +477,10 @@ pub fn rows(n: usize, gpus: usize) {
         |e| matches!(e, SafeError::Aborted { .. }),
     );
     case(
-        "Comm::as_raw",
+        "Comm::with_raw",
         "use after abort",
-        // SAFETY: the handle is not used; the call is refused (aborted).
-        unsafe { c.as_raw() },
+        // SAFETY: the closure does nothing; the call is refused (aborted).
+        unsafe { c.with_raw(|_| ()) },
         |e| matches!(e, SafeError::Aborted { .. }),
     );
     case(

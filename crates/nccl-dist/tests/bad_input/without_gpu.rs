@@ -85,11 +85,8 @@ pub fn safe_rows(id: UniqueId) {
         unsafe { Library::load_from("/nonexistent/libnccl.so.2") }.map(|_| ()),
         |_| true,
     );
-    let too_many_axes = Topology::from_links(
-        vec![],
-        vec![vec![]],
-        NvmlStatus::Missing("test".into()),
-    );
+    let too_many_axes =
+        Topology::from_links(vec![], vec![vec![]], NvmlStatus::Missing("test".into()));
     case(
         "Topology::from_links",
         "length (links vs gpus)",

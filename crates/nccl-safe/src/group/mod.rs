@@ -4,21 +4,29 @@
 //! One thread driving several GPUs must put the calls for all of them in one
 //! group, and concurrent sends and receives must share a group to progress.
 //! Groups nest; only the outermost end launches.
+//!
+//! `state.rs` holds the thread's open group (depth, deferred teardowns)
+//! and imports nothing above it; `raw.rs` makes the NCCL calls and keeps
+//! the communicators the open group uses; this file is the guard.
+//! `GroupGuard::on` lives with the operations (`ops/`), which import the
+//! group, not the reverse.
+
+mod raw;
+pub(crate) mod state;
 
 use std::cell::RefCell;
 use std::marker::PhantomData;
-use std::sync::Arc;
 
 use crate::buffer::Held;
-use crate::collectives::OnStream;
-use crate::comm::Comm;
-
-use nccl_sys::{ncclResult_t, ncclSimInfo_t};
-
-use crate::comm::Shared;
+use crate::capture::state::{is_capturing, spoil, without_capture};
+use crate::group::state::{in_group, recycle_observed};
 use crate::library::Library;
 use crate::observe::Pending;
 use crate::{Error, Feature, Result};
+
+pub(crate) use raw::touch;
+pub(crate) use state::in_group as is_open;
+pub use state::take_dropped_group_error;
 
 /// What a group keeps until its outermost end: the accesses of the buffers
 /// its calls use, and its calls for their observers. Both borrow for the
@@ -42,91 +50,6 @@ impl<'g> GroupHold<'g> {
             None => self.streams.push((stream, allowed)),
         }
     }
-}
-
-#[derive(Default)]
-struct GroupState {
-    depth: usize,
-    /// Communicators used in the open group: NCCL refers to them until the
-    /// outermost end (an abort from another thread waits for it), and the
-    /// nonblocking ones must be polled when `ncclGroupEnd` answers
-    /// `ncclInProgress`.
-    touched: Vec<Arc<Shared>>,
-    /// The error of a group that a guard's `Drop` ended.
-    dropped_error: Option<Error>,
-    /// Teardown that must wait until the outermost group has ended
-    /// (communicators dropped while a group that may use them is open).
-    deferred: Vec<Box<dyn FnOnce()>>,
-    /// The memory of the last ended group's list of observed calls, empty:
-    /// the next group takes it, so a watched group allocates nothing.
-    spare_observed: Vec<Pending<'static>>,
-}
-
-thread_local! {
-    static GROUP: RefCell<GroupState> = RefCell::new(GroupState::default());
-}
-
-/// Whether this thread is inside a group.
-pub(crate) fn in_group() -> bool {
-    // During thread teardown the state may be gone: no group is open then.
-    GROUP.try_with(|g| g.borrow().depth > 0).unwrap_or(false)
-}
-
-/// Runs `action` now, or after the outermost group of this thread ends.
-pub(crate) fn after_group(action: Box<dyn FnOnce()>) {
-    let mut action = Some(action);
-    let _ = GROUP.try_with(|g| {
-        let mut g = g.borrow_mut();
-        if g.depth > 0
-            && let Some(a) = action.take()
-        {
-            g.deferred.push(a);
-        }
-    });
-    if let Some(action) = action {
-        action();
-    }
-}
-
-fn run_deferred() {
-    let actions = GROUP.with(|g| std::mem::take(&mut g.borrow_mut().deferred));
-    for action in actions {
-        action();
-    }
-}
-
-/// Gives the emptied list of a group's observed calls back, so the next
-/// group with an observer (a watchdog) reuses its memory.
-fn recycle_observed(mut observed: Vec<Pending<'_>>) {
-    if observed.capacity() == 0 {
-        return;
-    }
-    observed.clear();
-    // An empty list borrows nothing: rebuilt with the `'static` lifetime
-    // the thread-local needs. The element type keeps its layout, so the
-    // collection reuses the allocation in place.
-    #[allow(
-        clippy::unnecessary_filter_map,
-        reason = "the point is the new lifetime, which `filter` would not give"
-    )]
-    let observed: Vec<Pending<'static>> = observed.into_iter().filter_map(|_| None).collect();
-    let _ = GROUP.try_with(|g| {
-        let mut g = g.borrow_mut();
-        if g.spare_observed.capacity() == 0 {
-            g.spare_observed = observed;
-        }
-    });
-}
-
-/// Records that a communicator is used in the open group (before the call:
-/// [`Shared::enter_group`] marks it under its lock).
-pub(crate) fn touch(shared: &Arc<Shared>) {
-    GROUP.with(|g| {
-        let mut g = g.borrow_mut();
-        if !g.touched.iter().any(|s| Arc::ptr_eq(s, shared)) {
-            g.touched.push(Arc::clone(shared));
-        }
-    });
 }
 
 /// An open NCCL group. Collectives go in through [`GroupGuard::on`];
@@ -189,16 +112,8 @@ impl<'g> GroupGuard<'g> {
     /// groups of send/recv, which hold no buffers.
     pub(crate) fn start_internal() -> Result<GroupGuard<'g>> {
         let lib = Library::get()?;
-        let start = lib.raw().ncclGroupStart()?;
-        // SAFETY: `ncclGroupStart` has no arguments and no preconditions.
-        let code = unsafe { start() };
-        lib.check("ncclGroupStart", code, std::ptr::null_mut())?;
-        let observed = GROUP.with(|g| {
-            let mut g = g.borrow_mut();
-            g.depth += 1;
-            // An empty `Vec<Pending<'static>>` is a `Vec<Pending<'g>>`.
-            std::mem::take(&mut g.spare_observed)
-        });
+        raw::start(lib)?;
+        let observed = state::enter();
         Ok(GroupGuard {
             lib,
             ended: false,
@@ -231,7 +146,7 @@ impl<'g> GroupGuard<'g> {
     fn report(&self, launched: bool) {
         let mut observed = std::mem::take(&mut self.held.borrow_mut().observed);
         if launched && !in_group() {
-            crate::capture::without_capture(|| {
+            without_capture(|| {
                 for p in observed.drain(..) {
                     p.observer.issued(&p.info, p.stream);
                 }
@@ -244,30 +159,12 @@ impl<'g> GroupGuard<'g> {
     /// held by this, the outer, guard: NCCL launches them only when the
     /// outermost group ends.
     pub fn nest<'s>(&'s self) -> Result<NestedGroup<'s, 'g>> {
-        let start = self.lib.raw().ncclGroupStart()?;
-        // SAFETY: no arguments; a group is open (self), nesting is allowed.
-        let code = unsafe { start() };
-        self.lib
-            .check("ncclGroupStart", code, std::ptr::null_mut())?;
-        GROUP.with(|g| g.borrow_mut().depth += 1);
+        raw::start(self.lib)?;
+        state::enter_nested();
         Ok(NestedGroup {
             outer: self,
             ended: false,
         })
-    }
-
-    /// Issues collectives of `comm` (on its stream) into this group.
-    pub fn on<'s>(&'s self, comm: &'g Comm) -> OnStream<'s, 'g> {
-        OnStream::grouped(comm, comm.stream(), &self.held)
-    }
-
-    /// Issues collectives of `comm` on `stream` into this group.
-    pub fn on_stream<'s>(
-        &'s self,
-        comm: &'g Comm,
-        stream: &'g cudarc::driver::CudaStream,
-    ) -> OnStream<'s, 'g> {
-        OnStream::grouped(comm, stream, &self.held)
     }
 
     /// `ncclGroupEnd`: launches the group (if outermost) and waits for
@@ -275,7 +172,7 @@ impl<'g> GroupGuard<'g> {
     pub fn end(mut self) -> Result<()> {
         self.ended = true;
         let spoiled = self.spoil_captures();
-        let result = finish(self.lib);
+        let result = raw::finish(self.lib);
         self.report(result.is_ok());
         self.held.borrow_mut().accesses.clear();
         spoiled.and(result)
@@ -291,8 +188,8 @@ impl<'g> GroupGuard<'g> {
         let held = self.held.borrow();
         let mut spoiled = false;
         for (stream, allowed) in &held.streams {
-            if !*allowed && crate::capture::is_capturing(stream) {
-                crate::capture::spoil(stream);
+            if !*allowed && is_capturing(stream) {
+                spoil(stream);
                 spoiled = true;
             }
         }
@@ -321,23 +218,14 @@ impl<'g> GroupGuard<'g> {
         self.lib.capabilities().require(Feature::GroupSimulate)?;
         let simulate = self.lib.raw().ncclGroupSimulateEnd()?;
         self.ended = true;
-        let mut info = ncclSimInfo_t::initializer();
-        // SAFETY: `info` is an initialized ncclSimInfo_t NCCL may write.
-        let code = unsafe { simulate(&mut info) };
-        let touched = leave_group();
-        release(&touched);
-        recycle_touched(touched);
-        if !in_group() {
-            run_deferred();
-        }
+        let estimate = raw::simulate_end(self.lib, simulate);
         // Nothing was launched: the calls are forgotten, never reported
         // (and never left for a later group to report, with streams that
         // may be gone by then).
         self.report(false);
         self.held.borrow_mut().accesses.clear();
-        self.lib
-            .check("ncclGroupSimulateEnd", code, std::ptr::null_mut())?;
-        Ok((info.estimatedTime >= 0.0).then_some(info.estimatedTime))
+        let estimate = estimate?;
+        Ok((estimate >= 0.0).then_some(estimate))
     }
 }
 
@@ -345,11 +233,11 @@ impl Drop for GroupGuard<'_> {
     fn drop(&mut self) {
         if !self.ended {
             let spoiled = self.spoil_captures();
-            let result = finish(self.lib).and(spoiled);
+            let result = raw::finish(self.lib).and(spoiled);
             self.report(result.is_ok());
             if let Err(e) = result {
                 tracing::debug!(error = %e, "group ended by drop failed");
-                GROUP.with(|g| g.borrow_mut().dropped_error = Some(e));
+                state::set_dropped_error(e);
             }
         }
         self.held.borrow_mut().accesses.clear();
@@ -360,7 +248,7 @@ impl Drop for GroupGuard<'_> {
 /// collectives are held by the outer guard; ending it launches nothing.
 #[must_use = "a nested group must be ended"]
 pub struct NestedGroup<'s, 'g> {
-    outer: &'s GroupGuard<'g>,
+    pub(crate) outer: &'s GroupGuard<'g>,
     ended: bool,
 }
 
@@ -373,90 +261,21 @@ impl std::fmt::Debug for NestedGroup<'_, '_> {
 }
 
 impl<'s, 'g> NestedGroup<'s, 'g> {
-    /// Issues collectives of `comm` into the nested group.
-    pub fn on(&self, comm: &'g Comm) -> OnStream<'s, 'g> {
-        OnStream::grouped(comm, comm.stream(), self.outer.held())
-    }
-
     /// `ncclGroupEnd` of the nested level.
     pub fn end(mut self) -> Result<()> {
         self.ended = true;
-        finish(self.outer.lib)
+        raw::finish(self.outer.lib)
     }
 }
 
 impl Drop for NestedGroup<'_, '_> {
     fn drop(&mut self) {
         if !self.ended
-            && let Err(e) = finish(self.outer.lib)
+            && let Err(e) = raw::finish(self.outer.lib)
         {
-            GROUP.with(|g| g.borrow_mut().dropped_error = Some(e));
+            state::set_dropped_error(e);
         }
     }
-}
-
-/// Decrements the depth; at depth 0 returns the communicators to poll
-/// (give the vector back with [`recycle_touched`]).
-fn leave_group() -> Vec<Arc<Shared>> {
-    GROUP.with(|g| {
-        let mut g = g.borrow_mut();
-        g.depth = g.depth.saturating_sub(1);
-        if g.depth == 0 {
-            std::mem::take(&mut g.touched)
-        } else {
-            Vec::new()
-        }
-    })
-}
-
-fn finish(lib: &'static Library) -> Result<()> {
-    let end = lib.raw().ncclGroupEnd()?;
-    // SAFETY: `ncclGroupEnd` has no arguments; a group is open (the guard
-    // exists).
-    let code = unsafe { end() };
-    let touched = leave_group();
-    let result = if code == ncclResult_t::ncclInProgress {
-        touched
-            .iter()
-            .filter(|shared| !shared.is_blocking())
-            .try_for_each(|shared| shared.wait_ready("ncclGroupEnd"))
-    } else {
-        lib.check("ncclGroupEnd", code, std::ptr::null_mut())
-    };
-    // Aborts deferred to this end first, then teardowns deferred to it
-    // (which may wait), so neither delays the other.
-    release(&touched);
-    recycle_touched(touched);
-    if !in_group() {
-        run_deferred();
-    }
-    result
-}
-
-/// The outermost group has ended: NCCL no longer refers to its
-/// communicators, so aborts asked for meanwhile happen now.
-fn release(touched: &[Arc<Shared>]) {
-    for shared in touched {
-        shared.leave_group();
-    }
-}
-
-/// Puts the emptied list of polled communicators back, so the next group
-/// reuses its memory instead of allocating.
-fn recycle_touched(mut touched: Vec<Arc<Shared>>) {
-    touched.clear();
-    let _ = GROUP.try_with(|g| {
-        let mut g = g.borrow_mut();
-        if g.touched.capacity() == 0 {
-            g.touched = touched;
-        }
-    });
-}
-
-/// The error of the last group on this thread that a dropped guard ended,
-/// if it failed.
-pub fn take_dropped_group_error() -> Option<Error> {
-    GROUP.with(|g| g.borrow_mut().dropped_error.take())
 }
 
 /// Runs `f` inside a (new, outermost) group. The group is ended whether `f` succeeds or not;
@@ -485,26 +304,5 @@ pub fn group<'g, R>(f: impl FnOnce(&GroupGuard<'g>) -> Result<R>) -> Result<R> {
             let _ = take_dropped_group_error();
             Err(e)
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_ended_groups_observed_list_is_reused_without_allocating() {
-        let list: Vec<Pending<'_>> = Vec::with_capacity(24);
-        let memory = list.as_ptr() as usize;
-        recycle_observed(list);
-        // The next group starts with the same memory, typed for its own
-        // lifetime: the lifetime change did not reallocate.
-        let next: Vec<Pending<'_>> =
-            GROUP.with(|g| std::mem::take(&mut g.borrow_mut().spare_observed));
-        assert_eq!(next.as_ptr() as usize, memory);
-        assert!(next.capacity() >= 24 && next.is_empty());
-        // A list that never allocated leaves nothing to reuse.
-        recycle_observed(Vec::new());
-        assert_eq!(GROUP.with(|g| g.borrow().spare_observed.capacity()), 0);
     }
 }

@@ -1,0 +1,206 @@
+//! Aborting and closing: [`AbortHandle`] (any thread), and `Comm`'s
+//! revoke, finalize, destroy and abort.
+
+use std::sync::Arc;
+
+use crate::abort::AbortCause;
+use crate::comm::handle::{CommStatus, Shared, State};
+use crate::comm::{Comm, cuda, refuse_in_group};
+use nccl_sys::ncclResult_t;
+
+use crate::{Feature, Result};
+
+/// Aborts a communicator from any thread. Cheap to clone.
+#[derive(Clone)]
+pub struct AbortHandle {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for AbortHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AbortHandle { .. }")
+    }
+}
+
+/// An [`AbortHandle`] that does not keep the communicator alive: for a
+/// watchdog, which must not delay the teardown of what it watches.
+#[derive(Clone)]
+pub struct WeakAbortHandle {
+    shared: std::sync::Weak<Shared>,
+}
+
+impl std::fmt::Debug for WeakAbortHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("WeakAbortHandle { .. }")
+    }
+}
+
+impl WeakAbortHandle {
+    /// The handle, while the communicator exists.
+    pub fn upgrade(&self) -> Option<AbortHandle> {
+        self.shared.upgrade().map(|shared| AbortHandle { shared })
+    }
+
+    /// Whether the communicator still exists, without taking a handle
+    /// (so the caller never ends up holding the last one and its teardown).
+    pub fn is_alive(&self) -> bool {
+        self.shared.strong_count() > 0
+    }
+}
+
+impl AbortHandle {
+    /// Whether both are handles of one communicator.
+    pub(crate) fn same_as(&self, other: &AbortHandle) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
+    }
+
+    /// A handle that does not keep the communicator alive.
+    pub fn downgrade(&self) -> WeakAbortHandle {
+        WeakAbortHandle {
+            shared: Arc::downgrade(&self.shared),
+        }
+    }
+
+    /// `ncclCommAbort`: stops the communicator's work and frees it. Later
+    /// calls on the `Comm` return `Error::Aborted`. Aborting twice is a
+    /// no-op. On a blocking communicator this waits for a call in progress
+    /// on another thread to return; a nonblocking one is interrupted
+    /// between polls. When a group open on another thread holds calls on
+    /// the communicator, the abort happens at that group's end (NCCL still
+    /// refers to the communicator until then) and this returns at once.
+    pub fn abort(&self) -> Result<()> {
+        self.abort_with(AbortCause::Requested)
+    }
+
+    /// As [`AbortHandle::abort`], with the cause later calls report.
+    pub fn abort_with(&self, cause: AbortCause) -> Result<()> {
+        // On the thread that has a group open, the group still refers to
+        // the communicator: abort after it ends.
+        refuse_in_group("ncclCommAbort")?;
+        self.shared.abort(cause)
+    }
+
+    /// Asks for an abort with `cause` without ever waiting: done at once
+    /// when no other thread is inside a call on the communicator, else by
+    /// that thread as soon as its call returns (or at the end of the group
+    /// that holds calls on it). Returns whether it is aborted now. For
+    /// watchdogs, which must never wait behind a blocking NCCL call.
+    pub fn request_abort(&self, cause: AbortCause) -> bool {
+        self.shared.request_abort(cause)
+    }
+
+    /// `ncclCommGetAsyncError`, from any thread: how a watchdog learns
+    /// that a peer failed. [`crate::Error::Aborted`] once aborted. Waits for a
+    /// call in progress on another thread; see [`AbortHandle::try_status`].
+    pub fn status(&self) -> Result<CommStatus> {
+        self.shared.status()
+    }
+
+    /// As [`AbortHandle::status`], but `None` at once when another thread
+    /// is inside a call on the communicator.
+    pub fn try_status(&self) -> Option<Result<CommStatus>> {
+        self.shared.status_nowait()
+    }
+
+    /// Whether the communicator was aborted, or an abort was asked for.
+    pub fn is_aborted(&self) -> bool {
+        self.shared.abort_requested()
+    }
+
+    /// Why it was aborted (or is to be), once it was.
+    pub fn cause(&self) -> Option<AbortCause> {
+        self.shared
+            .abort_requested()
+            .then(|| self.shared.cause.get().cloned())
+            .flatten()
+    }
+}
+
+impl Comm {
+    /// `ncclCommRevoke`: stops in-flight work so that the communicator can
+    /// be split, shrunk or destroyed (NCCL 2.28.7+). It cannot be used for
+    /// collectives afterwards.
+    pub fn revoke(&self) -> Result<()> {
+        const OP: &str = "ncclCommRevoke";
+        refuse_in_group(OP)?;
+        let lib = self.shared.lib;
+        lib.capabilities().require(Feature::Revoke)?;
+        let code = self.shared.with_raw(OP, |raw| {
+            let revoke = lib.raw().ncclCommRevoke()?;
+            // SAFETY: `raw` is live; the flags are the only valid value.
+            Ok(unsafe { revoke(raw, nccl_sys::NCCL_REVOKE_DEFAULT) })
+        })?;
+        match code {
+            ncclResult_t::ncclSuccess => Ok(()),
+            ncclResult_t::ncclInProgress => self.shared.wait_ready(OP),
+            code => self.shared.with_raw(OP, |raw| lib.check(OP, code, raw)),
+        }
+    }
+
+    /// Finalizes and destroys the communicator, returning the errors
+    /// `Drop` can only log. For a communicator of a group created
+    /// together (`init_all`, `split_all`), this hands it in like `Drop` and
+    /// the group is torn down when its last member goes.
+    pub fn finalize(self) -> Result<()> {
+        const OP: &str = "ncclCommFinalize";
+        refuse_in_group(OP)?;
+        if self.shared.clique.is_some() {
+            return Ok(());
+        }
+        let lib = self.shared.lib;
+        let _span = tracing::debug_span!("nccl.finalize").entered();
+        let code = self.shared.with_raw(OP, |raw| {
+            let finalize = lib.raw().ncclCommFinalize()?;
+            // SAFETY: `raw` is live.
+            Ok(unsafe { finalize(raw) })
+        })?;
+        if code == ncclResult_t::ncclInProgress
+            || (code == ncclResult_t::ncclSuccess && !self.shared.blocking)
+        {
+            self.shared.wait_ready(OP)?;
+        } else {
+            self.shared.with_raw(OP, |raw| lib.check(OP, code, raw))?;
+        }
+        self.destroy()
+    }
+
+    /// `ncclCommDestroy` (which finalizes first if that was not done).
+    pub fn destroy(self) -> Result<()> {
+        const OP: &str = "ncclCommDestroy";
+        refuse_in_group(OP)?;
+        if self.shared.clique.is_some() {
+            return Ok(());
+        }
+        let lib = self.shared.lib;
+        let mut state = self.shared.lock();
+        let State::Live(raw) = *state else {
+            return Ok(());
+        };
+        *state = State::Closed;
+        drop(state);
+        self.shared.ctx.bind_to_thread().map_err(cuda(OP))?;
+        let destroy = lib.raw().ncclCommDestroy()?;
+        // SAFETY: `raw` was live and the state now says Closed, so nothing
+        // else frees or uses it.
+        let code = unsafe { destroy(raw) };
+        lib.check(OP, code, std::ptr::null_mut())
+    }
+
+    /// `ncclCommAbort` now.
+    pub fn abort(self) -> Result<()> {
+        refuse_in_group("ncclCommAbort")?;
+        self.shared.abort(AbortCause::Requested)
+    }
+
+    /// A handle that can abort this communicator from another thread.
+    pub fn abort_handle(&self) -> AbortHandle {
+        AbortHandle {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+
+    /// `ncclCommGetAsyncError`.
+    pub fn status(&self) -> Result<CommStatus> {
+        self.shared.status()
+    }
+}

@@ -1,0 +1,381 @@
+//! The shared state behind a `Comm` and its `AbortHandle`s: the raw
+//! handle under a mutex, the abort protocol, and the waits on it.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
+
+use cudarc::driver::CudaContext;
+use nccl_sys::{ncclComm_t, ncclResult_t};
+
+use crate::abort::{AbortCause, AbortSignal, Abortable};
+use crate::comm::poll::{async_status, poll_with_backoff};
+use crate::comm::teardown::{Clique, Member, bounded};
+use crate::library::Library;
+use crate::observe::OpObserver;
+use crate::{Error, Result};
+
+/// The state `ncclCommGetAsyncError` reports.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum CommStatus {
+    /// No error; nothing pending.
+    Ready,
+    /// A nonblocking call is still running.
+    InProgress,
+    /// An asynchronous error (a peer failed, a network error, ...).
+    Failed(Error),
+}
+
+pub(crate) enum State {
+    Live(ncclComm_t),
+    Aborted,
+    Closed,
+}
+
+/// What `Comm` and `AbortHandle` share.
+pub(crate) struct Shared {
+    pub(crate) state: Mutex<State>,
+    pub(crate) lib: &'static Library,
+    pub(crate) ctx: Arc<CudaContext>,
+    pub(crate) blocking: bool,
+    pub(crate) timeout: Duration,
+    pub(crate) clique: Option<Arc<Clique>>,
+    /// Why it was (or is to be) aborted; the first cause wins. Set when an
+    /// abort is asked for: while the abort cannot happen at once (the lock
+    /// is busy, or an open group refers to the communicator), whoever holds
+    /// the lock next performs it.
+    pub(crate) cause: OnceLock<AbortCause>,
+    /// Set, under the lock, while a group open on some thread holds calls
+    /// on this communicator: NCCL still refers to it until that group
+    /// ends, so an abort waits for the end (it crashed NCCL otherwise).
+    pub(crate) in_open_group: AtomicBool,
+    /// The job's signal, if any.
+    pub(crate) signal: Option<AbortSignal>,
+    /// Recorded on the comm's stream by the last `Comm`'s drop: teardown
+    /// waits for it (with the deadline) before it finalizes.
+    pub(crate) drain: Mutex<Option<cudarc::driver::CudaEvent>>,
+    /// The observer at drop time, asked whether work is still unfinished.
+    pub(crate) last_observer: Mutex<Option<Arc<dyn OpObserver>>>,
+}
+
+// SAFETY: the only non-thread-safe part is the raw `ncclComm_t`, which is
+// only touched with `state` locked, so calls on it never overlap. NCCL lets
+// a communicator be used from different threads one after another, and
+// `ncclCommAbort` from any thread (NCCL's fault-tolerance model).
+unsafe impl Send for Shared {}
+// SAFETY: as above: shared access goes through the mutex.
+unsafe impl Sync for Shared {}
+
+impl Shared {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub(crate) fn try_lock(&self) -> Option<MutexGuard<'_, State>> {
+        match self.state.try_lock() {
+            Ok(guard) => Some(guard),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+
+    /// The error for a call that found the communicator aborted.
+    pub(crate) fn aborted(&self, op: &'static str) -> Error {
+        Error::Aborted {
+            op,
+            cause: self.cause.get().cloned().unwrap_or(AbortCause::Requested),
+        }
+    }
+
+    /// Whether an abort is due: asked for, or the job's signal fired.
+    fn abort_due(&self) -> bool {
+        if self.cause.get().is_some() {
+            return true;
+        }
+        match self.signal.as_ref().and_then(AbortSignal::cause) {
+            Some(cause) => {
+                let _ = self.cause.set(cause);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Performs a due abort now if nothing refers to the communicator any
+    /// more (the caller holds the lock). Returns whether it is aborted.
+    ///
+    /// `true` only for the transition from live to aborted made here, so
+    /// [`Shared::after_abort`] runs once per communicator.
+    fn settle_abort(&self, state: &mut MutexGuard<'_, State>) -> bool {
+        if !matches!(**state, State::Live(_)) {
+            return false;
+        }
+        if !self.abort_due() || self.in_open_group.load(Ordering::Acquire) {
+            return false;
+        }
+        let _ = self.abort_locked(state);
+        true
+    }
+
+    /// Runs `f` on the live handle with the device's context current. An
+    /// abort that is due happens first (and the call is refused); one that
+    /// was asked for while `f` ran happens right after it.
+    pub(crate) fn with_raw<R>(
+        &self,
+        op: &'static str,
+        f: impl FnOnce(ncclComm_t) -> Result<R>,
+    ) -> Result<R> {
+        let mut state = self.lock();
+        let result = match *state {
+            State::Live(raw) => {
+                if self.abort_due() {
+                    let aborted = self.settle_abort(&mut state);
+                    drop(state);
+                    if aborted {
+                        self.after_abort();
+                    }
+                    return Err(self.aborted(op));
+                }
+                self.ctx
+                    .bind_to_thread()
+                    .map_err(|source| Error::Cuda { op, source })?;
+                f(raw)
+            }
+            State::Aborted => return Err(self.aborted(op)),
+            State::Closed => return Err(Error::Finalized { op }),
+        };
+        if self.cause.get().is_some() && self.settle_abort(&mut state) {
+            drop(state);
+            self.after_abort();
+        }
+        result
+    }
+
+    /// Whether NCCL calls on it block.
+    pub(crate) fn is_blocking(&self) -> bool {
+        self.blocking
+    }
+
+    /// Marks the communicator as used by the group open on this thread
+    /// (call with the lock held, i.e. inside [`Shared::with_raw`]).
+    pub(crate) fn enter_group(&self) {
+        self.in_open_group.store(true, Ordering::Release);
+    }
+
+    /// The group that used the communicator has ended: an abort asked for
+    /// meanwhile happens now.
+    pub(crate) fn leave_group(&self) {
+        let mut state = self.lock();
+        self.in_open_group.store(false, Ordering::Release);
+        if self.settle_abort(&mut state) {
+            drop(state);
+            self.after_abort();
+        }
+    }
+
+    /// Asks for an abort with `cause`, without waiting: done now when the
+    /// lock is free and no open group refers to the communicator, else by
+    /// the thread that holds it as soon as it lets go (or at the group's
+    /// end). Returns whether it is aborted now.
+    pub(crate) fn request_abort(&self, cause: AbortCause) -> bool {
+        let _ = self.cause.set(cause);
+        let Some(mut state) = self.try_lock() else {
+            return false;
+        };
+        let aborted_here = self.settle_abort(&mut state);
+        let aborted = matches!(*state, State::Aborted);
+        drop(state);
+        if aborted_here {
+            self.after_abort();
+        }
+        aborted
+    }
+
+    /// Whether an abort was asked for or done.
+    pub(crate) fn abort_requested(&self) -> bool {
+        self.abort_due() || matches!(self.try_lock().as_deref(), Some(State::Aborted))
+    }
+
+    /// Polls `ncclCommGetAsyncError` until the communicator is no longer
+    /// `ncclInProgress`, against the communicator's deadline. The lock is
+    /// released between polls so an abort can get in.
+    pub(crate) fn wait_ready(&self, op: &'static str) -> Result<()> {
+        self.poll_until(op, |status| Ok(status == ncclResult_t::ncclSuccess))
+    }
+
+    /// The one polling loop of our waits: returns when `done` (given the
+    /// asynchronous status) says so, with the NCCL error when the
+    /// communicator reports one, [`Error::Aborted`] when it was aborted
+    /// meanwhile, or [`Error::Timeout`] after the communicator's timeout.
+    /// The lock is released between polls, so an abort can get in; the
+    /// pause grows from 5 µs to 1 ms.
+    pub(crate) fn poll_until(
+        &self,
+        op: &'static str,
+        mut done: impl FnMut(ncclResult_t) -> Result<bool>,
+    ) -> Result<()> {
+        let mut failed = None;
+        let timed_out = poll_with_backoff(self.timeout, || {
+            let status = self.with_raw(op, |raw| async_status(self.lib, raw))?;
+            if status != ncclResult_t::ncclSuccess && status != ncclResult_t::ncclInProgress {
+                failed = Some(status);
+                return Ok(true);
+            }
+            done(status)
+        })?;
+        if let Some(status) = failed {
+            return self.with_raw(op, |raw| self.lib.check(op, status, raw));
+        }
+        match timed_out {
+            None => Ok(()),
+            Some(waited) => Err(Error::Timeout { op, waited }),
+        }
+    }
+
+    /// `ncclCommGetAsyncError` as a [`CommStatus`].
+    pub(crate) fn status(&self) -> Result<CommStatus> {
+        const OP: &str = "ncclCommGetAsyncError";
+        self.with_raw(OP, |raw| {
+            let status = async_status(self.lib, raw)?;
+            Ok(match status {
+                ncclResult_t::ncclSuccess => CommStatus::Ready,
+                ncclResult_t::ncclInProgress => CommStatus::InProgress,
+                code => {
+                    CommStatus::Failed(self.lib.check("async error", code, raw).err().unwrap_or(
+                        Error::InvalidArgument {
+                            op: OP,
+                            reason: "unknown status",
+                        },
+                    ))
+                }
+            })
+        })
+    }
+
+    /// As [`Shared::status`], but `None` instead of waiting when another
+    /// thread is inside a call on the communicator (a watchdog must never
+    /// wait behind a blocking NCCL call).
+    pub(crate) fn status_nowait(&self) -> Option<Result<CommStatus>> {
+        const OP: &str = "ncclCommGetAsyncError";
+        let state = self.try_lock()?;
+        let raw = match *state {
+            State::Live(raw) => raw,
+            State::Aborted => return Some(Err(self.aborted(OP))),
+            State::Closed => return Some(Err(Error::Finalized { op: OP })),
+        };
+        let mut state = state;
+        if self.abort_due() {
+            // Performed on the guard held (never a blocking lock here).
+            let aborted_here = self.settle_abort(&mut state);
+            drop(state);
+            if aborted_here {
+                self.after_abort();
+            }
+            return Some(Err(self.aborted(OP)));
+        }
+        if let Err(source) = self.ctx.bind_to_thread() {
+            return Some(Err(Error::Cuda { op: OP, source }));
+        }
+        Some(async_status(self.lib, raw).map(|status| match status {
+            ncclResult_t::ncclSuccess => CommStatus::Ready,
+            ncclResult_t::ncclInProgress => CommStatus::InProgress,
+            code => CommStatus::Failed(self.lib.check("async error", code, raw).err().unwrap_or(
+                Error::InvalidArgument {
+                    op: OP,
+                    reason: "unknown status",
+                },
+            )),
+        }))
+    }
+
+    /// `ncclCommAbort` with the lock held; the state becomes `Aborted`.
+    pub(crate) fn abort_locked(&self, state: &mut MutexGuard<'_, State>) -> Result<()> {
+        let State::Live(raw) = **state else {
+            return Ok(());
+        };
+        **state = State::Aborted;
+        let _ = self.cause.set(AbortCause::Requested);
+        let _span = tracing::debug_span!("nccl.abort").entered();
+        let _ = self.ctx.bind_to_thread();
+        match self.lib.raw().ncclCommAbort() {
+            Ok(abort) => {
+                // SAFETY: `raw` was live and the state now says Aborted,
+                // so nobody else uses or frees it; no open group refers to
+                // it (checked by the callers); aborted exactly once.
+                let code = unsafe { abort(raw) };
+                self.lib.check("ncclCommAbort", code, std::ptr::null_mut())
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// After an abort, with the lock released: the clique may tear down
+    /// its other members now, which must not wait on this one.
+    pub(crate) fn after_abort(&self) {
+        if let Some(clique) = &self.clique {
+            clique.withdraw();
+        }
+    }
+
+    /// Aborts with `cause`, waiting for a call in progress on another
+    /// thread to return. Deferred to the group's end when an open group
+    /// refers to the communicator.
+    pub(crate) fn abort(&self, cause: AbortCause) -> Result<()> {
+        let _ = self.cause.set(cause);
+        let mut state = self.lock();
+        if !matches!(*state, State::Live(_)) || self.in_open_group.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let result = self.abort_locked(&mut state);
+        drop(state);
+        self.after_abort();
+        result
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        let abort_due = self.abort_due();
+        let state = std::mem::replace(
+            self.state.get_mut().unwrap_or_else(|p| p.into_inner()),
+            State::Closed,
+        );
+        let State::Live(raw) = state else { return };
+        let member = Member {
+            raw,
+            lib: self.lib,
+            ctx: Arc::clone(&self.ctx),
+            blocking: self.blocking,
+            timeout: self.timeout,
+            abort_only: abort_due,
+            drain: self
+                .drain
+                .get_mut()
+                .unwrap_or_else(|p| p.into_inner())
+                .take(),
+            observer: self
+                .last_observer
+                .get_mut()
+                .unwrap_or_else(|p| p.into_inner())
+                .take(),
+        };
+        let clique = self.clique.clone();
+        // A group open on this thread may still refer to the communicator:
+        // tear down after it ends.
+        crate::group::state::after_group(Box::new(move || match clique {
+            Some(clique) => clique.hand_in(member),
+            None => bounded("nccl-teardown", member.timeout, move || {
+                member.teardown_alone()
+            }),
+        }));
+    }
+}
+
+impl Abortable for Shared {
+    fn request_abort(&self, cause: AbortCause) -> bool {
+        Shared::request_abort(self, cause)
+    }
+}

@@ -1,0 +1,273 @@
+//! Teardown of communicators whose last handle went: alone, or together
+//! with the others of their clique, bounded by their timeout.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use cudarc::driver::CudaContext;
+use nccl_sys::{ncclComm_t, ncclResult_t};
+
+use crate::comm::poll::{async_status, poll_with_backoff};
+use crate::library::Library;
+use crate::observe::OpObserver;
+
+/// Runs `job` on a thread of its own and waits for it at most `deadline`
+/// (plus a little). A teardown that takes longer goes on in the background
+/// and keeps what NCCL may still touch; nothing waits for it forever. If
+/// no thread can be started, the job is not run: its communicators leak
+/// rather than risk an unbounded wait.
+///
+/// Only the thread that drops a `Comm` waits (see [`WAITS_FOR_TEARDOWN`]);
+/// a teardown that another thread starts (a watchdog or liveness thread
+/// that held the last handle, an abort that completes a clique) runs
+/// detached, so those threads never stall.
+pub(crate) fn bounded(name: &str, deadline: Duration, job: impl FnOnce() + Send + 'static) {
+    let wait = WAITS_FOR_TEARDOWN.try_with(Cell::get).unwrap_or(false);
+    // Made here, so the teardown thread's end allocates nothing (a
+    // benchmark counts allocations on every thread).
+    let done = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
+    let signal = Arc::clone(&done);
+    let spawned = std::thread::Builder::new()
+        .name(name.to_string())
+        .spawn(move || {
+            job();
+            let (flag, cvar) = &*signal;
+            *flag.lock().unwrap_or_else(|p| p.into_inner()) = true;
+            cvar.notify_all();
+        });
+    match spawned {
+        Ok(_) if !wait => {}
+        Ok(_) => {
+            let grace = deadline + Duration::from_secs(1);
+            let (flag, cvar) = &*done;
+            let finished = flag.lock().unwrap_or_else(|p| p.into_inner());
+            let (finished, _) = cvar
+                .wait_timeout_while(finished, grace, |f| !*f)
+                .unwrap_or_else(|p| p.into_inner());
+            if !*finished {
+                tracing::warn!(
+                    ?grace,
+                    "communicator teardown did not finish in time; it goes on in the background"
+                );
+            }
+        }
+        Err(error) => {
+            tracing::warn!(%error, "no thread for the teardown; the communicator leaks");
+        }
+    }
+}
+
+thread_local! {
+    /// Set while a `Comm` drops its handle: that thread waits (boundedly)
+    /// for the teardown it starts.
+    pub(crate) static WAITS_FOR_TEARDOWN: Cell<bool> = const { Cell::new(false) };
+}
+
+/// A communicator handed in for teardown.
+pub(crate) struct Member {
+    pub(crate) raw: ncclComm_t,
+    pub(crate) lib: &'static Library,
+    pub(crate) ctx: Arc<CudaContext>,
+    pub(crate) blocking: bool,
+    pub(crate) timeout: Duration,
+    /// An abort was due: abort, do not finalize.
+    pub(crate) abort_only: bool,
+    /// Work queued on the comm's own stream before the drop.
+    pub(crate) drain: Option<cudarc::driver::CudaEvent>,
+    /// The observer, which may know of unfinished work on other streams.
+    pub(crate) observer: Option<Arc<dyn OpObserver>>,
+}
+
+// SAFETY: a member is no longer reachable from any `Comm`; it moves to the
+// thread that tears it down, which is the only user. The event and the
+// observer are `Send` on their own.
+unsafe impl Send for Member {}
+
+impl Member {
+    /// Waits (up to the timeout) until the work issued before the drop has
+    /// finished: the comm stream's drain event and what the observer knows
+    /// of. `false` when it did not: finalizing would then wait on peers
+    /// that may never come, so the caller aborts.
+    fn drained(&self) -> bool {
+        if self.ctx.bind_to_thread().is_err() {
+            return false;
+        }
+        let finished = poll_with_backoff(self.timeout, || {
+            let stream_done = self
+                .drain
+                .as_ref()
+                .is_none_or(|e| matches!(e.try_is_complete(), Ok(true)));
+            let observed_done = self.observer.as_ref().is_none_or(|o| !o.unfinished());
+            Ok(stream_done && observed_done)
+        });
+        matches!(finished, Ok(None))
+    }
+
+    fn finalize_call(&self) -> ncclResult_t {
+        if self.ctx.bind_to_thread().is_err() {
+            return ncclResult_t::ncclUnhandledCudaError;
+        }
+        match self.lib.raw().ncclCommFinalize() {
+            // SAFETY: `raw` is live and owned by this member alone.
+            Ok(finalize) => unsafe { finalize(self.raw) },
+            Err(_) => ncclResult_t::ncclInvalidUsage,
+        }
+    }
+
+    /// Waits out a nonblocking finalize; `false` on error or timeout.
+    fn settle(&self) -> bool {
+        let started = Instant::now();
+        loop {
+            match async_status(self.lib, self.raw) {
+                Ok(ncclResult_t::ncclSuccess) => return true,
+                Ok(ncclResult_t::ncclInProgress) if started.elapsed() < self.timeout => {
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                _ => return false,
+            }
+        }
+    }
+
+    fn destroy_or_abort(self, finalized: bool) {
+        let _ = self.ctx.bind_to_thread();
+        if finalized && let Ok(destroy) = self.lib.raw().ncclCommDestroy() {
+            // SAFETY: finalized and owned by this member alone; freed once.
+            let code = unsafe { destroy(self.raw) };
+            if code == ncclResult_t::ncclSuccess {
+                return;
+            }
+            tracing::warn!(
+                ?code,
+                "ncclCommDestroy failed during drop; the communicator leaks"
+            );
+            return;
+        }
+        if let Ok(abort) = self.lib.raw().ncclCommAbort() {
+            // SAFETY: not destroyed above; owned by this member alone.
+            let code = unsafe { abort(self.raw) };
+            if code != ncclResult_t::ncclSuccess {
+                tracing::warn!(?code, "ncclCommAbort failed during drop");
+            }
+        }
+    }
+
+    /// Finalize and destroy; abort instead when an abort was due or the
+    /// work before the drop did not finish within the timeout.
+    pub(crate) fn teardown_alone(self) {
+        let _span = tracing::debug_span!("nccl.drop").entered();
+        if self.abort_only || !self.drained() {
+            self.destroy_or_abort(false);
+            return;
+        }
+        let code = self.finalize_call();
+        let finalized = match code {
+            ncclResult_t::ncclSuccess if self.blocking => true,
+            ncclResult_t::ncclSuccess | ncclResult_t::ncclInProgress => self.settle(),
+            _ => false,
+        };
+        self.destroy_or_abort(finalized);
+    }
+}
+
+/// Communicators one thread created together; torn down together.
+pub(crate) struct Clique {
+    pending: Mutex<(Vec<Member>, usize)>,
+    /// A member was aborted: the others are ranks of the same
+    /// communicator, so finalizing them would wait for it; all abort.
+    aborted: AtomicBool,
+}
+
+impl Clique {
+    pub(crate) fn new(members: usize) -> Arc<Clique> {
+        Arc::new(Clique {
+            pending: Mutex::new((Vec::new(), members)),
+            aborted: AtomicBool::new(false),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, (Vec<Member>, usize)> {
+        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A member was aborted: one fewer to wait for.
+    pub(crate) fn withdraw(&self) {
+        self.aborted.store(true, Ordering::Release);
+        let ready = {
+            let mut pending = self.lock();
+            pending.1 = pending.1.saturating_sub(1);
+            pending.0.len() == pending.1 && !pending.0.is_empty()
+        };
+        if ready {
+            self.teardown();
+        }
+    }
+
+    pub(crate) fn hand_in(&self, member: Member) {
+        let ready = {
+            let mut pending = self.lock();
+            pending.0.push(member);
+            pending.0.len() >= pending.1
+        };
+        if ready {
+            self.teardown();
+        }
+    }
+
+    /// Tears the handed-in members down together, on a thread of its own,
+    /// waiting at most their timeout.
+    fn teardown(&self) {
+        let mut members = std::mem::take(&mut self.lock().0);
+        if members.is_empty() {
+            return;
+        }
+        if self.aborted.load(Ordering::Acquire) {
+            for m in &mut members {
+                m.abort_only = true;
+            }
+        }
+        let deadline = members.iter().map(|m| m.timeout).max().unwrap_or_default();
+        bounded("nccl-teardown", deadline, move || {
+            Clique::teardown_members(members)
+        });
+    }
+
+    fn teardown_members(members: Vec<Member>) {
+        let _span = tracing::debug_span!("nccl.drop_clique", members = members.len()).entered();
+        let (finalizing, aborting): (Vec<Member>, Vec<Member>) = members
+            .into_iter()
+            .partition(|m| !m.abort_only && m.drained());
+        if !aborting.is_empty() {
+            // One member cannot finish: finalizing the others would wait for
+            // it, so the whole clique is aborted.
+            for member in finalizing.into_iter().chain(aborting) {
+                member.destroy_or_abort(false);
+            }
+            return;
+        }
+        let Some(lib) = finalizing.first().map(|m| m.lib) else {
+            return;
+        };
+        let codes: Vec<ncclResult_t> = match (lib.raw().ncclGroupStart(), lib.raw().ncclGroupEnd())
+        {
+            (Ok(start), Ok(end)) => {
+                // SAFETY: no arguments; the group is closed below.
+                let _ = unsafe { start() };
+                let codes = finalizing.iter().map(Member::finalize_call).collect();
+                // SAFETY: closes the group opened above.
+                let _ = unsafe { end() };
+                codes
+            }
+            _ => vec![ncclResult_t::ncclInvalidUsage; finalizing.len()],
+        };
+        for (member, code) in finalizing.into_iter().zip(codes) {
+            let finalized = match code {
+                ncclResult_t::ncclSuccess if member.blocking => true,
+                ncclResult_t::ncclSuccess | ncclResult_t::ncclInProgress => member.settle(),
+                _ => false,
+            };
+            member.destroy_or_abort(finalized);
+        }
+    }
+}

@@ -1,0 +1,112 @@
+//! The raw group calls (`ncclGroupStart`, `ncclGroupEnd`, the simulated
+//! end) and the communicators the open group uses, which NCCL refers to
+//! until its outermost end.
+
+use std::cell::RefCell;
+use std::sync::Arc;
+
+use nccl_sys::{ncclResult_t, ncclSimInfo_t};
+
+use crate::Result;
+use crate::comm::handle::Shared;
+use crate::group::state::{in_group, leave, run_deferred};
+use crate::library::Library;
+
+thread_local! {
+    /// Communicators used in the open group: NCCL refers to them until the
+    /// outermost end (an abort from another thread waits for it), and the
+    /// nonblocking ones must be polled when `ncclGroupEnd` answers
+    /// `ncclInProgress`.
+    static TOUCHED: RefCell<Vec<Arc<Shared>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Records that a communicator is used in the open group (before the call:
+/// [`Shared::enter_group`] marks it under its lock).
+pub(crate) fn touch(shared: &Arc<Shared>) {
+    TOUCHED.with(|t| {
+        let mut t = t.borrow_mut();
+        if !t.iter().any(|s| Arc::ptr_eq(s, shared)) {
+            t.push(Arc::clone(shared));
+        }
+    });
+}
+
+/// `ncclGroupStart`.
+pub(crate) fn start(lib: &'static Library) -> Result<()> {
+    let start = lib.raw().ncclGroupStart()?;
+    // SAFETY: `ncclGroupStart` has no arguments and no preconditions
+    // (groups nest).
+    let code = unsafe { start() };
+    lib.check("ncclGroupStart", code, std::ptr::null_mut())
+}
+
+/// Decrements the depth; at depth 0 returns the communicators to poll
+/// (give the vector back with [`recycle_touched`]).
+fn leave_group() -> Vec<Arc<Shared>> {
+    if leave() {
+        TOUCHED.with(|t| std::mem::take(&mut *t.borrow_mut()))
+    } else {
+        Vec::new()
+    }
+}
+
+/// `ncclGroupEnd` of the innermost open level; at the outermost, waits for
+/// the nonblocking communicators it used and runs what waited for the end.
+pub(crate) fn finish(lib: &'static Library) -> Result<()> {
+    let end = lib.raw().ncclGroupEnd()?;
+    // SAFETY: `ncclGroupEnd` has no arguments; a group is open (the guard
+    // exists).
+    let code = unsafe { end() };
+    let touched = leave_group();
+    let result = if code == ncclResult_t::ncclInProgress {
+        touched
+            .iter()
+            .filter(|shared| !shared.is_blocking())
+            .try_for_each(|shared| shared.wait_ready("ncclGroupEnd"))
+    } else {
+        lib.check("ncclGroupEnd", code, std::ptr::null_mut())
+    };
+    // Aborts deferred to this end first, then teardowns deferred to it
+    // (which may wait), so neither delays the other.
+    after_end(touched);
+    result
+}
+
+/// `ncclGroupSimulateEnd` (looked up by the caller while its group is still
+/// open): ends the level without launching it.
+pub(crate) fn simulate_end(
+    lib: &'static Library,
+    simulate: nccl_sys::pfn::ncclGroupSimulateEnd,
+) -> Result<f32> {
+    let mut info = ncclSimInfo_t::initializer();
+    // SAFETY: `info` is an initialized ncclSimInfo_t NCCL may write.
+    let code = unsafe { simulate(&mut info) };
+    after_end(leave_group());
+    lib.check("ncclGroupSimulateEnd", code, std::ptr::null_mut())?;
+    Ok(info.estimatedTime)
+}
+
+/// After an end: the communicators the group used are released (aborts
+/// asked for meanwhile happen now), then, past the outermost end, the
+/// teardowns that waited for it run.
+fn after_end(touched: Vec<Arc<Shared>>) {
+    for shared in &touched {
+        shared.leave_group();
+    }
+    recycle_touched(touched);
+    if !in_group() {
+        run_deferred();
+    }
+}
+
+/// Puts the emptied list of polled communicators back, so the next group
+/// reuses its memory instead of allocating.
+fn recycle_touched(mut touched: Vec<Arc<Shared>>) {
+    touched.clear();
+    let _ = TOUCHED.try_with(|t| {
+        let mut t = t.borrow_mut();
+        if t.capacity() == 0 {
+            *t = touched;
+        }
+    });
+}

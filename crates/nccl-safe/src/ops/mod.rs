@@ -1,0 +1,422 @@
+//! Every collective and point-to-point operation, validated before NCCL
+//! sees it.
+//!
+//! [`OnStream`] (this file) is where operations go: a communicator, a
+//! stream, and the group or capture they are issued into. Each operation
+//! (`reduce.rs`, `movement.rs`, `rooted.rs`) validates its buffers and
+//! builds one `Op` (`op.rs`), whose one enqueue path traces, launches,
+//! waits, observes and keeps the buffers' bookkeeping. `forward.rs` gives
+//! `Comm` the direct forms, from the list in `crate::for_each_collective!`.
+//!
+//! Counts come from buffer lengths: the buffer named in each method's docs
+//! sets the count, and the other buffer must hold at least what the
+//! operation writes or reads. A count of 0 is a no-op that makes no NCCL
+//! call. Where NCCL defines an in-place layout, there is an `_in_place`
+//! method taking one buffer; two buffers that overlap in any other way are
+//! `Error::PartialAlias`.
+
+mod forward;
+mod movement;
+mod op;
+mod reduce;
+mod rooted;
+
+use std::cell::RefCell;
+use std::sync::Arc;
+
+use cudarc::driver::CudaStream;
+use nccl_sys::{cudaStream_t, ncclComm_t, ncclResult_t};
+
+use crate::buffer::{Access, DeviceBuffer, DeviceBufferMut};
+use crate::capture::state::{is_allowed, refuse_capture, without_capture};
+use crate::comm::Comm;
+use crate::dtype::NcclType;
+use crate::error::Role;
+use crate::group::{self, GroupGuard, GroupHold, NestedGroup};
+use crate::observe::{ObservedStream, OpInfo, Pending};
+use crate::reduce_op::Reduction;
+use crate::validate::{Check, Span, check_dtype};
+use crate::{Error, Result};
+
+/// Refuses what NCCL cannot run for `op` on `T`: fp8 scaled sums (Avg,
+/// PreMulSum) on a one-rank communicator, whose copy path has no fp8
+/// kernels (NCCL answers `ncclInvalidArgument`; seen with 2.28.9).
+fn check_reduction<'a, T: NcclType>(comm: &Comm, op: &impl Reduction<'a, T>) -> Result<()> {
+    if T::IS_FP8 && comm.size() == 1 && op.scales() {
+        return Err(Error::Unsupported {
+            what: "fp8 Avg/PreMulSum on a one-rank communicator",
+            requires: "at least two ranks".to_string(),
+            found: "one rank".to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// A communicator and the stream its next operations go on, optionally
+/// inside a group (see [`GroupGuard::on`]).
+///
+/// `'a` is how long buffers stay borrowed: until the call returns outside
+/// a group, until the group ends inside one.
+pub struct OnStream<'s, 'a> {
+    comm: &'a Comm,
+    stream: &'a CudaStream,
+    /// Where buffers are opened (ordered): `stream`, except inside
+    /// [`crate::capture`], where the capturing stream must not be joined
+    /// with streams outside the capture; there the buffers are opened on
+    /// the caller's stream (to learn their addresses) and each launch
+    /// orders them.
+    access: &'a CudaStream,
+    hold: Option<&'s RefCell<GroupHold<'a>>>,
+    /// Inside [`crate::capture`]: the extents (start, end) of the buffers
+    /// the graph owns, the only ones a captured call may use.
+    capture: Option<&'s [(u64, u64)]>,
+}
+
+impl std::fmt::Debug for OnStream<'_, '_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OnStream")
+            .field("comm", self.comm)
+            .field("grouped", &self.hold.is_some())
+            .finish()
+    }
+}
+
+/// The address `offset_elems` elements past `address`. Offsets are
+/// validated to lie inside the buffer, whose contract promises it is real
+/// memory, so this cannot wrap; wrapping keeps a lying implementation from
+/// causing a panic here.
+fn ptr(address: u64, offset_elems: usize, elem_bytes: usize) -> u64 {
+    address.wrapping_add(offset_elems.wrapping_mul(elem_bytes) as u64)
+}
+
+impl<'s, 'a> OnStream<'s, 'a> {
+    fn direct(comm: &'a Comm, stream: &'a CudaStream) -> Self {
+        OnStream {
+            comm,
+            stream,
+            access: stream,
+            hold: None,
+            capture: None,
+        }
+    }
+
+    fn grouped(comm: &'a Comm, stream: &'a CudaStream, hold: &'s RefCell<GroupHold<'a>>) -> Self {
+        OnStream {
+            comm,
+            stream,
+            access: stream,
+            hold: Some(hold),
+            capture: None,
+        }
+    }
+
+    /// Calls captured into a graph that owns the buffers at `extents`.
+    pub(crate) fn capturing(
+        comm: &'a Comm,
+        stream: &'a CudaStream,
+        home: &'a CudaStream,
+        extents: &'s [(u64, u64)],
+    ) -> Self {
+        OnStream {
+            comm,
+            stream,
+            access: home,
+            hold: None,
+            capture: Some(extents),
+        }
+    }
+
+    /// `buffer` opened for reading; while capturing, it must be one the
+    /// graph owns.
+    fn read_buf<T: NcclType>(
+        &self,
+        op: &'static str,
+        buffer: &'a (impl DeviceBuffer<T> + ?Sized),
+    ) -> Result<(u64, Access<'a>)> {
+        let (ptr, access) = buffer.read(self.access);
+        self.owned_by_graph(op, ptr, buffer.len() * std::mem::size_of::<T>())?;
+        Ok((ptr, access))
+    }
+
+    /// `buffer` opened for writing; while capturing, it must be one the
+    /// graph owns.
+    fn write_buf<T: NcclType>(
+        &self,
+        op: &'static str,
+        buffer: &'a mut (impl DeviceBufferMut<T> + ?Sized),
+    ) -> Result<(u64, Access<'a>)> {
+        let len = buffer.len();
+        let (ptr, access) = buffer.write(self.access);
+        self.owned_by_graph(op, ptr, len * std::mem::size_of::<T>())?;
+        Ok((ptr, access))
+    }
+
+    /// While capturing: refuses memory the graph does not own (it could be
+    /// freed before a launch).
+    fn owned_by_graph(&self, op: &'static str, ptr: u64, bytes: usize) -> Result<()> {
+        let Some(extents) = self.capture else {
+            return Ok(());
+        };
+        let end = ptr.checked_add(bytes as u64);
+        if bytes == 0
+            || extents
+                .iter()
+                .any(|&(s, e)| ptr >= s && end.is_some_and(|x| x <= e))
+        {
+            return Ok(());
+        }
+        Err(Error::InvalidArgument {
+            op,
+            reason: "a captured call may only use buffers the graph owns (those given to capture)",
+        })
+    }
+
+    /// The reduction's NCCL handle; while capturing, a built-in one only (a
+    /// PreMulSum is destroyed with its value, before a later launch).
+    fn redop<T: NcclType>(
+        &self,
+        op: &'static str,
+        reduction: &impl Reduction<'a, T>,
+    ) -> Result<nccl_sys::ncclRedOp_t> {
+        let raw = reduction.raw_for(self.comm)?;
+        if self.capture.is_some() && raw.is_dynamic() {
+            return Err(Error::InvalidArgument {
+                op,
+                reason: "a captured call may only use a built-in reduction (a PreMulSum could be destroyed before a launch)",
+            });
+        }
+        Ok(raw)
+    }
+
+    fn check<T>(&self, op: &'static str) -> Result<Check> {
+        if self.hold.is_none() && group::is_open() {
+            return Err(Error::InvalidArgument {
+                op,
+                reason: "a group is open on this thread: issue the call through GroupGuard::on",
+            });
+        }
+        let stream_device = self.stream.context().ordinal();
+        if stream_device != self.comm.device() {
+            return Err(Error::WrongDevice {
+                op,
+                role: Role::Stream,
+                expected: self.comm.device(),
+                found: stream_device,
+            });
+        }
+        if self.capture.is_none() {
+            refuse_capture(op, self.stream)?;
+        }
+        Ok(Check {
+            op,
+            rank: self.comm.rank(),
+            size: self.comm.size(),
+            device: self.comm.device(),
+            elem_bytes: std::mem::size_of::<T>(),
+        })
+    }
+
+    fn raw_stream(&self) -> cudaStream_t {
+        self.stream.cu_stream() as cudaStream_t
+    }
+
+    /// Keeps the accesses until the group ends (inside a group) or drops
+    /// them now, after the enqueue (outside one). Accesses whose drop does
+    /// nothing are not kept.
+    fn settle(&self, accesses: impl IntoIterator<Item = Access<'a>>) {
+        if let Some(hold) = self.hold {
+            hold.borrow_mut()
+                .accesses
+                .extend(accesses.into_iter().filter(|a| !a.is_none()));
+        }
+    }
+
+    /// One NCCL enqueue call on the live communicator, with nonblocking
+    /// polling and error capture.
+    fn call(
+        &self,
+        info: OpInfo,
+        f: impl FnOnce(ncclComm_t, cudaStream_t) -> ncclResult_t,
+    ) -> Result<()> {
+        let op = info.op;
+        let shared = self.comm.shared();
+        let lib = self.comm.library();
+        let stream = self.raw_stream();
+        let grouped = group::is_open();
+        if grouped {
+            group::touch(shared);
+        }
+        let code = shared.with_raw(op, |raw| {
+            if grouped {
+                shared.enter_group();
+            }
+            Ok(f(raw, stream))
+        })?;
+        match code {
+            ncclResult_t::ncclSuccess => {}
+            ncclResult_t::ncclInProgress if !self.comm.is_blocking() => {
+                if !grouped {
+                    shared.wait_ready(op)?;
+                }
+            }
+            code => return shared.with_raw(op, |raw| lib.check(op, code, raw)),
+        }
+        debug_assert!(
+            self.hold.is_some() || !grouped,
+            "a call inside a group goes through the group's hold"
+        );
+        if let Some(hold) = self.hold {
+            let allowed = self.capture.is_some() || is_allowed();
+            hold.borrow_mut().note_stream(self.stream, allowed);
+        }
+        Self::observe(self.comm, info, self.stream, self.hold);
+        Ok(())
+    }
+
+    /// The same communicator and stream, issuing into the crate-internal
+    /// `group`: into the caller's group when there is one (the calls launch
+    /// at its end, which reports them), else into `group` itself, whose end
+    /// launches and reports them. Either way the calls and their streams
+    /// stay borrowed until the group that reports them ends.
+    fn within<'t>(&'t self, group: &'t GroupGuard<'a>) -> OnStream<'t, 'a> {
+        OnStream {
+            comm: self.comm,
+            stream: self.stream,
+            access: self.access,
+            hold: Some(self.hold.unwrap_or(group.held())),
+            capture: self.capture,
+        }
+    }
+
+    /// The checks every operation starts with (thread, stream, capture,
+    /// and whether `T` can run here; `reduces` for a reduction).
+    fn begin<T: NcclType>(&self, op: &'static str, reduces: bool) -> Result<Check> {
+        let c = self.check::<T>(op)?;
+        check_dtype::<T>(self.comm, op, reduces)?;
+        Ok(c)
+    }
+
+    /// As [`OnStream::begin`] for a reduction, which NCCL must also be
+    /// able to run on `T` here.
+    fn begin_reducing<T: NcclType>(
+        &self,
+        op: &'static str,
+        reduction: &impl Reduction<'a, T>,
+    ) -> Result<Check> {
+        let c = self.begin::<T>(op, true)?;
+        check_reduction::<T>(self.comm, reduction)?;
+        Ok(c)
+    }
+
+    /// The root-side buffer of a rooted operation: required on `root`
+    /// (else `reason`), not used elsewhere.
+    fn at_root<B>(
+        &self,
+        op: &'static str,
+        buffer: Option<B>,
+        root: usize,
+        reason: &'static str,
+    ) -> Result<Option<B>> {
+        let is_root = self.comm.rank() == root;
+        match buffer {
+            Some(b) if is_root => Ok(Some(b)),
+            None if is_root => Err(Error::InvalidArgument { op, reason }),
+            _ => Ok(None),
+        }
+    }
+
+    /// The root-side buffer of a rooted operation opened for reading, as
+    /// a span with its address (`None` off the root).
+    fn read_at_root<T: NcclType, S: DeviceBuffer<T> + ?Sized>(
+        &self,
+        op: &'static str,
+        buffer: Option<&'a S>,
+    ) -> Result<Option<(Span, Access<'a>)>> {
+        let open = |b: &'a S| {
+            let (ptr, access) = self.read_buf(op, b)?;
+            Ok((
+                Span {
+                    ptr,
+                    ..Self::span(b)
+                },
+                access,
+            ))
+        };
+        buffer.map(open).transpose()
+    }
+
+    /// As [`OnStream::read_at_root`], for writing.
+    fn write_at_root<T: NcclType, R: DeviceBufferMut<T> + ?Sized>(
+        &self,
+        op: &'static str,
+        buffer: Option<&'a mut R>,
+    ) -> Result<Option<(Span, Access<'a>)>> {
+        let open = |b: &'a mut R| {
+            let span = Self::span(&*b);
+            let (ptr, access) = self.write_buf(op, b)?;
+            Ok((Span { ptr, ..span }, access))
+        };
+        buffer.map(open).transpose()
+    }
+
+    /// The address and access of an opened root-side buffer: 0 and none
+    /// off the root (NCCL does not use the buffer there).
+    fn root_side(opened: Option<(Span, Access<'a>)>) -> (u64, Option<Access<'a>>) {
+        opened.map_or((0, None), |(span, access)| (span.ptr, Some(access)))
+    }
+
+    fn span<T: NcclType>(buffer: &(impl DeviceBuffer<T> + ?Sized)) -> Span {
+        Span {
+            ptr: 0,
+            len: buffer.len(),
+            device: buffer.device(),
+        }
+    }
+
+    /// Reports an accepted call on `stream` to the observer: now, or, for
+    /// a call issued into a group, at that group's outermost end (the
+    /// group's `hold` keeps it, with the stream borrowed for as long).
+    fn observe<'o>(
+        comm: &Comm,
+        info: OpInfo,
+        stream: &'o CudaStream,
+        hold: Option<&RefCell<GroupHold<'o>>>,
+    ) {
+        let observer = comm.observer.borrow();
+        let Some(observer) = observer.as_ref() else {
+            return;
+        };
+        let stream = ObservedStream::new(stream);
+        match hold {
+            Some(hold) => hold.borrow_mut().observed.push(Pending {
+                observer: Arc::clone(observer),
+                info,
+                stream,
+            }),
+            None => without_capture(|| observer.issued(&info, stream)),
+        }
+    }
+}
+
+impl<'g> GroupGuard<'g> {
+    /// Issues collectives of `comm` (on its stream) into this group.
+    pub fn on<'s>(&'s self, comm: &'g Comm) -> OnStream<'s, 'g> {
+        OnStream::grouped(comm, comm.stream(), self.held())
+    }
+
+    /// Issues collectives of `comm` on `stream` into this group.
+    pub fn on_stream<'s>(
+        &'s self,
+        comm: &'g Comm,
+        stream: &'g cudarc::driver::CudaStream,
+    ) -> OnStream<'s, 'g> {
+        OnStream::grouped(comm, stream, self.held())
+    }
+}
+
+impl<'s, 'g> NestedGroup<'s, 'g> {
+    /// Issues collectives of `comm` into the nested group.
+    pub fn on(&self, comm: &'g Comm) -> OnStream<'s, 'g> {
+        OnStream::grouped(comm, comm.stream(), self.outer.held())
+    }
+}
