@@ -120,21 +120,6 @@ fn cuda(op: &'static str) -> impl FnOnce(cudarc::driver::DriverError) -> Error {
     move |source| Error::Cuda { op, source }
 }
 
-/// `Unsupported` instead of cudarc's panic when there is no libcuda to
-/// load (nccl-safe checks the same before a communicator's init).
-fn require_cuda_driver() -> Result<()> {
-    // SAFETY: only tries to load libcuda and reports whether it could.
-    if unsafe { sys::is_culib_present() } {
-        Ok(())
-    } else {
-        Err(Error::Unsupported {
-            what: "CUDA",
-            requires: "the NVIDIA driver's libcuda.so".to_string(),
-            found: "no loadable libcuda.so".to_string(),
-        })
-    }
-}
-
 impl Topology {
     /// Builds a topology from known facts (tests, or a cached probe).
     /// `links[i][j]` is what `gpus[i]` sees of `gpus[j]`.
@@ -151,7 +136,7 @@ impl Topology {
     /// Asks the CUDA driver (and NVML, where it loads) about every ordered
     /// pair of `devices`.
     pub fn probe(devices: &[usize]) -> Result<Topology> {
-        require_cuda_driver()?;
+        nccl_safe::require_cuda_driver()?;
         let _span = tracing::debug_span!("nccl.topology_probe", devices = devices.len()).entered();
         // Device handles and attributes only: no context is created here, so
         // a process per GPU can probe every GPU without holding memory on

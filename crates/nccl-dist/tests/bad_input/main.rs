@@ -63,6 +63,7 @@ const NOTHING_TO_REFUSE: &[(&str, &str)] = &[
         "a pure function of the version and symbols",
     ),
     ("Library::raw version capabilities", "accessor"),
+    ("nccl_safe::require_cuda_driver", "query"),
     (
         "RawBuffer::from_raw_parts",
         "unsafe: its caller answers for the memory; the collectives check the rest",

@@ -159,9 +159,19 @@ fn refuse_in_group(op: &'static str) -> Result<()> {
     }
 }
 
-/// cudarc panics when it cannot load the CUDA driver; ask first, so a
-/// machine without one gets an error value.
-pub(crate) fn require_cuda_driver() -> Result<()> {
+/// Checks that the CUDA driver (`libcuda.so`) can be loaded, and says so
+/// as an error value when it cannot: cudarc panics on any call without
+/// it. Every init of this crate asks first; call it before your own first
+/// cudarc call (a `CudaContext`, `device_count`) to exit cleanly on a
+/// machine without a GPU driver.
+///
+/// ```
+/// match nccl_safe::require_cuda_driver() {
+///     Ok(()) => println!("the CUDA driver loads"),
+///     Err(e) => eprintln!("no GPU work here: {e}"),
+/// }
+/// ```
+pub fn require_cuda_driver() -> Result<()> {
     // SAFETY: only tries to load libcuda and reports whether it could.
     if unsafe { cudarc::driver::sys::is_culib_present() } {
         Ok(())

@@ -90,37 +90,10 @@ pub fn split_into_rows_and_columns_and_no_color() {
 /// A view into memory another buffer owns, to build aliasing cases cudarc's
 /// borrow rules would not allow. Only used where validation must refuse
 /// the call before NCCL sees it.
-pub struct RawView {
-    ptr: u64,
-    len: usize,
-    device: usize,
-}
-
-// SAFETY: only used for calls that validation refuses; nothing reads or
-// writes through the pointer.
-unsafe impl DeviceBuffer<f32> for RawView {
-    fn len(&self) -> usize {
-        self.len
-    }
-    fn device(&self) -> usize {
-        self.device
-    }
-    fn read<'a>(
-        &'a self,
-        _stream: &'a nccl_safe::cudarc::driver::CudaStream,
-    ) -> (u64, nccl_safe::Access<'a>) {
-        (self.ptr, nccl_safe::Access::none())
-    }
-}
-
-// SAFETY: as above.
-unsafe impl DeviceBufferMut<f32> for RawView {
-    fn write<'a>(
-        &'a mut self,
-        _stream: &'a nccl_safe::cudarc::driver::CudaStream,
-    ) -> (u64, nccl_safe::Access<'a>) {
-        (self.ptr, nccl_safe::Access::none())
-    }
+fn raw_view(ptr: u64, len: usize, device: usize) -> nccl_safe::RawBuffer<f32> {
+    // SAFETY: only used for calls that validation refuses; nothing reads or
+    // writes through the pointer.
+    unsafe { nccl_safe::RawBuffer::from_raw_parts(ptr, len, device) }
 }
 
 pub fn bad_input_is_refused_with_typed_errors_and_the_comm_still_works() {
@@ -180,16 +153,8 @@ pub fn bad_input_is_refused_with_typed_errors_and_the_comm_still_works() {
             )?;
             // Partial overlap: send is recv shifted by one element.
             let (base, _) = send.read(s);
-            let a = RawView {
-                ptr: base,
-                len: 8,
-                device: r.rank,
-            };
-            let mut b = RawView {
-                ptr: base + 4,
-                len: 8,
-                device: r.rank,
-            };
+            let a = raw_view(base, 8, r.rank);
+            let mut b = raw_view(base + 4, 8, r.rank);
             expect(
                 "partial alias",
                 c.all_reduce(&a, &mut b, ReduceOp::Sum),

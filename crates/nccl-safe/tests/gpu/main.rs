@@ -9,8 +9,8 @@
 use nccl_safe::cudarc::driver::{CudaContext, DeviceSlice};
 
 use nccl_safe::{
-    Comm, Config, DeviceBuffer, DeviceBufferMut, Error, Feature, NcclMemory, PreMulSum, ReduceOp,
-    Registration, Role, group,
+    Comm, Config, DeviceBuffer, Error, Feature, NcclMemory, PreMulSum, ReduceOp, Registration,
+    Role, group,
 };
 
 use nccl_testkit::*;
