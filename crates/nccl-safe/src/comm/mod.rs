@@ -347,7 +347,9 @@ impl Comm {
     /// right after it); the device's context is current.
     ///
     /// [`Error::Aborted`] or [`Error::Finalized`] instead of running `f`
-    /// when the communicator is gone.
+    /// when the communicator is gone. `f` runs under the communicator's
+    /// lock: calling this communicator's own methods from inside it waits
+    /// for that lock forever, so use the raw handle only.
     ///
     /// # Safety
     ///
