@@ -86,21 +86,17 @@ fn main() -> ExitCode {
         eprintln!("bench: {why}: nothing to measure. Run it on a host with NVIDIA GPUs.");
         return ExitCode::from(3);
     }
-    let outcome = match opts.dtype.as_str() {
-        "f32" => main_typed::<f32>(&opts),
-        "f64" => main_typed::<f64>(&opts),
-        "f16" => main_typed::<half::f16>(&opts),
-        "bf16" => main_typed::<half::bf16>(&opts),
-        "f8e4m3" => main_typed::<float8::F8E4M3>(&opts),
-        "f8e5m2" => main_typed::<float8::F8E5M2>(&opts),
-        "i8" => main_typed::<i8>(&opts),
-        "u8" => main_typed::<u8>(&opts),
-        "i32" => main_typed::<i32>(&opts),
-        "u32" => main_typed::<u32>(&opts),
-        "i64" => main_typed::<i64>(&opts),
-        "u64" => main_typed::<u64>(&opts),
-        other => Err(format!("--dtype: unknown `{other}`").into()),
-    };
+    // One arm per type of nccl-safe's dtype list, named as the tag in
+    // lower case (`f32`, `bf16`, `f8e4m3`).
+    macro_rules! by_dtype {
+        ($name:expr; $($tag:ident = $t:ty => $nccl:ident $([fp8 = $fp8:literal])?, $doc:literal;)*) => {
+            match $name {
+                $(name if name.eq_ignore_ascii_case(stringify!($tag)) => main_typed::<$t>(&opts),)*
+                other => Err(format!("--dtype: unknown `{other}`").into()),
+            }
+        };
+    }
+    let outcome = nccl_dist::nccl_safe::for_each_dtype!(by_dtype opts.dtype.as_str(););
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
