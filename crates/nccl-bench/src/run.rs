@@ -307,6 +307,9 @@ impl<'c, T: Elem> Driver<'c, T> {
                 }
             }
             if code == ncclResult_t::ncclInProgress {
+                // Bounded: the communicators are held (no abort can get
+                // in), so a lost peer must end the wait here.
+                let started = std::time::Instant::now();
                 for r in &self.ranks {
                     let mut state = ncclResult_t::ncclInProgress;
                     while state == ncclResult_t::ncclInProgress {
@@ -314,6 +317,14 @@ impl<'c, T: Elem> Driver<'c, T> {
                             "ncclCommGetAsyncError",
                             (f.async_error)(r.raw_comm, &mut state),
                         )?;
+                        if state == ncclResult_t::ncclInProgress && started.elapsed() > self.timeout
+                        {
+                            return Err(format!(
+                                "a nonblocking enqueue still in progress after {:?}",
+                                self.timeout
+                            )
+                            .into());
+                        }
                     }
                     raw_ok("the enqueue", state)?;
                 }

@@ -171,17 +171,18 @@ fn times(op: &'static str, count: usize, n: usize) -> Result<usize> {
 /// type of `$dtype`.
 macro_rules! typed_call {
     ($comm:expr, $stream:expr, $dtype:expr, |$c:ident, $t:ident| $body:block) => {{
+        let (comm, stream) = ($comm, $stream);
         // SAFETY: the caller's promise about `stream`.
-        let $c = unsafe { Call::new($comm, $stream) };
-        // SAFETY: the trait's contract covers the buffers made in `$body`
-        // from the caller's pointers, and graph capture: the memory and the
-        // communicator outlive every launch of a captured call.
-        unsafe {
-            nccl_safe::allow_capture(|| -> Result<()> {
-                with_type!($dtype, $t => $body);
-                Ok(())
-            })
-        }
+        let $c = unsafe { Call::new(comm, stream) };
+        // Built outside the `unsafe` block: each unsafe step of `$body`
+        // has its own block and SAFETY comment.
+        let body = || -> Result<()> {
+            with_type!($dtype, $t => $body);
+            Ok(())
+        };
+        // SAFETY: the trait's contract covers graph capture: the memory
+        // and the communicator outlive every launch of a captured call.
+        unsafe { nccl_safe::allow_capture(body) }
     }};
 }
 
@@ -400,11 +401,13 @@ impl Communicator for Comm {
     ) -> Result<()> {
         const OP: &str = "Communicator::all_reduce";
         typed_call!(self, stream, dtype, |c, T| {
-            let mut r = c.buf::<T>(OP, recv, count)?;
+            // SAFETY: the trait's contract for `recv` (count elements).
+            let mut r = unsafe { c.buf::<T>(OP, recv, count) }?;
             if send == recv {
                 self.on(&c.stream).all_reduce_in_place(&mut r, op)?;
             } else {
-                let s = c.buf::<T>(OP, send, count)?;
+                // SAFETY: the trait's contract for `send` (count elements).
+                let s = unsafe { c.buf::<T>(OP, send, count) }?;
                 self.on(&c.stream).all_reduce(&s, &mut r, op)?;
             }
         })
@@ -421,12 +424,14 @@ impl Communicator for Comm {
     ) -> Result<()> {
         const OP: &str = "Communicator::broadcast";
         typed_call!(self, stream, dtype, |c, T| {
-            let mut r = c.buf::<T>(OP, recv, count)?;
+            // SAFETY: the trait's contract for `recv` (count elements).
+            let mut r = unsafe { c.buf::<T>(OP, recv, count) }?;
             if send == recv {
                 self.on(&c.stream).broadcast_in_place(&mut r, root)?;
             } else {
                 let on_root = Comm::rank(self) == root;
-                let s = c.buf::<T>(OP, send, if on_root { count } else { 0 })?;
+                // SAFETY: the trait's contract for `send` (`count` elements on the root).
+                let s = unsafe { c.buf::<T>(OP, send, if on_root { count } else { 0 }) }?;
                 self.on(&c.stream)
                     .broadcast(on_root.then_some(&s), &mut r, root)?;
             }
@@ -445,12 +450,14 @@ impl Communicator for Comm {
     ) -> Result<()> {
         const OP: &str = "Communicator::reduce";
         typed_call!(self, stream, dtype, |c, T| {
-            let mut s = c.buf::<T>(OP, send, count)?;
+            // SAFETY: the trait's contract for `send` (count elements).
+            let mut s = unsafe { c.buf::<T>(OP, send, count) }?;
             if send == recv {
                 self.on(&c.stream).reduce_in_place(&mut s, op, root)?;
             } else {
                 let on_root = Comm::rank(self) == root;
-                let mut r = c.buf::<T>(OP, recv, if on_root { count } else { 0 })?;
+                // SAFETY: the trait's contract for `recv` (`count` elements on the root).
+                let mut r = unsafe { c.buf::<T>(OP, recv, if on_root { count } else { 0 }) }?;
                 self.on(&c.stream)
                     .reduce(&s, on_root.then_some(&mut r), op, root)?;
             }
@@ -469,11 +476,13 @@ impl Communicator for Comm {
         let total = times(OP, count, Comm::size(self))?;
         let own_slot = times(OP, times(OP, count, Comm::rank(self))?, dtype.size())?;
         typed_call!(self, stream, dtype, |c, T| {
-            let mut r = c.buf::<T>(OP, recv, total)?;
+            // SAFETY: the trait's contract for `recv` (total elements).
+            let mut r = unsafe { c.buf::<T>(OP, recv, total) }?;
             if recv.checked_add(own_slot as u64) == Some(send) {
                 self.on(&c.stream).all_gather_in_place(&mut r)?;
             } else {
-                let s = c.buf::<T>(OP, send, count)?;
+                // SAFETY: the trait's contract for `send` (count elements).
+                let s = unsafe { c.buf::<T>(OP, send, count) }?;
                 self.on(&c.stream).all_gather(&s, &mut r)?;
             }
         })
@@ -492,11 +501,13 @@ impl Communicator for Comm {
         let total = times(OP, count, Comm::size(self))?;
         let own_slot = times(OP, times(OP, count, Comm::rank(self))?, dtype.size())?;
         typed_call!(self, stream, dtype, |c, T| {
-            let mut s = c.buf::<T>(OP, send, total)?;
+            // SAFETY: the trait's contract for `send` (total elements).
+            let mut s = unsafe { c.buf::<T>(OP, send, total) }?;
             if send.checked_add(own_slot as u64) == Some(recv) {
                 self.on(&c.stream).reduce_scatter_in_place(&mut s, op)?;
             } else {
-                let mut r = c.buf::<T>(OP, recv, count)?;
+                // SAFETY: the trait's contract for `recv` (count elements).
+                let mut r = unsafe { c.buf::<T>(OP, recv, count) }?;
                 self.on(&c.stream).reduce_scatter(&s, &mut r, op)?;
             }
         })
@@ -513,8 +524,10 @@ impl Communicator for Comm {
         const OP: &str = "Communicator::all_to_all";
         let total = times(OP, count, Comm::size(self))?;
         typed_call!(self, stream, dtype, |c, T| {
-            let s = c.buf::<T>(OP, send, total)?;
-            let mut r = c.buf::<T>(OP, recv, total)?;
+            // SAFETY: the trait's contract for `send` (total elements).
+            let s = unsafe { c.buf::<T>(OP, send, total) }?;
+            // SAFETY: the trait's contract for `recv` (total elements).
+            let mut r = unsafe { c.buf::<T>(OP, recv, total) }?;
             self.on(&c.stream).all_to_all(&s, &mut r)?;
         })
     }
@@ -529,7 +542,8 @@ impl Communicator for Comm {
     ) -> Result<()> {
         const OP: &str = "Communicator::send";
         typed_call!(self, stream, dtype, |c, T| {
-            let b = c.buf::<T>(OP, buf, count)?;
+            // SAFETY: the trait's contract for `buf` (count elements).
+            let b = unsafe { c.buf::<T>(OP, buf, count) }?;
             self.on(&c.stream).send(&b, peer)?;
         })
     }
@@ -544,7 +558,8 @@ impl Communicator for Comm {
     ) -> Result<()> {
         const OP: &str = "Communicator::recv";
         typed_call!(self, stream, dtype, |c, T| {
-            let mut b = c.buf::<T>(OP, buf, count)?;
+            // SAFETY: the trait's contract for `buf` (count elements).
+            let mut b = unsafe { c.buf::<T>(OP, buf, count) }?;
             self.on(&c.stream).recv(&mut b, peer)?;
         })
     }
@@ -562,8 +577,10 @@ impl Communicator for Comm {
     ) -> Result<()> {
         const OP: &str = "Communicator::send_recv";
         typed_call!(self, stream, dtype, |c, T| {
-            let s = c.buf::<T>(OP, send, send_count)?;
-            let mut r = c.buf::<T>(OP, recv, recv_count)?;
+            // SAFETY: the trait's contract for `send` (send_count elements).
+            let s = unsafe { c.buf::<T>(OP, send, send_count) }?;
+            // SAFETY: the trait's contract for `recv` (recv_count elements).
+            let mut r = unsafe { c.buf::<T>(OP, recv, recv_count) }?;
             nccl_safe::group(|g| {
                 g.on_stream(self, &c.stream).send(&s, send_peer)?;
                 g.on_stream(self, &c.stream).recv(&mut r, recv_peer)

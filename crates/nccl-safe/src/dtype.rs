@@ -40,12 +40,12 @@ macro_rules! for_each_dtype {
             U32 = u32 => ncclUint32, "`u32`.";
             I64 = i64 => ncclInt64, "`i64`.";
             U64 = u64 => ncclUint64, "`u64`.";
-            F16 = half::f16 => ncclFloat16, "IEEE half precision (`half::f16`).";
+            F16 = $crate::half::f16 => ncclFloat16, "IEEE half precision (`half::f16`).";
             F32 = f32 => ncclFloat32, "`f32`.";
             F64 = f64 => ncclFloat64, "`f64`.";
-            BF16 = half::bf16 => ncclBfloat16, "bfloat16 (`half::bf16`).";
-            F8E4M3 = float8::F8E4M3 => ncclFloat8e4m3 [fp8 = true], "fp8 e4m3 (NCCL 2.24+).";
-            F8E5M2 = float8::F8E5M2 => ncclFloat8e5m2 [fp8 = true], "fp8 e5m2 (NCCL 2.24+).";
+            BF16 = $crate::half::bf16 => ncclBfloat16, "bfloat16 (`half::bf16`).";
+            F8E4M3 = $crate::float8::F8E4M3 => ncclFloat8e4m3 [fp8 = true], "fp8 e4m3 (NCCL 2.24+).";
+            F8E5M2 = $crate::float8::F8E5M2 => ncclFloat8e5m2 [fp8 = true], "fp8 e5m2 (NCCL 2.24+).";
         }
     };
 }

@@ -82,4 +82,8 @@ pub use secrecy::{
 pub use unique_id::UniqueId;
 
 pub use cudarc;
+/// The `float8` crate of [`NcclType`]'s fp8 types.
+pub use float8;
+/// The `half` crate of [`NcclType`]'s `f16` and `bf16`.
+pub use half;
 pub use nccl_sys;

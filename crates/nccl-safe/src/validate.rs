@@ -1,5 +1,6 @@
-//! Checks every collective runs before any FFI call. Pure functions over
-//! addresses and counts, so they are tested without a GPU.
+//! Checks every collective runs before any FFI call: `Check`'s methods are pure
+//! functions of addresses and counts, tested without a GPU; `check_dtype`
+//! asks the loaded library and the GPU.
 
 use crate::capabilities::{FP8_REDUCTION_MIN_CC, Feature};
 use crate::comm::Comm;

@@ -271,6 +271,8 @@ pub fn rows(n: usize, gpus: usize) {
     let direct = c.all_reduce_in_place(&mut out, ReduceOp::Sum);
     let abort_in_group = c.abort_handle().abort();
     let split_in_group = c.split(Some(0), 0, None);
+    // SAFETY: the closure does nothing; the call is refused (open group).
+    let raw_in_group = unsafe { c.with_raw(|_| ()) };
     g.end().unwrap();
     case(
         "OnStream::all_reduce_in_place",
@@ -288,6 +290,12 @@ pub fn rows(n: usize, gpus: usize) {
         "Comm::split",
         "group (inside a group)",
         split_in_group,
+        |e| matches!(e, SafeError::InvalidArgument { .. }),
+    );
+    case(
+        "Comm::with_raw",
+        "group (inside a group)",
+        raw_in_group,
         |e| matches!(e, SafeError::InvalidArgument { .. }),
     );
     case(

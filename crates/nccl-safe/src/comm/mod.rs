@@ -347,17 +347,23 @@ impl Comm {
     /// right after it); the device's context is current.
     ///
     /// [`Error::Aborted`] or [`Error::Finalized`] instead of running `f`
-    /// when the communicator is gone. `f` runs under the communicator's
-    /// lock: calling this communicator's own methods from inside it waits
-    /// for that lock forever, so use the raw handle only.
+    /// when the communicator is gone; [`Error::InvalidArgument`] while a
+    /// group ([`GroupGuard`](crate::GroupGuard)) is open on this thread
+    /// (work enqueued through the raw handle would join a group this crate
+    /// does not know the communicator is in). `f` runs under the
+    /// communicator's lock: calling this communicator's methods that take
+    /// it (every operation) from inside `f` blocks or panics, so use the
+    /// raw handle only.
     ///
     /// # Safety
     ///
     /// `f` must not free, abort or finalize the handle, nor keep it past
-    /// its return; what it calls on the handle must follow NCCL's rules for
-    /// this communicator (an NCCL call that enqueues work leaves it to the
-    /// caller to keep its buffers alive until that work is done).
+    /// its return, nor leave an `ncclGroupStart` of its own open; what it
+    /// calls on the handle must follow NCCL's rules for this communicator
+    /// (an NCCL call that enqueues work leaves it to the caller to keep its
+    /// buffers alive until that work is done).
     pub unsafe fn with_raw<R>(&self, f: impl FnOnce(ncclComm_t) -> R) -> Result<R> {
+        refuse_in_group("with_raw")?;
         self.shared.with_raw("with_raw", |raw| Ok(f(raw)))
     }
 }
