@@ -285,6 +285,8 @@ fn check_devices(op: &'static str, devices: &[usize]) -> Result<()> {
             reason: "no devices".into(),
         });
     }
+    // cudarc panics without libcuda: say so as an error first.
+    nccl_safe::require_cuda_driver()?;
     let count = CudaContext::device_count().map_err(crate::error::cuda(op))? as usize;
     for (i, &d) in devices.iter().enumerate() {
         if d >= count {
@@ -325,6 +327,9 @@ impl World {
             device
         )
         .entered();
+        // Before the rendezvous: a rank without a driver fails at once
+        // instead of after its peers have waited for it.
+        nccl_safe::require_cuda_driver()?;
         let resolved = Resolved::new(options)?;
         apply_encryption(options.encryption.as_ref())?;
         let (id, liveness) = if launch.world_size == 1 {
