@@ -244,6 +244,14 @@ fn abort_on_loss(liveness: &Liveness, watchdog: Option<Watchdog>, signal: AbortS
     }));
 }
 
+/// Whether an error `rank` returned may be a consequence of another rank's
+/// loss: the job's signal already names another rank as lost. (The
+/// caller's error type may hide ours, so the signal, which every loss
+/// triggers before the survivors' calls fail, is what tells.)
+fn lost_elsewhere(signal: &AbortSignal, rank: usize) -> bool {
+    matches!(signal.cause(), Some(AbortCause::PeerLost { rank: lost, .. }) if lost != rank)
+}
+
 /// Tells `spawn_local` that a rank's thread ended, and how, even when it
 /// unwinds from a panic.
 struct EndNotice {
@@ -464,24 +472,72 @@ impl World {
 
     /// One process, a thread per GPU (devices `0..n`), default options:
     /// see [`World::spawn_local_with_options`].
-    pub fn spawn_local<R: Send>(n: usize, f: impl Fn(World) -> Result<R> + Sync) -> Result<Vec<R>> {
+    ///
+    /// The closure's error type is the caller's: anything our errors
+    /// convert into, so `?` works on this crate's calls and on the
+    /// caller's own. With a boxed error, name it in the closure's return
+    /// type:
+    ///
+    /// ```no_run
+    /// use nccl_dist::World;
+    /// use nccl_dist::nccl_safe::ReduceOp;
+    ///
+    /// type BoxError = Box<dyn std::error::Error + Send + Sync>;
+    ///
+    /// let sums = World::spawn_local(2, |world| -> Result<f32, BoxError> {
+    ///     let scale: f32 = std::env::var("SCALE")?.parse()?; // the caller's errors
+    ///     let stream = world.comm().stream();
+    ///     let mut x = stream.clone_htod(&[scale])?; // cudarc's
+    ///     world.comm().all_reduce_in_place(&mut x, ReduceOp::Sum)?; // ours
+    ///     Ok(stream.clone_dtoh(&x)?[0])
+    /// })?;
+    /// println!("{sums:?}");
+    /// # Ok::<(), BoxError>(())
+    /// ```
+    ///
+    /// With this crate's [`Error`] the return type is inferred as soon as
+    /// one of the closure's paths has that type, or from the caller's:
+    ///
+    /// ```no_run
+    /// use nccl_dist::{Result, World};
+    ///
+    /// fn ranks() -> Result<Vec<usize>> {
+    ///     World::spawn_local(2, |world| Ok(world.rank()))
+    /// }
+    /// ```
+    pub fn spawn_local<R, E>(
+        n: usize,
+        f: impl Fn(World) -> Result<R, E> + Sync,
+    ) -> Result<Vec<R>, E>
+    where
+        R: Send,
+        E: From<Error> + std::fmt::Display + Send,
+    {
         World::spawn_local_with_options(&(0..n).collect::<Vec<_>>(), &WorldOptions::new(), f)
     }
 
     /// As [`World::spawn_local_with_options`] with `config` as the
     /// communicators' configuration ([`WorldOptions::config`]).
-    pub fn spawn_local_with<R: Send>(
+    pub fn spawn_local_with<R, E>(
         devices: &[usize],
         config: &Config,
-        f: impl Fn(World) -> Result<R> + Sync,
-    ) -> Result<Vec<R>> {
+        f: impl Fn(World) -> Result<R, E> + Sync,
+    ) -> Result<Vec<R>, E>
+    where
+        R: Send,
+        E: From<Error> + std::fmt::Display + Send,
+    {
         World::spawn_local_with_options(devices, &WorldOptions::new().config(config.clone()), f)
     }
 
     /// One process, a thread per device of `devices`: each thread joins
     /// rank i on `devices[i]` and runs `f` with its `World`. Returns every
-    /// rank's result in rank order, or the first rank's error (a panic is
-    /// [`Error::RankPanicked`]). The rendezvous, secret, port and device
+    /// rank's result in rank order, or the error of the rank that failed
+    /// first (a panic is [`Error::RankPanicked`], converted into `E`; an
+    /// error a rank returned after another rank was lost is taken for a
+    /// consequence of that loss). `E` is any error type that this crate's
+    /// [`Error`] converts into ([`World::spawn_local`] shows two). The
+    /// rendezvous, secret, port and device
     /// options do not apply. A rank whose thread panics (or fails to make
     /// its communicators) is reported lost to the others at once: their
     /// communicators are aborted and their operations answer
@@ -494,16 +550,20 @@ impl World {
     /// which waits for the rank being torn down. Let the threads meet on the
     /// host (a `std::sync::Barrier`) after such drops. (Seen with NCCL
     /// 2.28.9 on 2 and 4 GPUs; one thread per process is not affected.)
-    pub fn spawn_local_with_options<R: Send>(
+    pub fn spawn_local_with_options<R, E>(
         devices: &[usize],
         options: &WorldOptions,
-        f: impl Fn(World) -> Result<R> + Sync,
-    ) -> Result<Vec<R>> {
+        f: impl Fn(World) -> Result<R, E> + Sync,
+    ) -> Result<Vec<R>, E>
+    where
+        R: Send,
+        E: From<Error> + std::fmt::Display + Send,
+    {
         check_devices("World::spawn_local", devices)?;
         let n = devices.len();
         let resolved = Resolved::new(options)?;
         apply_encryption(options.encryption.as_ref())?;
-        let id = UniqueId::new()?;
+        let id = UniqueId::new().map_err(Error::from)?;
         let watchdog = resolved.start_watchdog()?;
         let liveness = (resolved.liveness.is_enabled() && n > 1).then(|| Liveness::in_process(n));
         if let Some(l) = &liveness {
@@ -543,10 +603,12 @@ impl World {
                                             seen_by: rank,
                                         });
                                     }
-                                    return Err(e);
+                                    let lost = e.lost_rank().is_some();
+                                    return Err((E::from(e), lost));
                                 }
                             };
                             watched(&comm, watchdog);
+                            let signal = &resolved.signal;
                             f(World {
                                 presence: Presence {
                                     rank,
@@ -559,8 +621,9 @@ impl World {
                                 watchdog: watchdog.clone(),
                                 signal: resolved.signal.clone(),
                             })
+                            .map_err(|e| (e, lost_elsewhere(signal, rank)))
                         })();
-                        ended.failure = result.as_ref().err().map(|e| e.to_string());
+                        ended.failure = result.as_ref().err().map(|(e, _)| e.to_string());
                         result
                     })
                 })
@@ -581,12 +644,13 @@ impl World {
             for (rank, handle) in handles.into_iter().enumerate() {
                 match handle.join() {
                     Ok(Ok(r)) => out.push(r),
-                    Ok(Err(e)) => {
+                    Ok(Err((e, lost))) => {
                         // The root cause wins over the losses it caused.
-                        if first_error.as_ref().is_none_or(|f: &Error| {
-                            f.lost_rank().is_some() && e.lost_rank().is_none()
-                        }) {
-                            first_error = Some(e);
+                        if first_error
+                            .as_ref()
+                            .is_none_or(|&(_, first_lost): &(E, bool)| first_lost && !lost)
+                        {
+                            first_error = Some((e, lost));
                         }
                     }
                     Err(panic) => {
@@ -597,14 +661,15 @@ impl World {
                             .unwrap_or_default();
                         // A panic is the root cause; the others' PeerLost
                         // errors follow from it.
-                        if first_error.as_ref().is_none_or(|e| e.lost_rank().is_some()) {
-                            first_error = Some(Error::RankPanicked { rank, message });
+                        if first_error.as_ref().is_none_or(|&(_, lost)| lost) {
+                            first_error =
+                                Some((Error::RankPanicked { rank, message }.into(), false));
                         }
                     }
                 }
             }
             match first_error {
-                Some(e) => Err(e),
+                Some((e, _)) => Err(e),
                 None => Ok(out),
             }
         })

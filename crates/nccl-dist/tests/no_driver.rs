@@ -51,12 +51,23 @@ fn without_a_cuda_driver_every_entry_point_is_an_error_not_a_panic() {
     refused("World::local_with", || {
         World::local_with(&[0], &Config::new())
     });
-    refused("World::spawn_local", || World::spawn_local(1, |_| Ok(())));
+    refused("World::spawn_local", || {
+        World::spawn_local(1, |_| Ok::<_, nccl_dist::Error>(()))
+    });
+    // The caller's own error type: ours converts into it.
+    refused("World::spawn_local (boxed error)", || {
+        World::spawn_local(
+            1,
+            |_| -> Result<(), Box<dyn std::error::Error + Send + Sync>> { Ok(()) },
+        )
+    });
     refused("World::spawn_local_with", || {
-        World::spawn_local_with(&[0], &Config::new(), |_| Ok(()))
+        World::spawn_local_with(&[0], &Config::new(), |_| Ok::<_, nccl_dist::Error>(()))
     });
     refused("World::spawn_local_with_options", || {
-        World::spawn_local_with_options(&[0], &WorldOptions::new(), |_| Ok(()))
+        World::spawn_local_with_options(&[0], &WorldOptions::new(), |_| {
+            Ok::<_, nccl_dist::Error>(())
+        })
     });
     refused("World::init_with", || {
         let launch = Launch::explicit(0, 1, 0, 1, "127.0.0.1", 29500).expect("launch");
