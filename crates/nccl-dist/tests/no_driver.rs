@@ -46,6 +46,9 @@ fn without_a_cuda_driver_every_entry_point_is_an_error_not_a_panic() {
     refused("Comm::init_rank", || {
         Comm::init_rank(&id, 0, 1, 0, &Config::new())
     });
+    refused("Comm::init_rank_scalable", || {
+        Comm::init_rank_scalable(std::slice::from_ref(&id), 0, 1, 0, &Config::new())
+    });
     refused("Comm::init_all", || Comm::init_all(&[0], &Config::new()));
     refused("World::local", || World::local(1));
     refused("World::local_with", || {
