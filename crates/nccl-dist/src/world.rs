@@ -244,14 +244,6 @@ fn abort_on_loss(liveness: &Liveness, watchdog: Option<Watchdog>, signal: AbortS
     }));
 }
 
-/// Whether an error `rank` returned may be a consequence of another rank's
-/// loss: the job's signal already names another rank as lost. (The
-/// caller's error type may hide ours, so the signal, which every loss
-/// triggers before the survivors' calls fail, is what tells.)
-fn lost_elsewhere(signal: &AbortSignal, rank: usize) -> bool {
-    matches!(signal.cause(), Some(AbortCause::PeerLost { rank: lost, .. }) if lost != rank)
-}
-
 /// Tells `spawn_local` that a rank's thread ended, and how, even when it
 /// unwinds from a panic.
 struct EndNotice {
@@ -532,13 +524,13 @@ impl World {
 
     /// One process, a thread per device of `devices`: each thread joins
     /// rank i on `devices[i]` and runs `f` with its `World`. Returns every
-    /// rank's result in rank order, or the error of the rank that failed
-    /// first (a panic is [`Error::RankPanicked`], converted into `E`; an
-    /// error a rank returned after another rank was lost is taken for a
-    /// consequence of that loss). `E` is any error type that this crate's
-    /// [`Error`] converts into ([`World::spawn_local`] shows two). The
-    /// rendezvous, secret, port and device
-    /// options do not apply. A rank whose thread panics (or fails to make
+    /// rank's result in rank order, or the root cause's error: a panic
+    /// ([`Error::RankPanicked`], converted into `E`), else the error of
+    /// the rank that the job's abort signal names as the first to fail or
+    /// be lost (the others' errors follow from it), else the first rank's
+    /// error. `E` is any error type that this crate's [`Error`] converts
+    /// into ([`World::spawn_local`] shows two). The rendezvous, secret,
+    /// port and device options do not apply. A rank whose thread panics (or fails to make
     /// its communicators) is reported lost to the others at once: their
     /// communicators are aborted and their operations answer
     /// [`Error::PeerLost`] naming it.
@@ -603,12 +595,10 @@ impl World {
                                             seen_by: rank,
                                         });
                                     }
-                                    let lost = e.lost_rank().is_some();
-                                    return Err((E::from(e), lost));
+                                    return Err(E::from(e));
                                 }
                             };
                             watched(&comm, watchdog);
-                            let signal = &resolved.signal;
                             f(World {
                                 presence: Presence {
                                     rank,
@@ -621,9 +611,8 @@ impl World {
                                 watchdog: watchdog.clone(),
                                 signal: resolved.signal.clone(),
                             })
-                            .map_err(|e| (e, lost_elsewhere(signal, rank)))
                         })();
-                        ended.failure = result.as_ref().err().map(|(e, _)| e.to_string());
+                        ended.failure = result.as_ref().err().map(|e| e.to_string());
                         result
                     })
                 })
@@ -639,12 +628,20 @@ impl World {
                     });
                 }
             }
+            // Every rank has ended: the signal names the root cause when
+            // it was a rank (the first to fail or to be lost).
+            let cause = resolved.signal.cause();
+            let lost_elsewhere = |rank| match &cause {
+                Some(AbortCause::PeerLost { rank: lost, .. }) => *lost != rank,
+                _ => false,
+            };
             let mut out = Vec::with_capacity(n);
             let mut first_error = None;
             for (rank, handle) in handles.into_iter().enumerate() {
                 match handle.join() {
                     Ok(Ok(r)) => out.push(r),
-                    Ok(Err((e, lost))) => {
+                    Ok(Err(e)) => {
+                        let lost = lost_elsewhere(rank);
                         // The root cause wins over the losses it caused.
                         if first_error
                             .as_ref()
