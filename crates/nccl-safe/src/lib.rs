@@ -25,6 +25,8 @@
 //! use cudarc::driver::CudaContext;
 //! use nccl_safe::{Comm, Config, ReduceOp, group};
 //!
+//! // cudarc panics without the driver: ask first, to get an error.
+//! nccl_safe::require_cuda_driver()?;
 //! let n = CudaContext::device_count()? as usize;
 //! let devices: Vec<usize> = (0..n).collect();
 //! let comms = Comm::init_all(&devices, &Config::new())?;
