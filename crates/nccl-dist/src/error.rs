@@ -137,6 +137,15 @@ impl From<BadValue> for Error {
     }
 }
 
+impl From<cudarc::driver::DriverError> for Error {
+    /// [`nccl_safe::Error::Cuda`] with `op` [`nccl_safe::CUDA_OP`], so that
+    /// `?` works on cudarc calls in code that returns this crate's
+    /// [`Result`] (this crate's own calls name the driver function).
+    fn from(source: cudarc::driver::DriverError) -> Error {
+        Error::Nccl(source.into())
+    }
+}
+
 /// `Result` with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 

@@ -51,6 +51,7 @@ pub mod liveness;
 pub mod mesh;
 pub mod placement;
 mod pointers;
+pub mod prelude;
 pub mod rendezvous;
 pub mod secret;
 pub mod watchdog;

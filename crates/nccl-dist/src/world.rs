@@ -285,6 +285,8 @@ fn check_devices(op: &'static str, devices: &[usize]) -> Result<()> {
             reason: "no devices".into(),
         });
     }
+    // cudarc panics without libcuda: say so as an error first.
+    nccl_safe::require_cuda_driver()?;
     let count = CudaContext::device_count().map_err(crate::error::cuda(op))? as usize;
     for (i, &d) in devices.iter().enumerate() {
         if d >= count {
@@ -325,6 +327,9 @@ impl World {
             device
         )
         .entered();
+        // Before the rendezvous: a rank without a driver fails at once
+        // instead of after its peers have waited for it.
+        nccl_safe::require_cuda_driver()?;
         let resolved = Resolved::new(options)?;
         apply_encryption(options.encryption.as_ref())?;
         let (id, liveness) = if launch.world_size == 1 {
@@ -459,25 +464,73 @@ impl World {
 
     /// One process, a thread per GPU (devices `0..n`), default options:
     /// see [`World::spawn_local_with_options`].
-    pub fn spawn_local<R: Send>(n: usize, f: impl Fn(World) -> Result<R> + Sync) -> Result<Vec<R>> {
+    ///
+    /// The closure's error type is the caller's: anything our errors
+    /// convert into, so `?` works on this crate's calls and on the
+    /// caller's own. With a boxed error, name it in the closure's return
+    /// type:
+    ///
+    /// ```no_run
+    /// use nccl_dist::World;
+    /// use nccl_dist::nccl_safe::ReduceOp;
+    ///
+    /// type BoxError = Box<dyn std::error::Error + Send + Sync>;
+    ///
+    /// let sums = World::spawn_local(2, |world| -> Result<f32, BoxError> {
+    ///     let scale: f32 = std::env::var("SCALE")?.parse()?; // the caller's errors
+    ///     let stream = world.comm().stream();
+    ///     let mut x = stream.clone_htod(&[scale])?; // cudarc's
+    ///     world.comm().all_reduce_in_place(&mut x, ReduceOp::Sum)?; // ours
+    ///     Ok(stream.clone_dtoh(&x)?[0])
+    /// })?;
+    /// println!("{sums:?}");
+    /// # Ok::<(), BoxError>(())
+    /// ```
+    ///
+    /// With this crate's [`Error`] the return type is inferred as soon as
+    /// one of the closure's paths has that type, or from the caller's:
+    ///
+    /// ```no_run
+    /// use nccl_dist::{Result, World};
+    ///
+    /// fn ranks() -> Result<Vec<usize>> {
+    ///     World::spawn_local(2, |world| Ok(world.rank()))
+    /// }
+    /// ```
+    pub fn spawn_local<R, E>(
+        n: usize,
+        f: impl Fn(World) -> Result<R, E> + Sync,
+    ) -> Result<Vec<R>, E>
+    where
+        R: Send,
+        E: From<Error> + std::fmt::Display + Send,
+    {
         World::spawn_local_with_options(&(0..n).collect::<Vec<_>>(), &WorldOptions::new(), f)
     }
 
     /// As [`World::spawn_local_with_options`] with `config` as the
     /// communicators' configuration ([`WorldOptions::config`]).
-    pub fn spawn_local_with<R: Send>(
+    pub fn spawn_local_with<R, E>(
         devices: &[usize],
         config: &Config,
-        f: impl Fn(World) -> Result<R> + Sync,
-    ) -> Result<Vec<R>> {
+        f: impl Fn(World) -> Result<R, E> + Sync,
+    ) -> Result<Vec<R>, E>
+    where
+        R: Send,
+        E: From<Error> + std::fmt::Display + Send,
+    {
         World::spawn_local_with_options(devices, &WorldOptions::new().config(config.clone()), f)
     }
 
     /// One process, a thread per device of `devices`: each thread joins
     /// rank i on `devices[i]` and runs `f` with its `World`. Returns every
-    /// rank's result in rank order, or the first rank's error (a panic is
-    /// [`Error::RankPanicked`]). The rendezvous, secret, port and device
-    /// options do not apply. A rank whose thread panics (or fails to make
+    /// rank's result in rank order, or the root cause's error: a panic
+    /// ([`Error::RankPanicked`], converted into `E`), else the error of
+    /// the rank that the job's abort signal names as the first to fail or
+    /// be lost (the others' errors follow from it), else the first rank's
+    /// error. `E` is any error type that this crate's [`Error`] converts
+    /// into ([`World::spawn_local`] shows two). The rendezvous, secret,
+    /// port and device options do not apply. A rank whose thread panics (or fails to make
     /// its communicators) is reported lost to the others at once: their
     /// communicators are aborted and their operations answer
     /// [`Error::PeerLost`] naming it.
@@ -489,16 +542,20 @@ impl World {
     /// which waits for the rank being torn down. Let the threads meet on the
     /// host (a `std::sync::Barrier`) after such drops. (Seen with NCCL
     /// 2.28.9 on 2 and 4 GPUs; one thread per process is not affected.)
-    pub fn spawn_local_with_options<R: Send>(
+    pub fn spawn_local_with_options<R, E>(
         devices: &[usize],
         options: &WorldOptions,
-        f: impl Fn(World) -> Result<R> + Sync,
-    ) -> Result<Vec<R>> {
+        f: impl Fn(World) -> Result<R, E> + Sync,
+    ) -> Result<Vec<R>, E>
+    where
+        R: Send,
+        E: From<Error> + std::fmt::Display + Send,
+    {
         check_devices("World::spawn_local", devices)?;
         let n = devices.len();
         let resolved = Resolved::new(options)?;
         apply_encryption(options.encryption.as_ref())?;
-        let id = UniqueId::new()?;
+        let id = UniqueId::new().map_err(Error::from)?;
         let watchdog = resolved.start_watchdog()?;
         let liveness = (resolved.liveness.is_enabled() && n > 1).then(|| Liveness::in_process(n));
         if let Some(l) = &liveness {
@@ -538,7 +595,7 @@ impl World {
                                             seen_by: rank,
                                         });
                                     }
-                                    return Err(e);
+                                    return Err(E::from(e));
                                 }
                             };
                             watched(&comm, watchdog);
@@ -571,17 +628,26 @@ impl World {
                     });
                 }
             }
+            // Every rank has ended: the signal names the root cause when
+            // it was a rank (the first to fail or to be lost).
+            let cause = resolved.signal.cause();
+            let lost_elsewhere = |rank| match &cause {
+                Some(AbortCause::PeerLost { rank: lost, .. }) => *lost != rank,
+                _ => false,
+            };
             let mut out = Vec::with_capacity(n);
             let mut first_error = None;
             for (rank, handle) in handles.into_iter().enumerate() {
                 match handle.join() {
                     Ok(Ok(r)) => out.push(r),
                     Ok(Err(e)) => {
+                        let lost = lost_elsewhere(rank);
                         // The root cause wins over the losses it caused.
-                        if first_error.as_ref().is_none_or(|f: &Error| {
-                            f.lost_rank().is_some() && e.lost_rank().is_none()
-                        }) {
-                            first_error = Some(e);
+                        if first_error
+                            .as_ref()
+                            .is_none_or(|&(_, first_lost): &(E, bool)| first_lost && !lost)
+                        {
+                            first_error = Some((e, lost));
                         }
                     }
                     Err(panic) => {
@@ -592,14 +658,15 @@ impl World {
                             .unwrap_or_default();
                         // A panic is the root cause; the others' PeerLost
                         // errors follow from it.
-                        if first_error.as_ref().is_none_or(|e| e.lost_rank().is_some()) {
-                            first_error = Some(Error::RankPanicked { rank, message });
+                        if first_error.as_ref().is_none_or(|&(_, lost)| lost) {
+                            first_error =
+                                Some((Error::RankPanicked { rank, message }.into(), false));
                         }
                     }
                 }
             }
             match first_error {
-                Some(e) => Err(e),
+                Some((e, _)) => Err(e),
                 None => Ok(out),
             }
         })

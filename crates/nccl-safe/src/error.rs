@@ -219,3 +219,26 @@ impl Error {
         }
     }
 }
+
+/// The `op` of an [`Error::Cuda`] made by `From` (a `?` on the caller's
+/// own cudarc call); this crate's own calls name the driver function.
+pub const CUDA_OP: &str = "cuda";
+
+impl From<cudarc::driver::DriverError> for Error {
+    /// [`Error::Cuda`] with `op` [`CUDA_OP`], so that `?` works on cudarc
+    /// calls in code that returns this crate's [`Result`].
+    ///
+    /// ```no_run
+    /// fn upload(comm: &nccl_safe::Comm) -> nccl_safe::Result<()> {
+    ///     let mut x = comm.stream().clone_htod(&[1.0f32; 4])?; // a DriverError
+    ///     comm.all_reduce_in_place(&mut x, nccl_safe::ReduceOp::Sum)?;
+    ///     Ok(())
+    /// }
+    /// ```
+    fn from(source: cudarc::driver::DriverError) -> Error {
+        Error::Cuda {
+            op: CUDA_OP,
+            source,
+        }
+    }
+}

@@ -25,6 +25,8 @@
 //! use cudarc::driver::CudaContext;
 //! use nccl_safe::{Comm, Config, ReduceOp, group};
 //!
+//! // cudarc panics without the driver: ask first, to get an error.
+//! nccl_safe::require_cuda_driver()?;
 //! let n = CudaContext::device_count()? as usize;
 //! let devices: Vec<usize> = (0..n).collect();
 //! let comms = Comm::init_all(&devices, &Config::new())?;
@@ -56,6 +58,7 @@ mod memory;
 mod observe;
 mod ops;
 mod peer;
+pub mod prelude;
 mod reduce_op;
 mod secrecy;
 mod unique_id;
@@ -68,7 +71,7 @@ pub use capture::{Captured, CapturedGraph, Capturing, Opened, allow_capture, cap
 pub use comm::{AbortHandle, Comm, CommStatus, WeakAbortHandle, require_cuda_driver};
 pub use config::{Config, DEFAULT_TIMEOUT};
 pub use dtype::NcclType;
-pub use error::{Error, Result, Role};
+pub use error::{CUDA_OP, Error, Result, Role};
 pub use group::{GroupGuard, group, take_dropped_group_error};
 pub use library::Library;
 pub use memory::{NcclMemory, Registration, Window};

@@ -143,3 +143,7 @@ impl Error for LoadError {
 }
 
 pub use crate::functions::SymbolError;
+
+/// `Result` with this crate's [`LoadError`] unless another error is named
+/// (a symbol lookup answers [`SymbolError`]: `Result<T, SymbolError>`).
+pub type Result<T, E = LoadError> = std::result::Result<T, E>;

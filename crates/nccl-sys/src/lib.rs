@@ -63,7 +63,7 @@ pub mod structs;
 pub mod types;
 pub mod version;
 
-pub use error::{Attempt, AttemptFailure, LoadError, SymbolError};
+pub use error::{Attempt, AttemptFailure, LoadError, Result, SymbolError};
 pub use functions::{Symbol, pfn};
 pub use library::Nccl;
 pub use search::{Candidate, SearchPaths, Source};

@@ -140,6 +140,7 @@ fn ranks_from_positions(positions: &[u64]) -> Result<Vec<usize>> {
 /// The first `n` GPUs of this machine in [`device_order`]; see
 /// [`crate::World::nvlink_order`].
 pub(crate) fn nvlink_order(n: usize) -> Result<Vec<usize>> {
+    nccl_safe::require_cuda_driver()?;
     let count = CudaContext::device_count().map_err(cuda("nvlink_order"))?;
     let all: Vec<usize> = (0..count as usize).collect();
     let topology = Topology::probe(&all)?;

@@ -374,6 +374,8 @@ impl Topology {
                 reason: "device not in this probed topology",
             });
         }
+        // A topology built with `from_links` may reach here first.
+        nccl_safe::require_cuda_driver()?;
         CudaContext::new(ordinal).map_err(cuda("CudaContext::new"))
     }
 

@@ -256,6 +256,10 @@ impl Comm {
             }
         }
         let nranks = c_int(OP, "too many devices", devices.len())?;
+        // Before the unique id, in `parts`' order: the library, then the
+        // driver (without it, say so and call nothing).
+        Library::get()?;
+        require_cuda_driver()?;
         let id = UniqueId::new()?;
         let _span = tracing::debug_span!("nccl.init_all", nranks = devices.len()).entered();
         // What can fail on this side (contexts, configs, the symbol) is
