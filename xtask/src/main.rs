@@ -5,7 +5,10 @@
 //! cargo xtask bindgen          regenerate crates/nccl-sys/tests/reference/*.rs
 //! cargo xtask bindgen --check  fail if regenerating would change a file
 //! cargo xtask fetch            only fetch the pinned wheels (and libclang)
-//! cargo xtask ci               fmt --check, clippy -D warnings, docs, test, bindgen --check
+//! cargo xtask ci               fmt --check, clippy -D warnings, docs, test, bindgen --check,
+//!                              package the published crates, check the minimum Rust
+//! cargo xtask package          cargo package of the published crates (see publish.rs)
+//! cargo xtask msrv             cargo check with the declared rust-version (see publish.rs)
 //! cargo xtask gpu-test         the GPU test matrix (see gpu_test.rs)
 //! cargo xtask launch -n N ...  a process per rank, like torchrun (see launch.rs)
 //! cargo xtask fuzz             every cargo-fuzz target for 60 s (see fuzz.rs)
@@ -24,6 +27,7 @@ mod fuzz;
 mod gpu_test;
 mod launch;
 mod pins;
+mod publish;
 mod test;
 #[cfg(test)]
 mod tidy;
@@ -49,7 +53,17 @@ const COMMANDS: &[(&str, &str)] = &[
     ("fetch", "fetch             fetch the pinned NCCL wheels and libclang only"),
     (
         "ci",
-        "ci                what CI runs (`.ci/run` calls it): fmt, clippy, docs, test, bindgen --check",
+        "ci                what CI runs (`.ci/run` calls it): fmt, clippy, docs, test, bindgen --check,
+                    cargo package of the published crates, cargo check with the declared rust-version",
+    ),
+    (
+        "package",
+        "package           the checks of the published crates' metadata and file lists, then
+                    cargo package of them (each built from its packaged form)",
+    ),
+    (
+        "msrv",
+        "msrv              cargo check of the workspace with its declared rust-version (rustup installs it)",
     ),
     (
         "gpu-test",
@@ -130,6 +144,8 @@ fn main() -> ExitCode {
         ["bindgen", "--check"] => bindgen::run(true),
         ["fetch"] => fetch::all_nccl().and_then(|()| fetch::libclang().map(drop)),
         ["ci"] => ci(),
+        ["package"] => publish::package(),
+        ["msrv"] => publish::msrv(),
         ["gpu-test", rest @ ..] => gpu_test::run(rest),
         ["launch", rest @ ..] => launch::run(rest),
         ["fuzz", rest @ ..] => fuzz::run(rest),
@@ -248,6 +264,10 @@ fn ci() -> Result<()> {
     test::run_tests()?;
     step("cargo xtask bindgen --check");
     bindgen::run(true)?;
+    step("cargo package: the published crates build from their packaged form");
+    publish::package()?;
+    step("minimum Rust version: cargo check with the declared rust-version");
+    publish::msrv()?;
     step("all checks passed");
     Ok(())
 }
