@@ -20,6 +20,8 @@
 
 mod bench;
 mod bindgen;
+#[cfg(test)]
+mod examples;
 mod faults;
 mod fetch;
 mod flags;
