@@ -5,6 +5,7 @@
 //! cargo xtask bindgen          regenerate crates/nccl-sys/tests/reference/*.rs
 //! cargo xtask bindgen --check  fail if regenerating would change a file
 //! cargo xtask fetch            only fetch the pinned wheels (and libclang)
+//! cargo xtask fetch --newest   only the newest pinned NCCL (the README's quick start)
 //! cargo xtask ci               fmt --check, clippy -D warnings, docs, test, bindgen --check,
 //!                              package the published crates, check the minimum Rust
 //! cargo xtask package          cargo package of the published crates (see publish.rs)
@@ -52,7 +53,11 @@ const COMMANDS: &[(&str, &str)] = &[
         "bindgen",
         "bindgen [--check] regenerate the reference bindings (--check: fail if stale)",
     ),
-    ("fetch", "fetch             fetch the pinned NCCL wheels and libclang only"),
+    (
+        "fetch",
+        "fetch [--newest]  fetch the pinned NCCL wheels and libclang only
+                    (--newest: only the newest NCCL, and print the NCCL_LIBRARY that finds it)",
+    ),
     (
         "ci",
         "ci                what CI runs (`.ci/run` calls it): fmt, clippy, docs, test, bindgen --check,
@@ -145,6 +150,7 @@ fn main() -> ExitCode {
         ["bindgen"] => bindgen::run(false),
         ["bindgen", "--check"] => bindgen::run(true),
         ["fetch"] => fetch::all_nccl().and_then(|()| fetch::libclang().map(drop)),
+        ["fetch", "--newest"] => fetch::newest(),
         ["ci"] => ci(),
         ["package"] => publish::package(),
         ["msrv"] => publish::msrv(),
