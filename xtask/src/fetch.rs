@@ -64,6 +64,20 @@ pub fn all_nccl() -> Result<()> {
     Ok(())
 }
 
+/// Fetches only the newest pinned NCCL (the README's quick start) and
+/// prints the `NCCL_LIBRARY` setting that loads it (a shell `export`).
+pub fn newest() -> Result<()> {
+    let pin = pins::NCCL
+        .iter()
+        .find(|p| p.version == pins::NEWEST)
+        .ok_or("pins::NEWEST is not one of pins::NCCL")?;
+    let lib = nccl(pin)?.join("lib").join("libnccl.so.2");
+    eprintln!("xtask: NCCL {} is in {}", pin.version, lib.display());
+    // On stdout alone, for `eval "$(cargo xtask fetch --newest)"`.
+    println!("export NCCL_LIBRARY={}", lib.display());
+    Ok(())
+}
+
 /// Makes sure the pinned libclang is in `target/libclang` and returns the
 /// directory that holds `libclang.so`.
 pub fn libclang() -> Result<PathBuf> {

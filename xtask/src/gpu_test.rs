@@ -53,8 +53,13 @@ const TARGETS: &[(&str, &str, &str, bool)] = &[
 const FAULTS: (&str, &str, &str) = ("nccl-dist", "faults", "nccl-dist-faults");
 
 /// Examples packed into a bundle (`DIR/examples/NAME`), for
-/// `DIR/xtask launch` and torchrun on the GPU host.
-pub const EXAMPLES: &[&str] = &["dp_allreduce", "mesh_2d"];
+/// `DIR/xtask launch` and torchrun on the GPU host: (package, example).
+pub const EXAMPLES: &[(&str, &str)] = &[
+    ("nccl-safe", "all_reduce"),
+    ("nccl-dist", "dp_allreduce"),
+    ("nccl-dist", "mesh_2d"),
+    ("nccl-dist", "handled_error"),
+];
 
 /// The bench binary (package `nccl-bench`), packed as `DIR/nccl-bench`
 /// for `DIR/xtask bench --from-bundle DIR`.
@@ -225,13 +230,15 @@ fn bundle(dir: &Path) -> Result<()> {
         std::fs::copy(path, dir.join("tests").join(name))?;
     }
     eprintln!("xtask: building the examples (release) for the bundle");
-    crate::run(
-        cargo()
-            .args(["build", "--release", "-p", "nccl-dist", "--examples"])
-            .env("CARGO_PROFILE_RELEASE_STRIP", "true"),
-    )?;
+    let mut build = cargo();
+    build.args(["build", "--release", "--examples"]);
+    let packages: std::collections::BTreeSet<&str> = EXAMPLES.iter().map(|e| e.0).collect();
+    for package in packages {
+        build.args(["-p", package]);
+    }
+    crate::run(build.env("CARGO_PROFILE_RELEASE_STRIP", "true"))?;
     std::fs::create_dir_all(dir.join("examples"))?;
-    for name in EXAMPLES {
+    for (_, name) in EXAMPLES {
         std::fs::copy(
             release_dir().join("examples").join(name),
             dir.join("examples").join(name),

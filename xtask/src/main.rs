@@ -5,7 +5,11 @@
 //! cargo xtask bindgen          regenerate crates/nccl-sys/tests/reference/*.rs
 //! cargo xtask bindgen --check  fail if regenerating would change a file
 //! cargo xtask fetch            only fetch the pinned wheels (and libclang)
-//! cargo xtask ci               fmt --check, clippy -D warnings, docs, test, bindgen --check
+//! cargo xtask fetch --newest   only the newest pinned NCCL (the README's quick start)
+//! cargo xtask ci               fmt --check, clippy -D warnings, docs, test, bindgen --check,
+//!                              package the published crates, check the minimum Rust
+//! cargo xtask package          cargo package of the published crates (see publish.rs)
+//! cargo xtask msrv             cargo check with the declared rust-version (see publish.rs)
 //! cargo xtask gpu-test         the GPU test matrix (see gpu_test.rs)
 //! cargo xtask launch -n N ...  a process per rank, like torchrun (see launch.rs)
 //! cargo xtask fuzz             every cargo-fuzz target for 60 s (see fuzz.rs)
@@ -17,6 +21,8 @@
 
 mod bench;
 mod bindgen;
+#[cfg(test)]
+mod examples;
 mod faults;
 mod fetch;
 mod flags;
@@ -24,6 +30,7 @@ mod fuzz;
 mod gpu_test;
 mod launch;
 mod pins;
+mod publish;
 mod test;
 #[cfg(test)]
 mod tidy;
@@ -46,10 +53,24 @@ const COMMANDS: &[(&str, &str)] = &[
         "bindgen",
         "bindgen [--check] regenerate the reference bindings (--check: fail if stale)",
     ),
-    ("fetch", "fetch             fetch the pinned NCCL wheels and libclang only"),
+    (
+        "fetch",
+        "fetch [--newest]  fetch the pinned NCCL wheels and libclang only
+                    (--newest: only the newest NCCL, and print the NCCL_LIBRARY that finds it)",
+    ),
     (
         "ci",
-        "ci                what CI runs (`.ci/run` calls it): fmt, clippy, docs, test, bindgen --check",
+        "ci                what CI runs (`.ci/run` calls it): fmt, clippy, docs, test, bindgen --check,
+                    cargo package of the published crates, cargo check with the declared rust-version",
+    ),
+    (
+        "package",
+        "package           the checks of the published crates' metadata and file lists, then
+                    cargo package of them (each built from its packaged form)",
+    ),
+    (
+        "msrv",
+        "msrv              cargo check of the workspace with its declared rust-version (rustup installs it)",
     ),
     (
         "gpu-test",
@@ -129,7 +150,10 @@ fn main() -> ExitCode {
         ["bindgen"] => bindgen::run(false),
         ["bindgen", "--check"] => bindgen::run(true),
         ["fetch"] => fetch::all_nccl().and_then(|()| fetch::libclang().map(drop)),
+        ["fetch", "--newest"] => fetch::newest(),
         ["ci"] => ci(),
+        ["package"] => publish::package(),
+        ["msrv"] => publish::msrv(),
         ["gpu-test", rest @ ..] => gpu_test::run(rest),
         ["launch", rest @ ..] => launch::run(rest),
         ["fuzz", rest @ ..] => fuzz::run(rest),
@@ -248,6 +272,10 @@ fn ci() -> Result<()> {
     test::run_tests()?;
     step("cargo xtask bindgen --check");
     bindgen::run(true)?;
+    step("cargo package: the published crates build from their packaged form");
+    publish::package()?;
+    step("minimum Rust version: cargo check with the declared rust-version");
+    publish::msrv()?;
     step("all checks passed");
     Ok(())
 }

@@ -30,6 +30,17 @@ fn cuda(op: &'static str) -> impl Fn(DriverError) -> nccl_dist::nccl_safe::Error
     move |source| nccl_dist::nccl_safe::Error::Cuda { op, source }
 }
 
+/// How many GPUs this machine has, or why it has none: the driver is
+/// checked first, since cudarc panics on any call without it.
+fn local_gpus() -> Result<usize, String> {
+    nccl_dist::nccl_safe::require_cuda_driver().map_err(|e| e.to_string())?;
+    match CudaContext::device_count() {
+        Ok(n) if n > 0 => Ok(n as usize),
+        Ok(_) => Err("the CUDA driver sees no GPU".to_string()),
+        Err(e) => Err(format!("the CUDA driver cannot count GPUs: {e}")),
+    }
+}
+
 fn step(world: World) -> nccl_dist::Result<()> {
     let n = world.size();
     let mesh = DeviceMesh::new(&world, &[("dp", n)])?;
@@ -75,21 +86,31 @@ fn step(world: World) -> nccl_dist::Result<()> {
 }
 
 fn main() -> ExitCode {
+    let gpus = match local_gpus() {
+        Ok(n) => n,
+        Err(why) => {
+            eprintln!(
+                "dp_allreduce needs an NVIDIA GPU and its driver, and found none: {why}. \
+                 Without a GPU, `cargo run -p nccl-sys --example nccl_info` still shows \
+                 which libnccl loads; docs/troubleshooting.md says more."
+            );
+            return ExitCode::FAILURE;
+        }
+    };
     let outcome = match Launch::detect() {
         Ok(_) => World::init().and_then(step),
-        Err(_) => match CudaContext::device_count() {
-            Ok(n) if n > 0 => {
-                println!("no launcher: a thread per GPU on {n} local GPU(s)");
-                World::spawn_local(n as usize, step).map(drop)
-            }
-            _ => {
-                eprintln!("dp_allreduce needs an NVIDIA GPU and the CUDA driver; none found");
-                return ExitCode::FAILURE;
-            }
-        },
+        Err(_) => {
+            println!("no launcher: a thread per GPU on {gpus} local GPU(s)");
+            World::spawn_local(gpus, step).map(drop)
+        }
     };
     match outcome {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(()) => {
+            println!(
+                "proved: a data-parallel step (all_reduce avg of the gradients) on every rank, every element checked"
+            );
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("dp_allreduce: {e}");
             ExitCode::FAILURE

@@ -21,6 +21,17 @@ use nccl_dist::nccl_safe::ReduceOp;
 use nccl_dist::nccl_safe::cudarc::driver::CudaContext;
 use nccl_dist::{DeviceMesh, Launch, Placement, World};
 
+/// How many GPUs this machine has, or why it has none: the driver is
+/// checked first, since cudarc panics on any call without it.
+fn local_gpus() -> Result<usize, String> {
+    nccl_dist::nccl_safe::require_cuda_driver().map_err(|e| e.to_string())?;
+    match CudaContext::device_count() {
+        Ok(n) if n > 0 => Ok(n as usize),
+        Ok(_) => Err("the CUDA driver sees no GPU".to_string()),
+        Err(e) => Err(format!("the CUDA driver cannot count GPUs: {e}")),
+    }
+}
+
 fn run(world: World) -> nccl_dist::Result<()> {
     let n = world.size();
     let tp = if n.is_multiple_of(2) { 2 } else { 1 };
@@ -66,18 +77,26 @@ fn run(world: World) -> nccl_dist::Result<()> {
 }
 
 fn main() -> ExitCode {
+    let gpus = match local_gpus() {
+        Ok(n) => n,
+        Err(why) => {
+            eprintln!(
+                "mesh_2d needs an NVIDIA GPU and its driver, and found none: {why}. \
+                 Without a GPU, `cargo run -p nccl-sys --example nccl_info` still shows \
+                 which libnccl loads; docs/troubleshooting.md says more."
+            );
+            return ExitCode::FAILURE;
+        }
+    };
     let outcome = match Launch::detect() {
         Ok(_) => World::init().and_then(run),
-        Err(_) => match CudaContext::device_count() {
-            Ok(n) if n > 0 => World::spawn_local(n as usize, run).map(drop),
-            _ => {
-                eprintln!("mesh_2d needs an NVIDIA GPU and the CUDA driver; none found");
-                return ExitCode::FAILURE;
-            }
-        },
+        Err(_) => World::spawn_local(gpus, run).map(drop),
     };
     match outcome {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(()) => {
+            println!("proved: a 2-D (dp x tp) mesh, a sum along each axis, every element checked");
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("mesh_2d: {e}");
             ExitCode::FAILURE

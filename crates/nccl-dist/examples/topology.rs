@@ -12,9 +12,13 @@ use nccl_dist::placement::Topology;
 use nccl_safe::cudarc::driver::CudaContext;
 
 fn main() -> ExitCode {
-    // SAFETY: only tries to load libcuda and reports whether it could.
-    if !unsafe { nccl_safe::cudarc::driver::sys::is_culib_present() } {
-        eprintln!("error: no CUDA driver (libcuda.so) on this machine");
+    // cudarc panics on any call without the driver: ask first.
+    if let Err(e) = nccl_safe::require_cuda_driver() {
+        eprintln!(
+            "topology needs an NVIDIA GPU and its driver, and found none: {e}. \
+             Without a GPU, `cargo run -p nccl-sys --example nccl_info` still shows \
+             which libnccl loads; docs/troubleshooting.md says more."
+        );
         return ExitCode::FAILURE;
     }
     let count = match CudaContext::device_count() {

@@ -1,5 +1,6 @@
-//! Prints which libnccl the search order finds, its version, and which of
-//! NCCL 2.32.3's host functions it has.
+//! The first example: which libnccl the search order finds, its version,
+//! which of NCCL 2.32.3's host functions it has, and a fresh unique id (the
+//! token rank 0 hands to the other ranks). Needs libnccl, not a GPU.
 //!
 //! ```text
 //! cargo run -p nccl-sys --example nccl_info
@@ -34,6 +35,29 @@ fn main() -> ExitCode {
     for symbol in &available {
         println!("  + {}", symbol.name());
     }
+    // A unique id needs no GPU: NCCL fills it with its bootstrap address.
+    let mut id = nccl_sys::ncclUniqueId::zeroed();
+    let made = match nccl.ncclGetUniqueId() {
+        // SAFETY: `ncclGetUniqueId` writes one `ncclUniqueId` through the
+        // pointer, which points at a live, writable one.
+        Ok(get_unique_id) => unsafe { get_unique_id(&mut id) },
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if !made.is_success() {
+        eprintln!("error: ncclGetUniqueId returned {made:?}");
+        return ExitCode::FAILURE;
+    }
+    // The id holds rank 0's bootstrap address and a random magic that lets
+    // a peer join: it crosses the wire sealed (nccl-dist's rendezvous) and
+    // is not printed.
+    let set = id.as_bytes().iter().filter(|b| **b != 0).count();
+    println!(
+        "unique id: made, {} bytes ({set} non-zero; not printed: it lets a peer join)",
+        id.as_bytes().len()
+    );
     let missing = nccl.missing();
     if !missing.is_empty() {
         println!("missing (newer than this library): {}", missing.len());
@@ -52,5 +76,9 @@ fn main() -> ExitCode {
             );
         }
     }
+    println!(
+        "proved: libnccl {} loads, resolves its functions and makes a unique id",
+        nccl.version()
+    );
     ExitCode::SUCCESS
 }
