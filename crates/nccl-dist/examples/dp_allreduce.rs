@@ -19,27 +19,10 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use nccl_dist::nccl_safe::ReduceOp;
-use nccl_dist::nccl_safe::cudarc::driver::{CudaContext, DriverError};
 use nccl_dist::{Communicator, DeviceMesh, Launch, World};
 
 const ELEMENTS: usize = 64 << 20; // 256 MiB of f32 per rank
 const STEPS: usize = 5;
-
-/// A CUDA error as nccl-safe reports it, naming what was being done.
-fn cuda(op: &'static str) -> impl Fn(DriverError) -> nccl_dist::nccl_safe::Error {
-    move |source| nccl_dist::nccl_safe::Error::Cuda { op, source }
-}
-
-/// How many GPUs this machine has, or why it has none: the driver is
-/// checked first, since cudarc panics on any call without it.
-fn local_gpus() -> Result<usize, String> {
-    nccl_dist::nccl_safe::require_cuda_driver().map_err(|e| e.to_string())?;
-    match CudaContext::device_count() {
-        Ok(n) if n > 0 => Ok(n as usize),
-        Ok(_) => Err("the CUDA driver sees no GPU".to_string()),
-        Err(e) => Err(format!("the CUDA driver cannot count GPUs: {e}")),
-    }
-}
 
 fn step(world: World) -> nccl_dist::Result<()> {
     let n = world.size();
@@ -47,7 +30,7 @@ fn step(world: World) -> nccl_dist::Result<()> {
     let comm = mesh.axis("dp")?;
     let stream = comm.stream();
     let fill = vec![(world.rank() + 1) as f32; ELEMENTS];
-    let mut grads = stream.clone_htod(&fill).map_err(cuda("upload"))?;
+    let mut grads = stream.clone_htod(&fill)?;
     let mut took = Vec::with_capacity(STEPS);
     for _ in 0..STEPS {
         // Every rank starts the clock together.
@@ -57,13 +40,11 @@ fn step(world: World) -> nccl_dist::Result<()> {
         comm.synchronize(stream)?;
         took.push(started.elapsed());
         // Back to this rank's own gradients for the next step.
-        stream
-            .memcpy_htod(&fill, &mut grads)
-            .map_err(cuda("upload"))?;
+        stream.memcpy_htod(&fill, &mut grads)?;
     }
     comm.all_reduce_in_place(&mut grads, ReduceOp::Avg)?;
     comm.synchronize(stream)?;
-    let back = stream.clone_dtoh(&grads).map_err(cuda("download"))?;
+    let back = stream.clone_dtoh(&grads)?;
     let want = (n + 1) as f32 / 2.0;
     let wrong = back.iter().filter(|v| **v != want).count();
     let best = took.iter().min().copied().unwrap_or_default();
@@ -86,7 +67,7 @@ fn step(world: World) -> nccl_dist::Result<()> {
 }
 
 fn main() -> ExitCode {
-    let gpus = match local_gpus() {
+    let gpus = match nccl_dist::nccl_safe::require_gpus() {
         Ok(n) => n,
         Err(why) => {
             eprintln!(

@@ -13,20 +13,8 @@
 
 use std::process::ExitCode;
 
-use nccl_dist::nccl_safe::cudarc::driver::CudaContext;
 use nccl_dist::nccl_safe::{self, ReduceOp};
 use nccl_dist::{Launch, World};
-
-/// How many GPUs this machine has, or why it has none: the driver is
-/// checked first, since cudarc panics on any call without it.
-fn local_gpus() -> Result<usize, String> {
-    nccl_safe::require_cuda_driver().map_err(|e| e.to_string())?;
-    match CudaContext::device_count() {
-        Ok(n) if n > 0 => Ok(n as usize),
-        Ok(_) => Err("the CUDA driver sees no GPU".to_string()),
-        Err(e) => Err(format!("the CUDA driver cannot count GPUs: {e}")),
-    }
-}
 
 fn refused(world: &World, what: &str, outcome: nccl_safe::Result<()>) -> nccl_dist::Result<()> {
     match outcome {
@@ -46,20 +34,12 @@ fn refused(world: &World, what: &str, outcome: nccl_safe::Result<()>) -> nccl_di
 
 fn rank(world: World) -> nccl_dist::Result<()> {
     let (n, comm) = (world.size(), world.comm());
-    let cuda = |op| move |source| nccl_safe::Error::Cuda { op, source };
     let send = comm
         .stream()
-        .clone_htod(&[(world.rank() + 1) as f32; 1024])
-        .map_err(cuda("upload"))?;
-    let mut recv = comm
-        .stream()
-        .alloc_zeros::<f32>(1024)
-        .map_err(cuda("alloc"))?;
+        .clone_htod(&[(world.rank() + 1) as f32; 1024])?;
+    let mut recv = comm.stream().alloc_zeros::<f32>(1024)?;
 
-    let mut short = comm
-        .stream()
-        .alloc_zeros::<f32>(512)
-        .map_err(cuda("alloc"))?;
+    let mut short = comm.stream().alloc_zeros::<f32>(512)?;
     refused(
         &world,
         "a broadcast from root n",
@@ -74,7 +54,7 @@ fn rank(world: World) -> nccl_dist::Result<()> {
     // Nothing reached NCCL, so the communicator is as it was.
     comm.all_reduce(&send, &mut recv, ReduceOp::Sum)?;
     comm.synchronize(comm.stream())?;
-    let back = comm.stream().clone_dtoh(&recv).map_err(cuda("download"))?;
+    let back = comm.stream().clone_dtoh(&recv)?;
     let want = (n * (n + 1) / 2) as f32;
     let wrong = back.iter().filter(|v| **v != want).count();
     println!(
@@ -92,7 +72,7 @@ fn rank(world: World) -> nccl_dist::Result<()> {
 }
 
 fn main() -> ExitCode {
-    let gpus = match local_gpus() {
+    let gpus = match nccl_safe::require_gpus() {
         Ok(n) => n,
         Err(why) => {
             eprintln!(

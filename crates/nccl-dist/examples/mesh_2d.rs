@@ -18,19 +18,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use nccl_dist::nccl_safe::ReduceOp;
-use nccl_dist::nccl_safe::cudarc::driver::CudaContext;
 use nccl_dist::{DeviceMesh, Launch, Placement, World};
-
-/// How many GPUs this machine has, or why it has none: the driver is
-/// checked first, since cudarc panics on any call without it.
-fn local_gpus() -> Result<usize, String> {
-    nccl_dist::nccl_safe::require_cuda_driver().map_err(|e| e.to_string())?;
-    match CudaContext::device_count() {
-        Ok(n) if n > 0 => Ok(n as usize),
-        Ok(_) => Err("the CUDA driver sees no GPU".to_string()),
-        Err(e) => Err(format!("the CUDA driver cannot count GPUs: {e}")),
-    }
-}
 
 fn run(world: World) -> nccl_dist::Result<()> {
     let n = world.size();
@@ -42,20 +30,17 @@ fn run(world: World) -> nccl_dist::Result<()> {
         Placement::NvlinkIslands,
     )?;
     let built = started.elapsed();
-    let cuda = |op| move |source| nccl_dist::nccl_safe::Error::Cuda { op, source };
     let (tp_comm, dp_comm) = (mesh.axis("tp")?, mesh.axis("dp")?);
     let stream = tp_comm.stream();
-    let mut x = stream
-        .clone_htod(&vec![(world.rank() + 1) as f32; 1 << 20])
-        .map_err(cuda("upload"))?;
+    let mut x = stream.clone_htod(&vec![(world.rank() + 1) as f32; 1 << 20])?;
     mesh.all_reduce_in_place("tp", &mut x, ReduceOp::Sum)?;
     tp_comm.synchronize(stream)?;
-    let row = stream.clone_dtoh(&x).map_err(cuda("download"))?[0];
+    let row = stream.clone_dtoh(&x)?[0];
     // The dp communicator has its own stream; cudarc orders the buffer's
     // use across the two.
     mesh.all_reduce_in_place("dp", &mut x, ReduceOp::Sum)?;
     dp_comm.synchronize(dp_comm.stream())?;
-    let all = dp_comm.stream().clone_dtoh(&x).map_err(cuda("download"))?;
+    let all = dp_comm.stream().clone_dtoh(&x)?;
     let want = (n * (n + 1) / 2) as f32;
     let wrong = all.iter().filter(|v| **v != want).count();
     println!(
@@ -77,7 +62,7 @@ fn run(world: World) -> nccl_dist::Result<()> {
 }
 
 fn main() -> ExitCode {
-    let gpus = match local_gpus() {
+    let gpus = match nccl_dist::nccl_safe::require_gpus() {
         Ok(n) => n,
         Err(why) => {
             eprintln!(

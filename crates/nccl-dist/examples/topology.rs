@@ -9,22 +9,17 @@ use std::process::ExitCode;
 
 use nccl_dist::nccl_safe;
 use nccl_dist::placement::Topology;
-use nccl_safe::cudarc::driver::CudaContext;
 
 fn main() -> ExitCode {
     // cudarc panics on any call without the driver: ask first.
-    if let Err(e) = nccl_safe::require_cuda_driver() {
-        eprintln!(
-            "topology needs an NVIDIA GPU and its driver, and found none: {e}. \
-             Without a GPU, `cargo run -p nccl-sys --example nccl_info` still shows \
-             which libnccl loads; docs/troubleshooting.md says more."
-        );
-        return ExitCode::FAILURE;
-    }
-    let count = match CudaContext::device_count() {
-        Ok(n) => n as usize,
+    let count = match nccl_safe::require_gpus() {
+        Ok(n) => n,
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!(
+                "topology needs an NVIDIA GPU and its driver, and found none: {e}. \
+                 Without a GPU, `cargo run -p nccl-sys --example nccl_info` still shows \
+                 which libnccl loads; docs/troubleshooting.md says more."
+            );
             return ExitCode::FAILURE;
         }
     };

@@ -35,5 +35,5 @@ pub use crate::watchdog::{Watchdog, WatchdogOptions};
 pub use crate::world::{World, WorldOptions};
 pub use nccl_safe::prelude::{
     AbortSignal, Comm, Config, DeviceBuffer, DeviceBufferMut, GroupGuard, NcclType, ReduceOp,
-    Reduction, UniqueId, group, require_cuda_driver,
+    Reduction, UniqueId, group, require_cuda_driver, require_gpus,
 };

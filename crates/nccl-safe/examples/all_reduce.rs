@@ -11,26 +11,9 @@
 
 use std::process::ExitCode;
 
-use nccl_safe::cudarc::driver::CudaContext;
 use nccl_safe::{Comm, Config, Error, ReduceOp, group};
 
 const ELEMENTS: usize = 1 << 20;
-
-/// A CUDA error as nccl-safe reports it, naming what was being done.
-fn cuda(op: &'static str) -> impl Fn(nccl_safe::cudarc::driver::DriverError) -> Error {
-    move |source| Error::Cuda { op, source }
-}
-
-/// How many GPUs this machine has, or why it has none: the driver is
-/// checked first, since cudarc panics on any call without it.
-fn local_gpus() -> Result<usize, String> {
-    nccl_safe::require_cuda_driver().map_err(|e| e.to_string())?;
-    match CudaContext::device_count() {
-        Ok(n) if n > 0 => Ok(n as usize),
-        Ok(_) => Err("the CUDA driver sees no GPU".to_string()),
-        Err(e) => Err(format!("the CUDA driver cannot count GPUs: {e}")),
-    }
-}
 
 fn all_reduce(n: usize) -> nccl_safe::Result<()> {
     let devices: Vec<usize> = (0..n).collect();
@@ -39,9 +22,7 @@ fn all_reduce(n: usize) -> nccl_safe::Result<()> {
         .iter()
         .map(|c| {
             let start = (c.rank() + 1) as f32;
-            c.stream()
-                .clone_htod(&vec![start; ELEMENTS])
-                .map_err(cuda("upload"))
+            Ok(c.stream().clone_htod(&vec![start; ELEMENTS])?)
         })
         .collect::<nccl_safe::Result<Vec<_>>>()?;
     // One thread drives every GPU: NCCL needs the calls in one group.
@@ -54,7 +35,7 @@ fn all_reduce(n: usize) -> nccl_safe::Result<()> {
     let want = (n * (n + 1) / 2) as f32;
     for (comm, buf) in comms.iter().zip(&bufs) {
         comm.synchronize(comm.stream())?;
-        let back = comm.stream().clone_dtoh(buf).map_err(cuda("download"))?;
+        let back = comm.stream().clone_dtoh(buf)?;
         let wrong = back.iter().filter(|v| **v != want).count();
         println!(
             "GPU {}: rank {}/{n}, sum {} (want {want}), wrong elements: {wrong}",
@@ -73,7 +54,7 @@ fn all_reduce(n: usize) -> nccl_safe::Result<()> {
 }
 
 fn main() -> ExitCode {
-    let n = match local_gpus() {
+    let n = match nccl_safe::require_gpus() {
         Ok(n) => n,
         Err(why) => {
             eprintln!(

@@ -30,7 +30,7 @@
 
 pub use crate::abort::{AbortCause, AbortSignal};
 pub use crate::buffer::{DeviceBuffer, DeviceBufferMut};
-pub use crate::comm::{AbortHandle, Comm, require_cuda_driver};
+pub use crate::comm::{AbortHandle, Comm, require_cuda_driver, require_gpus};
 pub use crate::config::Config;
 pub use crate::dtype::NcclType;
 pub use crate::error::{Error, Result};

@@ -64,6 +64,7 @@ const NOTHING_TO_REFUSE: &[(&str, &str)] = &[
     ),
     ("Library::raw version capabilities", "accessor"),
     ("nccl_safe::require_cuda_driver", "query"),
+    ("nccl_safe::require_gpus", "query (no input)"),
     (
         "RawBuffer::from_raw_parts",
         "unsafe: its caller answers for the memory; the collectives check the rest",

@@ -184,6 +184,30 @@ pub fn require_cuda_driver() -> Result<()> {
     }
 }
 
+/// The number of GPUs the CUDA driver sees, at least one: the first call a
+/// program that needs a GPU can make. A typed error, never cudarc's panic,
+/// when the driver is missing ([`require_cuda_driver`]), fails
+/// (`Error::Cuda`), or sees no GPU (`Error::Unsupported`).
+///
+/// ```
+/// match nccl_safe::require_gpus() {
+///     Ok(n) => println!("{n} GPU(s)"),
+///     Err(e) => eprintln!("this program needs a GPU: {e}"),
+/// }
+/// ```
+pub fn require_gpus() -> Result<usize> {
+    require_cuda_driver()?;
+    let n = cudarc::driver::CudaContext::device_count().map_err(cuda("cuDeviceGetCount"))?;
+    match usize::try_from(n) {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(Error::Unsupported {
+            what: "a GPU",
+            requires: "at least one GPU the CUDA driver sees".to_string(),
+            found: "none".to_string(),
+        }),
+    }
+}
+
 impl Comm {
     /// This rank's index.
     pub fn rank(&self) -> usize {
