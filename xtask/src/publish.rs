@@ -137,6 +137,7 @@ pub fn package() -> Result<()> {
         )
         .into());
     }
+    forget_packaged_sources(&published)?;
     let mut cmd = cargo();
     // `--allow-dirty`: CI checks the tree it has, committed or not.
     cmd.args(["package", "--locked", "--allow-dirty"]);
@@ -144,6 +145,49 @@ pub fn package() -> Result<()> {
         cmd.args(["-p", name(package)]);
     }
     run(&mut cmd)
+}
+
+/// Removes what an earlier `cargo package` of these crates left unpacked
+/// in cargo's registry cache: cargo verifies each crate against the others'
+/// packages through a local registry, and unpacks a `name-version` there
+/// only once, so a second run after a change would build against the first
+/// run's sources. crates.io's own caches (`index.crates.io-*`) are left.
+fn forget_packaged_sources(published: &[&Value]) -> Result<()> {
+    let home = std::env::var_os("CARGO_HOME")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".cargo")));
+    let Some(home) = home else {
+        return Ok(());
+    };
+    let stale: Vec<String> = published
+        .iter()
+        .filter_map(|p| Some(format!("{}-{}", name(p), p.get("version")?.as_str()?)))
+        .collect();
+    for kind in ["src", "cache"] {
+        let Ok(registries) = std::fs::read_dir(home.join("registry").join(kind)) else {
+            continue;
+        };
+        for registry in registries.flatten() {
+            if registry
+                .file_name()
+                .to_string_lossy()
+                .starts_with("index.crates.io-")
+            {
+                continue;
+            }
+            for entry in stale.iter() {
+                for candidate in [entry.clone(), format!("{entry}.crate")] {
+                    let path = registry.path().join(&candidate);
+                    if path.is_dir() {
+                        std::fs::remove_dir_all(&path)?;
+                    } else if path.is_file() {
+                        std::fs::remove_file(&path)?;
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The toolchain rustup names for a `rust-version` (`1.88` is `1.88.0`).
