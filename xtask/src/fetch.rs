@@ -109,11 +109,14 @@ pub fn libclang() -> Result<PathBuf> {
 fn download(package: &str, version: &str, into: &Path) -> Result<PathBuf> {
     std::fs::create_dir_all(into)?;
     let spec = format!("{package}=={version}");
+    // pip's progress goes to stderr: stdout is kept for what a command
+    // prints on purpose (`fetch --newest`'s `export` line).
     run(Command::new(python())
         .args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:"])
         .args(["--disable-pip-version-check", "--progress-bar", "off", "-d"])
         .arg(into)
-        .arg(&spec))?;
+        .arg(&spec)
+        .stdout(std::io::stderr()))?;
     let prefix = format!("{}-{version}-", package.replace('-', "_"));
     for entry in std::fs::read_dir(into)? {
         let path = entry?.path();
@@ -154,5 +157,5 @@ fn unpack(wheel: &Path, members: &[(&str, &Path)]) -> Result<()> {
         }
         cmd.arg(member).arg(dest);
     }
-    run(&mut cmd)
+    run(cmd.stdout(std::io::stderr()))
 }
