@@ -119,6 +119,14 @@ impl Msg {
 #[derive(Clone)]
 pub(crate) struct SessionKey([u8; 32]);
 
+#[cfg(test)]
+impl SessionKey {
+    /// The key's bytes, for the protocol's test vectors.
+    pub(crate) fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+}
+
 impl std::fmt::Debug for SessionKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("SessionKey(..)")

@@ -5,8 +5,6 @@
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use chacha20poly1305::Nonce;
-use chacha20poly1305::aead::{Aead, Payload};
 use hmac::Mac;
 use nccl_safe::UniqueId;
 
@@ -14,9 +12,7 @@ use crate::liveness::LivenessError;
 
 use crate::liveness::link::Link;
 use crate::liveness::wire::{Dir, Msg, Opener, Sealer, session_key};
-use crate::rendezvous::auth::{
-    client_proof, id_aad, id_cipher, nonce, reject_code, reject_tag, server_proof,
-};
+use crate::rendezvous::auth::{challenge, client_proof, nonce, read_hello, reject, seal_id};
 use crate::rendezvous::proto::{
     HELLO_TIMEOUT, Kind, NONCE, RendezvousError, Result, TAG, read_frame, read_raw_frame,
     write_bytes, write_frame,
@@ -93,13 +89,8 @@ fn send_reject(
     why: &RendezvousError,
     until: Instant,
 ) {
-    let (code, a, b) = reject_code(why);
-    let mut body = vec![code];
-    body.extend_from_slice(&a.to_be_bytes());
-    body.extend_from_slice(&b.to_be_bytes());
-    if let Ok(m) = reject_tag(secret, nonce_c, nonce_s, &body) {
-        body.extend_from_slice(&m.finalize().into_bytes());
-        let _ = write_frame(stream, Kind::Reject, &body, until);
+    if let Ok(payload) = reject(secret, nonce_c, nonce_s, why) {
+        let _ = write_frame(stream, Kind::Reject, &payload, until);
     }
 }
 
@@ -119,19 +110,11 @@ pub(crate) fn handshake_server(
 ) -> Result<Served> {
     let hello_until = until.min(Instant::now() + HELLO_TIMEOUT);
     let (kind, hello) = read_frame(stream, hello_until, "reading a peer's hello", started)?;
-    if kind != Kind::Hello || hello.len() != 8 + NONCE {
-        return Err(RendezvousError::Malformed("expected a hello"));
-    }
-    let rank = u32::from_be_bytes([hello[0], hello[1], hello[2], hello[3]]) as usize;
-    let peer_world = u32::from_be_bytes([hello[4], hello[5], hello[6], hello[7]]) as usize;
-    let (claims, nonce_c) = hello.split_at(8);
+    let (rank, peer_world, claims, nonce_c) = read_hello(&hello)
+        .filter(|_| kind == Kind::Hello)
+        .ok_or(RendezvousError::Malformed("expected a hello"))?;
     let nonce_s = nonce()?;
-    let mut challenge = nonce_s.to_vec();
-    challenge.extend_from_slice(
-        &server_proof(secret, nonce_c, &nonce_s, claims)?
-            .finalize()
-            .into_bytes(),
-    );
+    let challenge = challenge(secret, nonce_c, &nonce_s, claims)?;
     write_frame(stream, Kind::Challenge, &challenge, until)?;
     let (kind, proof) = read_frame(stream, until, "reading a peer's proof", started)?;
     if kind != Kind::Proof || proof.len() != TAG {
@@ -160,15 +143,7 @@ pub(crate) fn handshake_server(
     if let Err(why) = claim(rank) {
         return refuse(stream, why);
     }
-    let sealed = id_cipher(secret, &nonce_s, nonce_c, claims)?
-        .encrypt(
-            Nonce::from_slice(&[0u8; 12]),
-            Payload {
-                msg: id.as_bytes(),
-                aad: &id_aad(claims),
-            },
-        )
-        .map_err(|_| LivenessError::Crypto)?;
+    let sealed = seal_id(secret, &nonce_s, nonce_c, claims, id)?;
     if let Err(e) = write_frame(stream, Kind::Id, &sealed, until) {
         unclaim(rank);
         return Err(e);

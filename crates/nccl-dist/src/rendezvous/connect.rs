@@ -5,8 +5,6 @@
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
-use chacha20poly1305::Nonce;
-use chacha20poly1305::aead::{Aead, Payload};
 use hmac::Mac;
 use nccl_safe::UniqueId;
 
@@ -14,10 +12,10 @@ use crate::liveness::LivenessError;
 use crate::liveness::link::Link;
 use crate::liveness::wire::{Dir, Msg, Opener, Sealer, session_key};
 use crate::rendezvous::auth::{
-    be32, client_proof, id_aad, id_cipher, nonce, reject_reason, reject_tag, server_proof,
+    CHALLENGE, claims, hello, nonce, open_id, open_reject, proof, server_proof,
 };
 use crate::rendezvous::proto::{
-    Kind, NONCE, PEER_TIMEOUT, RendezvousError, Result, SEALED_ID, TAG, deadline_left, read_frame,
+    Kind, NONCE, PEER_TIMEOUT, RendezvousError, Result, SEALED_ID, deadline_left, read_frame,
     read_raw_frame, write_bytes, write_frame,
 };
 use crate::secret::Secret;
@@ -246,13 +244,10 @@ fn handshake_client(
     started: Instant,
 ) -> Result<(UniqueId, [u8; NONCE], Vec<u8>)> {
     let nonce_c = nonce()?;
-    let mut claims = be32(rank).to_vec();
-    claims.extend_from_slice(&be32(world));
-    let mut hello = claims.clone();
-    hello.extend_from_slice(&nonce_c);
-    write_frame(stream, Kind::Hello, &hello, until)?;
+    let claims = claims(rank, world);
+    write_frame(stream, Kind::Hello, &hello(&claims, &nonce_c), until)?;
     let (kind, challenge) = read_frame(stream, until, "waiting for rank 0's challenge", started)?;
-    if kind != Kind::Challenge || challenge.len() != NONCE + TAG {
+    if kind != Kind::Challenge || challenge.len() != CHALLENGE {
         return Err(RendezvousError::Malformed("expected a challenge"));
     }
     let (nonce_s, their_proof) = challenge.split_at(NONCE);
@@ -261,38 +256,15 @@ fn handshake_client(
         .map_err(|_| RendezvousError::Unauthenticated {
             waited: started.elapsed(),
         })?;
-    let proof = client_proof(secret, nonce_s, &nonce_c, &claims)?
-        .finalize()
-        .into_bytes();
+    let proof = proof(secret, nonce_s, &nonce_c, &claims)?;
     write_frame(stream, Kind::Proof, &proof, until)?;
     let (kind, answer) = read_frame(stream, until, "waiting for the id", started)?;
     match kind {
         Kind::Id if answer.len() == SEALED_ID => {
-            let opened = id_cipher(secret, nonce_s, &nonce_c, &claims)?
-                .decrypt(
-                    Nonce::from_slice(&[0u8; 12]),
-                    Payload {
-                        msg: &answer,
-                        aad: &id_aad(&claims),
-                    },
-                )
-                .map_err(|_| RendezvousError::Malformed("the id failed authentication"))?;
-            let mut bytes = [0u8; UniqueId::BYTES];
-            bytes.copy_from_slice(&opened);
-            Ok((UniqueId::from_bytes(bytes), nonce_c, nonce_s.to_vec()))
+            let id = open_id(secret, nonce_s, &nonce_c, &claims, &answer)?;
+            Ok((id, nonce_c, nonce_s.to_vec()))
         }
-        Kind::Reject if answer.len() == 9 + TAG => {
-            let (body, tag) = answer.split_at(9);
-            reject_tag(secret, &nonce_c, nonce_s, body)?
-                .verify_slice(tag)
-                .map_err(|_| RendezvousError::Malformed("an unauthenticated reject"))?;
-            let a = u32::from_be_bytes([body[1], body[2], body[3], body[4]]);
-            let b = u32::from_be_bytes([body[5], body[6], body[7], body[8]]);
-            Err(RendezvousError::Rejected(Box::new(reject_reason(
-                body[0], a, b,
-            ))))
-        }
-        Kind::Reject => Err(RendezvousError::Malformed("an unauthenticated reject")),
+        Kind::Reject => Err(open_reject(secret, &nonce_c, nonce_s, &answer)),
         _ => Err(RendezvousError::Malformed("expected the id")),
     }
 }

@@ -133,7 +133,12 @@ fn apply_stream(secret: &Secret, nonce: &[u8], data: &mut [u8]) {
 }
 
 /// The file's bytes for `id`, written at `written_secs`, with `nonce`.
-fn seal(id: &UniqueId, secret: &Secret, written_secs: u64, nonce: &[u8; NONCE]) -> Vec<u8> {
+pub(super) fn seal(
+    id: &UniqueId,
+    secret: &Secret,
+    written_secs: u64,
+    nonce: &[u8; NONCE],
+) -> Vec<u8> {
     let mut out = Vec::with_capacity(FILE_BYTES);
     out.extend_from_slice(FILE_MAGIC);
     out.extend_from_slice(&FILE_FORMAT_VERSION.to_be_bytes());

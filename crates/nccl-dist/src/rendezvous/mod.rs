@@ -57,6 +57,8 @@ pub mod file;
 mod join;
 pub(crate) mod proto;
 mod serve;
+#[cfg(test)]
+mod vectors;
 
 pub use file::{
     FILE_BYTES, FILE_FORMAT_VERSION, MAX_FILE_AGE, MAX_FILE_BYTES, MAX_FILE_CLOCK_SKEW,
