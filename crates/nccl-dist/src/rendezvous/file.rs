@@ -169,7 +169,7 @@ fn random<const N: usize>() -> Result<[u8; N]> {
 /// system, in the rendezvous file format version 2 (the date, a random
 /// nonce, the id encrypted with a key derived from `secret`, and an
 /// HMAC-SHA256 tag over all of it keyed by `secret`; the layout is in
-/// the source of `rendezvous/file.rs`, for other languages). It is
+/// `docs/rendezvous-protocol.md`, for other languages). It is
 /// written to a new temporary file (mode 0600, a random name, never
 /// through a symbolic link) in the same directory, then renamed into
 /// place, so readers see all or nothing, and whatever was at `path` (a

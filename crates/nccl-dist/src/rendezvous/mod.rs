@@ -4,6 +4,9 @@
 //!
 //! # TCP protocol (version 2)
 //!
+//! A summary; `docs/rendezvous-protocol.md` in the repository specifies
+//! every byte for other implementations, with test vectors.
+//!
 //! Every message is a frame: the magic `NCRV`, the protocol version (u16),
 //! a kind (u8), a payload length (u32, at most [`MAX_PAYLOAD`]) and the
 //! payload; integers are big-endian. `K` is the shared secret, `H` is
