@@ -33,6 +33,20 @@ pub fn rows(n: usize, gpus: usize) {
         World::spawn_local(gpus + 1, |_| Ok(())),
         |e| matches!(e, Error::InvalidArgument { .. }),
     );
+    let fresh = UniqueId::new().expect("UniqueId::new");
+    case(
+        "World::from_unique_id",
+        "device (does not exist)",
+        World::from_unique_id(&fresh, 0, 1, &WorldOptions::new().device(gpus)),
+        |e| matches!(e, Error::InvalidArgument { .. }),
+    );
+    // And the way through: a one-rank world from an id made here, on the
+    // GPU `rank % gpus` picks.
+    let alone = World::from_unique_id(&fresh, 0, 1, &WorldOptions::new()).expect("from_unique_id");
+    assert_eq!((alone.rank(), alone.size(), alone.device()), (0, 1, 0));
+    assert_eq!(alone.launch().launcher, nccl_dist::Launcher::Explicit);
+    assert!(alone.liveness().is_none());
+    drop(alone);
     case(
         "World::nvlink_order",
         "device (more than exist)",
