@@ -1,0 +1,60 @@
+//! Unique ids between Python and Rust: bytes in, bytes out, and the
+//! tuple of C `char`s that CuPy's `cupy.cuda.nccl.get_unique_id()`
+//! returns and `NcclCommunicator(ndev, comm_id, rank)` takes.
+
+use std::ffi::c_char;
+
+use nccl_dist::nccl_safe::UniqueId;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyTuple};
+
+use crate::errors::MalformedIdError;
+
+/// A unique id from Python: `bytes` of 128 bytes, or a sequence of 128
+/// ints (`bytearray`, CuPy's tuple of signed or unsigned chars). Anything else is a `MalformedIdError`.
+pub(crate) fn from_py(obj: &Bound<'_, PyAny>) -> PyResult<UniqueId> {
+    let bytes: Vec<u8> = if let Ok(b) = obj.cast::<PyBytes>() {
+        b.as_bytes().to_vec()
+    } else if let Ok(ints) = obj.extract::<Vec<i64>>() {
+        ints.into_iter()
+            .map(|v| {
+                // A C char: signed (x86-64) or unsigned (aarch64).
+                u8::try_from(v)
+                    .or_else(|_| i8::try_from(v).map(|s| s as u8))
+                    .map_err(|_| {
+                        MalformedIdError::new_err(format!("id element {v} is not a C char"))
+                    })
+            })
+            .collect::<PyResult<_>>()?
+    } else {
+        return Err(MalformedIdError::new_err(format!(
+            "a unique id is bytes or a tuple of {} ints, not {}",
+            UniqueId::BYTES,
+            obj.get_type().name()?
+        )));
+    };
+    let array: [u8; UniqueId::BYTES] = bytes.as_slice().try_into().map_err(|_| {
+        MalformedIdError::new_err(format!(
+            "a unique id has {} bytes, not {}",
+            UniqueId::BYTES,
+            bytes.len()
+        ))
+    })?;
+    Ok(UniqueId::from_bytes(array))
+}
+
+/// The id's bytes as a Python `bytes`.
+pub(crate) fn to_bytes<'py>(py: Python<'py>, id: &UniqueId) -> Bound<'py, PyBytes> {
+    PyBytes::new(py, id.as_bytes())
+}
+
+/// The id as CuPy takes it: a tuple of 128 C `char` values (signed where
+/// this platform's `char` is).
+#[pyfunction]
+pub(crate) fn unique_id_to_cupy<'py>(
+    py: Python<'py>,
+    unique_id: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyTuple>> {
+    let id = from_py(unique_id)?;
+    PyTuple::new(py, id.as_bytes().iter().map(|b| i64::from(*b as c_char)))
+}
