@@ -11,9 +11,11 @@
 //!   its own `World` and runs your closure.
 //! - [`World::local`]: one process and one thread driving every GPU; the
 //!   `World`s come back together and their collectives go in one group.
+//!
+//! And one way to join a communicator whose id came from elsewhere (a
+//! Python rank, a file, a configuration): [`World::from_unique_id`].
 
 use std::net::{Ipv4Addr, TcpListener, ToSocketAddrs};
-use std::time::{Duration, Instant};
 
 use nccl_safe::cudarc::driver::CudaContext;
 use std::sync::Arc;
@@ -22,17 +24,19 @@ use nccl_safe::{AbortCause, AbortSignal, Comm, Config, UniqueId};
 
 use crate::error::{Error, Result};
 use crate::launch::{Launch, Launcher};
-use crate::liveness::{Liveness, LivenessOptions, LossCause, PeerLoss};
+use crate::liveness::{Liveness, LossCause, PeerLoss};
 use crate::rendezvous;
-use crate::watchdog::{Watchdog, WatchdogOptions};
+use crate::watchdog::Watchdog;
 
 mod options;
+mod resolved;
 use options::apply_encryption;
 pub use options::{
     DEFAULT_OP_TIMEOUT, ENCRYPTION_ENV, PORT_ENV, PSK_ENV, RendezvousMethod, TIMEOUT_ENV,
     WorldOptions, default_config, encryption_from_lookup, nonblocking_config,
     op_timeout_from_lookup,
 };
+use resolved::{Resolved, lost_or};
 
 /// Every rank of the job: this rank's communicator over all of them, and
 /// where it sits in the launch.
@@ -79,154 +83,6 @@ impl Drop for Presence {
             liveness.leave();
         }
     }
-}
-
-/// What the options come to once the environment is read.
-struct Resolved {
-    op_timeout: Duration,
-    watchdog: Option<WatchdogOptions>,
-    liveness: LivenessOptions,
-    signal: AbortSignal,
-    /// The user's configuration, with the signal (and the operation
-    /// timeout when one was given) added.
-    user_config: Option<Config>,
-}
-
-impl Resolved {
-    fn new(options: &WorldOptions) -> Result<Resolved> {
-        let env = |k: &str| std::env::var(k).ok();
-        let op_timeout = match options.op_timeout {
-            Some(t) => t,
-            None => op_timeout_from_lookup(env)?.unwrap_or(DEFAULT_OP_TIMEOUT),
-        };
-        let watchdog = if options.no_watchdog {
-            None
-        } else {
-            match &options.watchdog {
-                Some(w) => Some(w.clone()),
-                None => WatchdogOptions::from_env()?.map(|w| {
-                    // A timeout given in code wins over the environment's.
-                    if options.op_timeout.is_some() {
-                        w.timeout(op_timeout)
-                    } else {
-                        w
-                    }
-                }),
-            }
-        };
-        let liveness = match &options.liveness {
-            Some(l) => l.clone(),
-            None => LivenessOptions::from_env()?,
-        };
-        let signal = AbortSignal::new();
-        let user_config = options.config.as_ref().map(|c| {
-            let c = c.clone().abort_signal(&signal);
-            match options.op_timeout {
-                Some(t) => c.timeout(t),
-                None => c,
-            }
-        });
-        Ok(Resolved {
-            op_timeout,
-            watchdog,
-            liveness,
-            signal,
-            user_config,
-        })
-    }
-
-    /// The configuration of the hot-path communicators: blocking.
-    fn data_config(&self) -> Config {
-        default_config()
-            .timeout(self.op_timeout)
-            .abort_signal(&self.signal)
-    }
-
-    /// The configuration of the init that the blocking communicator is
-    /// split from: nonblocking, so that a peer lost mid-init aborts it.
-    fn init_config(&self) -> Config {
-        self.data_config().blocking(false)
-    }
-
-    fn start_watchdog(&self) -> Result<Option<Watchdog>> {
-        self.watchdog.clone().map(Watchdog::start).transpose()
-    }
-
-    /// Makes this rank's communicators: with the user's configuration,
-    /// one `init_rank`; by default a nonblocking init (abortable while
-    /// peers are missing) and a blocking communicator split from it.
-    fn make_comms(
-        &self,
-        id: &UniqueId,
-        rank: usize,
-        size: usize,
-        device: usize,
-    ) -> Result<(Comm, Option<Comm>, Option<Config>)> {
-        let made = (|| {
-            if let Some(config) = &self.user_config {
-                let comm = Comm::init_rank(id, rank, size, device, config)?;
-                return Ok((comm, None, None));
-            }
-            let data = self.data_config();
-            if size == 1 {
-                return Ok((Comm::init_rank(id, rank, size, device, &data)?, None, None));
-            }
-            let control = Comm::init_rank(id, rank, size, device, &self.init_config())?;
-            let comm = control.split(Some(0), rank as i32, Some(&data))?.ok_or(
-                nccl_safe::Error::InvalidArgument {
-                    op: "ncclCommSplit",
-                    reason: "NCCL returned no communicator",
-                },
-            )?;
-            Ok((comm, Some(control), Some(data)))
-        })();
-        made.map_err(|e| lost_or(&self.signal, e))
-    }
-}
-
-/// A creation error as [`Error::PeerLost`] when the job's signal fired
-/// because a peer was lost (the communicators were aborted for it).
-fn lost_or(signal: &AbortSignal, err: nccl_safe::Error) -> Error {
-    // NCCL often sees a dead peer's closed socket a few milliseconds before
-    // the liveness channel names it (seen: `ncclRemoteError` 1-4 ms before
-    // the loss on 2 H200s): give the channel a moment to say who it was.
-    if !signal.is_triggered() && may_be_a_loss(&err) {
-        let until = Instant::now() + LOSS_GRACE;
-        while !signal.is_triggered() && Instant::now() < until {
-            std::thread::sleep(Duration::from_millis(2));
-        }
-    }
-    match signal.cause() {
-        Some(AbortCause::PeerLost { rank, detail }) => {
-            let op = match &err {
-                nccl_safe::Error::Aborted { op, .. } | nccl_safe::Error::Timeout { op, .. } => op,
-                _ => "communicator creation",
-            };
-            crate::error::peer_lost(
-                crate::error::loss_of(rank, detail),
-                "world".into(),
-                op,
-                0,
-                Vec::new(),
-            )
-        }
-        _ => Error::Nccl(err),
-    }
-}
-
-/// How long an NCCL error that may come from a lost peer waits for the
-/// liveness channel to name it.
-const LOSS_GRACE: Duration = Duration::from_millis(500);
-
-/// NCCL's errors for a peer that went away (a closed socket, a remote
-/// failure), and our timeouts.
-fn may_be_a_loss(err: &nccl_safe::Error) -> bool {
-    use nccl_safe::nccl_sys::ncclResult_t as R;
-    matches!(err, nccl_safe::Error::Timeout { .. })
-        || matches!(
-            err.nccl_code(),
-            Some(R::ncclRemoteError | R::ncclSystemError | R::ncclInternalError)
-        )
 }
 
 /// On a loss: every watched communicator fails with it (naming the
@@ -277,17 +133,23 @@ fn local_launch(rank: usize, size: usize) -> Launch {
     }
 }
 
-/// Checks that every device exists and none repeats.
-fn check_devices(op: &'static str, devices: &[usize]) -> Result<()> {
+/// The GPUs of this machine, after checking for the driver (cudarc panics
+/// without libcuda: this says so as an error first).
+fn gpu_count(op: &'static str) -> Result<usize> {
+    nccl_safe::require_cuda_driver()?;
+    Ok(CudaContext::device_count().map_err(crate::error::cuda(op))? as usize)
+}
+
+/// Checks that every device exists and none repeats; answers the number
+/// of GPUs.
+fn check_devices(op: &'static str, devices: &[usize]) -> Result<usize> {
     if devices.is_empty() {
         return Err(Error::InvalidArgument {
             op,
             reason: "no devices".into(),
         });
     }
-    // cudarc panics without libcuda: say so as an error first.
-    nccl_safe::require_cuda_driver()?;
-    let count = CudaContext::device_count().map_err(crate::error::cuda(op))? as usize;
+    let count = gpu_count(op)?;
     for (i, &d) in devices.iter().enumerate() {
         if d >= count {
             return Err(Error::InvalidArgument {
@@ -302,7 +164,7 @@ fn check_devices(op: &'static str, devices: &[usize]) -> Result<()> {
             });
         }
     }
-    Ok(())
+    Ok(count)
 }
 
 impl World {
@@ -353,12 +215,89 @@ impl World {
                 }
             }
         };
+        World::form(&id, launch, device, resolved, liveness)
+    }
+
+    /// This rank's world from a unique id obtained elsewhere: made by a
+    /// Python rank (PyTorch, CuPy, JAX) and handed over by the caller's
+    /// own means, read from a file ([`UniqueId::read_file`]), given as hex
+    /// in a configuration ([`UniqueId::from_hex`]), or fetched over our
+    /// rendezvous ([`crate::rendezvous::join`]). Every rank of the
+    /// communicator must call `ncclCommInitRank` (here, or in the other
+    /// language) with the same id and size and its own rank.
+    ///
+    /// There is no rendezvous, and so no liveness channel: a peer that
+    /// dies is not named within seconds ([`Error::PeerLost`]); this rank
+    /// finds out when an operation fails or passes the watchdog's timeout
+    /// (on by default, [`WorldOptions::watchdog`]). The other options
+    /// apply as for [`World::init_with`]: the operation timeout, the
+    /// communicator configuration (by default a nonblocking init and a
+    /// blocking communicator split from it), encryption (which every rank
+    /// must agree on); the secret, rendezvous method, port and liveness
+    /// settings do not. The device is [`WorldOptions::device`], else `rank`
+    /// modulo this machine's GPU count. [`World::launch`] then answers
+    /// [`Launcher::Explicit`] with `local_rank` the device and
+    /// `local_world_size` the GPU count, and no rendezvous address.
+    ///
+    /// `size` 0 or `rank >= size` is [`Error::InvalidArgument`] before any
+    /// NCCL or driver call; a machine without the CUDA driver is refused
+    /// next, before NCCL is loaded.
+    pub fn from_unique_id(
+        id: &UniqueId,
+        rank: usize,
+        size: usize,
+        options: &WorldOptions,
+    ) -> Result<World> {
+        const OP: &str = "World::from_unique_id";
+        if rank >= size {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                reason: format!("rank {rank} is out of range for a world of {size} ranks"),
+            });
+        }
+        let device = match options.device {
+            Some(d) => d,
+            None => rank % gpu_count(OP)?.max(1),
+        };
+        let gpus = check_devices(OP, &[device])?;
+        let _span = tracing::debug_span!(
+            "nccl.world_init",
+            rank,
+            world = size,
+            device,
+            outside_id = true
+        )
+        .entered();
+        let resolved = Resolved::new(options)?;
+        apply_encryption(options.encryption.as_ref())?;
+        let launch = Launch {
+            rank,
+            world_size: size,
+            local_rank: device,
+            local_world_size: gpus,
+            master_addr: String::new(),
+            master_port: 0,
+            launcher: Launcher::Explicit,
+        };
+        World::form(id, launch, device, resolved, None)
+    }
+
+    /// The end of every way of forming a world in a process per rank: the
+    /// watchdog, the liveness channel's abort hook, this rank's
+    /// communicators on `device`, and the `World` holding them.
+    fn form(
+        id: &UniqueId,
+        launch: Launch,
+        device: usize,
+        resolved: Resolved,
+        liveness: Option<Liveness>,
+    ) -> Result<World> {
         let watchdog = resolved.start_watchdog()?;
         if let Some(l) = &liveness {
             abort_on_loss(l, watchdog.clone(), resolved.signal.clone());
         }
         let (comm, control, child_config) =
-            resolved.make_comms(&id, launch.rank, launch.world_size, device)?;
+            resolved.make_comms(id, launch.rank, launch.world_size, device)?;
         watched(&comm, &watchdog);
         Ok(World {
             presence: Presence {

@@ -5,6 +5,7 @@
 //! failures are their own variants with the offending values, so callers can
 //! match on them and tests can assert them exactly.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use nccl_sys::{LoadError, SymbolError, Version, ncclResult_t};
@@ -198,6 +199,74 @@ pub enum Error {
     Finalized {
         /// The operation that found it finalized.
         op: &'static str,
+    },
+
+    /// A unique id from outside (bytes, hex text or a file) that is not
+    /// one: found before any NCCL call.
+    #[error(transparent)]
+    BadUniqueId(#[from] UniqueIdError),
+}
+
+/// Why bytes, text or a file are not a unique id
+/// ([`crate::UniqueId::from_slice`], [`crate::UniqueId::from_hex`],
+/// [`crate::UniqueId::read_file`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum UniqueIdError {
+    /// Raw bytes of the wrong length.
+    #[error("a unique id is {expected} bytes, found {found}")]
+    Length {
+        /// [`crate::UniqueId::BYTES`].
+        expected: usize,
+        /// The length given.
+        found: usize,
+    },
+    /// Hex text with the wrong number of digits (surrounding whitespace
+    /// not counted).
+    #[error("a unique id in hex is {expected} digits, found {found}")]
+    HexLength {
+        /// Twice [`crate::UniqueId::BYTES`].
+        expected: usize,
+        /// The digits given.
+        found: usize,
+    },
+    /// A character of hex text that is not a hex digit.
+    #[error("a unique id in hex: {found:?} at position {position} is not a hex digit")]
+    NotHex {
+        /// Its position in the text given, in characters from 0.
+        position: usize,
+        /// The character.
+        found: char,
+    },
+    /// The file could not be read (missing, not permitted, ...).
+    #[error("unique id file {}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// What the system said.
+        source: std::io::Error,
+    },
+    /// A file larger than any form of a unique id could be.
+    #[error("unique id file {}: {size} bytes, more than the {limit} a unique id file may hold", path.display())]
+    FileTooLarge {
+        /// The file.
+        path: PathBuf,
+        /// Its size.
+        size: u64,
+        /// The largest size read.
+        limit: u64,
+    },
+    /// A file that holds neither the raw bytes nor hex text.
+    #[error(
+        "unique id file {}: {size} bytes that are neither the id's {} raw bytes nor its hex text",
+        path.display(),
+        nccl_sys::NCCL_UNIQUE_ID_BYTES
+    )]
+    FileContents {
+        /// The file.
+        path: PathBuf,
+        /// Its size.
+        size: usize,
     },
 }
 

@@ -71,7 +71,7 @@ pub use capture::{Captured, CapturedGraph, Capturing, Opened, allow_capture, cap
 pub use comm::{AbortHandle, Comm, CommStatus, WeakAbortHandle, require_cuda_driver, require_gpus};
 pub use config::{Config, DEFAULT_TIMEOUT};
 pub use dtype::NcclType;
-pub use error::{CUDA_OP, Error, Result, Role};
+pub use error::{CUDA_OP, Error, Result, Role, UniqueIdError};
 pub use group::{GroupGuard, group, take_dropped_group_error};
 pub use library::Library;
 pub use memory::{NcclMemory, Registration, Window};

@@ -1,11 +1,17 @@
 //! The id every rank of a new communicator shares.
 
 use std::fmt;
+use std::io::Read;
+use std::path::Path;
 
 use nccl_sys::{NCCL_UNIQUE_ID_BYTES, ncclUniqueId};
 
-use crate::Result;
+use crate::error::{Result, UniqueIdError};
 use crate::library::Library;
+
+/// The largest file [`UniqueId::read_file`] reads: the hex text with room
+/// for whitespace, and nothing like a stray large file.
+const MAX_FILE_BYTES: u64 = 4096;
 
 /// An NCCL unique id: 128 opaque bytes made by one rank and handed to the
 /// others (over a rendezvous of your choice) before `Comm::init_rank`.
@@ -40,6 +46,117 @@ impl UniqueId {
         UniqueId(ncclUniqueId::from_bytes(bytes))
     }
 
+    /// The id from bytes of any source (a Python peer, a message): exactly
+    /// [`UniqueId::BYTES`] of them, else
+    /// [`UniqueIdError::Length`].
+    pub fn from_slice(bytes: &[u8]) -> Result<UniqueId> {
+        let bytes: [u8; NCCL_UNIQUE_ID_BYTES] =
+            bytes.try_into().map_err(|_| UniqueIdError::Length {
+                expected: NCCL_UNIQUE_ID_BYTES,
+                found: bytes.len(),
+            })?;
+        Ok(UniqueId::from_bytes(bytes))
+    }
+
+    /// The id from its hex text ([`UniqueId::to_hex`], Python's
+    /// `bytes.hex()`): 256 hex digits of either case, whitespace around
+    /// them allowed. A wrong number of digits is
+    /// [`UniqueIdError::HexLength`]; any
+    /// other character (whitespace inside included) is
+    /// [`UniqueIdError::NotHex`] with its
+    /// position in `text`.
+    pub fn from_hex(text: &str) -> Result<UniqueId> {
+        let lead = text.chars().take_while(|c| c.is_whitespace()).count();
+        let digits = text.trim();
+        if let Some((i, c)) = digits
+            .chars()
+            .enumerate()
+            .find(|(_, c)| !c.is_ascii_hexdigit())
+        {
+            return Err(UniqueIdError::NotHex {
+                position: lead + i,
+                found: c,
+            }
+            .into());
+        }
+        // Only ASCII digits are left: one byte each.
+        let digits = digits.as_bytes();
+        if digits.len() != 2 * NCCL_UNIQUE_ID_BYTES {
+            return Err(UniqueIdError::HexLength {
+                expected: 2 * NCCL_UNIQUE_ID_BYTES,
+                found: digits.len(),
+            }
+            .into());
+        }
+        let mut bytes = [0u8; NCCL_UNIQUE_ID_BYTES];
+        for (b, pair) in bytes.iter_mut().zip(digits.chunks_exact(2)) {
+            *b = (hex_value(pair[0]) << 4) | hex_value(pair[1]);
+        }
+        Ok(UniqueId::from_bytes(bytes))
+    }
+
+    /// The id as 256 lowercase hex digits, for a peer that takes text (a
+    /// configuration, a command line). It is as secret as the id: whoever
+    /// holds it can try to join the communicator, so keep it out of logs.
+    pub fn to_hex(&self) -> String {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut text = String::with_capacity(2 * NCCL_UNIQUE_ID_BYTES);
+        for b in self.as_bytes() {
+            text.push(char::from(DIGITS[usize::from(b >> 4)]));
+            text.push(char::from(DIGITS[usize::from(b & 0xf)]));
+        }
+        text
+    }
+
+    /// The id from a file holding its [`UniqueId::BYTES`] raw bytes or its
+    /// hex text ([`UniqueId::from_hex`]; a trailing newline is fine). A
+    /// file of exactly [`UniqueId::BYTES`] bytes is always the raw id.
+    /// Typed errors ([`UniqueIdError`]): `Io` for a
+    /// file that cannot be read (missing), `FileTooLarge` over 4 KiB
+    /// (nothing more is read), `FileContents` for binary contents of
+    /// another size, and the hex errors for text.
+    pub fn read_file(path: impl AsRef<Path>) -> Result<UniqueId> {
+        let path = path.as_ref();
+        let io = |source| UniqueIdError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let mut contents = Vec::new();
+        std::fs::File::open(path)
+            .map_err(io)?
+            .take(MAX_FILE_BYTES + 1)
+            .read_to_end(&mut contents)
+            .map_err(io)?;
+        if contents.len() as u64 > MAX_FILE_BYTES {
+            let size = std::fs::metadata(path).map_or(contents.len() as u64, |m| m.len());
+            return Err(UniqueIdError::FileTooLarge {
+                path: path.to_path_buf(),
+                size,
+                limit: MAX_FILE_BYTES,
+            }
+            .into());
+        }
+        if contents.len() == NCCL_UNIQUE_ID_BYTES {
+            return UniqueId::from_slice(&contents);
+        }
+        // Text is printable ASCII and whitespace; anything else is binary
+        // of the wrong size.
+        match std::str::from_utf8(&contents) {
+            Ok(text)
+                if text
+                    .bytes()
+                    .all(|b| b.is_ascii_graphic() || b.is_ascii_whitespace()) =>
+            {
+                UniqueId::from_hex(text)
+            }
+            _ => Err(UniqueIdError::FileContents {
+                path: path.to_path_buf(),
+                size: contents.len(),
+            }
+            .into()),
+        }
+    }
+
     /// The bytes to send to the other ranks.
     pub const fn as_bytes(&self) -> &[u8; NCCL_UNIQUE_ID_BYTES] {
         self.0.as_bytes()
@@ -56,6 +173,16 @@ impl UniqueId {
         self.as_bytes().iter().fold(0x811c_9dc5u32, |h, b| {
             (h ^ u32::from(*b)).wrapping_mul(0x0100_0193)
         })
+    }
+}
+
+/// The value of one ASCII hex digit (checked by the caller).
+fn hex_value(digit: u8) -> u8 {
+    match digit {
+        b'0'..=b'9' => digit - b'0',
+        b'a'..=b'f' => digit - b'a' + 10,
+        b'A'..=b'F' => digit - b'A' + 10,
+        _ => 0,
     }
 }
 
@@ -88,5 +215,159 @@ mod tests {
         assert!(!text.contains("abab"), "{text}");
         assert!(!text.contains("171"), "{text}");
         assert_ne!(UniqueId::from_bytes([0; 128]).digest(), id.digest());
+    }
+
+    fn sample() -> UniqueId {
+        let mut bytes = [0u8; 128];
+        for (i, b) in bytes.iter_mut().enumerate() {
+            *b = (i * 37 + 11) as u8;
+        }
+        UniqueId::from_bytes(bytes)
+    }
+
+    fn id_error(r: Result<UniqueId>) -> UniqueIdError {
+        match r {
+            Err(crate::Error::BadUniqueId(e)) => e,
+            other => panic!("expected a unique id error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn slices_of_128_bytes_and_no_other_length() {
+        let id = sample();
+        assert_eq!(UniqueId::from_slice(id.as_bytes()).unwrap(), id);
+        for len in [0, 1, 127, 129, 256] {
+            let e = id_error(UniqueId::from_slice(&vec![1u8; len]));
+            assert!(
+                matches!(e, UniqueIdError::Length { expected: 128, found } if found == len),
+                "{e:?}"
+            );
+            assert!(
+                e.to_string().contains(&format!("128 bytes, found {len}")),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn hex_round_trips_in_either_case_with_whitespace_around() {
+        let id = sample();
+        let hex = id.to_hex();
+        assert_eq!(hex.len(), 256);
+        assert!(hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')));
+        assert_eq!(&hex[..4], "0b30");
+        assert_eq!(UniqueId::from_hex(&hex).unwrap(), id);
+        assert_eq!(UniqueId::from_hex(&hex.to_uppercase()).unwrap(), id);
+        assert_eq!(UniqueId::from_hex(&format!(" \t{hex}\r\n")).unwrap(), id);
+    }
+
+    #[test]
+    fn bad_hex_names_the_length_or_the_position() {
+        let hex = sample().to_hex();
+        let e = id_error(UniqueId::from_hex(&hex[..255]));
+        assert!(
+            matches!(
+                e,
+                UniqueIdError::HexLength {
+                    expected: 256,
+                    found: 255
+                }
+            ),
+            "{e:?}"
+        );
+        let e = id_error(UniqueId::from_hex(""));
+        assert!(
+            matches!(e, UniqueIdError::HexLength { found: 0, .. }),
+            "{e:?}"
+        );
+        let mut bad = hex.clone();
+        bad.replace_range(17..18, "g");
+        let e = id_error(UniqueId::from_hex(&format!("  {bad}")));
+        assert!(
+            matches!(
+                e,
+                UniqueIdError::NotHex {
+                    position: 19,
+                    found: 'g'
+                }
+            ),
+            "{e:?}"
+        );
+        // Whitespace inside is not allowed; a non-ASCII character counts
+        // as one position.
+        let e = id_error(UniqueId::from_hex(&format!(
+            "{} {}",
+            &hex[..128],
+            &hex[128..]
+        )));
+        assert!(
+            matches!(
+                e,
+                UniqueIdError::NotHex {
+                    position: 128,
+                    found: ' '
+                }
+            ),
+            "{e:?}"
+        );
+        let e = id_error(UniqueId::from_hex(&format!("é{hex}")));
+        assert!(
+            matches!(
+                e,
+                UniqueIdError::NotHex {
+                    position: 0,
+                    found: 'é'
+                }
+            ),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn files_hold_raw_bytes_or_hex_text() {
+        let dir = std::env::temp_dir().join(format!("nccl-safe-id-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let id = sample();
+        let raw = dir.join("raw");
+        std::fs::write(&raw, id.as_bytes()).unwrap();
+        assert_eq!(UniqueId::read_file(&raw).unwrap(), id);
+        let text = dir.join("hex");
+        std::fs::write(&text, format!("{}\n", id.to_hex())).unwrap();
+        assert_eq!(UniqueId::read_file(&text).unwrap(), id);
+
+        let e = id_error(UniqueId::read_file(dir.join("missing")));
+        assert!(
+            matches!(&e, UniqueIdError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound),
+            "{e:?}"
+        );
+        let short = dir.join("short");
+        std::fs::write(&short, [0u8, 0xff, 3]).unwrap();
+        let e = id_error(UniqueId::read_file(&short));
+        assert!(
+            matches!(e, UniqueIdError::FileContents { size: 3, .. }),
+            "{e:?}"
+        );
+        let big = dir.join("big");
+        std::fs::write(&big, vec![b'a'; 5000]).unwrap();
+        let e = id_error(UniqueId::read_file(&big));
+        assert!(
+            matches!(
+                e,
+                UniqueIdError::FileTooLarge {
+                    size: 5000,
+                    limit: 4096,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        let half = dir.join("half");
+        std::fs::write(&half, &id.to_hex()[..100]).unwrap();
+        let e = id_error(UniqueId::read_file(&half));
+        assert!(
+            matches!(e, UniqueIdError::HexLength { found: 100, .. }),
+            "{e:?}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -6,6 +6,7 @@ use super::*;
 
 /// nccl-safe, before any GPU is needed; `id` is a unique id no NCCL made.
 pub fn safe_rows(id: UniqueId) {
+    id_rows(id);
     case(
         "Comm::init_rank",
         "rank",
@@ -200,8 +201,76 @@ pub fn safe_rows(id: UniqueId) {
     }
 }
 
+/// A unique id from outside: bytes, hex text, a file.
+fn id_rows(id: UniqueId) {
+    use nccl_safe::UniqueIdError as E;
+    case(
+        "UniqueId::from_slice",
+        "length",
+        UniqueId::from_slice(&[0; 127]),
+        |e| {
+            matches!(
+                e,
+                SafeError::BadUniqueId(E::Length {
+                    expected: 128,
+                    found: 127
+                })
+            )
+        },
+    );
+    let hex = id.to_hex();
+    case(
+        "UniqueId::from_hex",
+        "length",
+        UniqueId::from_hex(&hex[..254]),
+        |e| matches!(e, SafeError::BadUniqueId(E::HexLength { found: 254, .. })),
+    );
+    case(
+        "UniqueId::from_hex",
+        "format (not a hex digit)",
+        UniqueId::from_hex(&hex.replacen('7', "x", 1)),
+        |e| matches!(e, SafeError::BadUniqueId(E::NotHex { found: 'x', .. })),
+    );
+    let dir = std::env::temp_dir().join(format!("bad-input-id-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    case(
+        "UniqueId::read_file",
+        "format (missing file)",
+        UniqueId::read_file(dir.join("none")),
+        |e| matches!(e, SafeError::BadUniqueId(E::Io { .. })),
+    );
+    let path = dir.join("short");
+    std::fs::write(&path, [0xffu8; 100]).unwrap();
+    case(
+        "UniqueId::read_file",
+        "length (wrong size)",
+        UniqueId::read_file(&path),
+        |e| matches!(e, SafeError::BadUniqueId(E::FileContents { size: 100, .. })),
+    );
+    std::fs::write(&path, vec![b'0'; 4097]).unwrap();
+    case(
+        "UniqueId::read_file",
+        "length (over 4 KiB)",
+        UniqueId::read_file(&path),
+        |e| matches!(e, SafeError::BadUniqueId(E::FileTooLarge { .. })),
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// nccl-dist, no GPU needed.
 pub fn dist_rows(id: UniqueId) {
+    case(
+        "World::from_unique_id",
+        "rank",
+        World::from_unique_id(&id, 2, 2, &WorldOptions::new()),
+        |e| matches!(e, Error::InvalidArgument { .. }),
+    );
+    case(
+        "World::from_unique_id",
+        "rank (empty world)",
+        World::from_unique_id(&id, 0, 0, &WorldOptions::new()),
+        |e| matches!(e, Error::InvalidArgument { .. }),
+    );
     case(
         "MeshShape::new",
         "length (product vs world)",

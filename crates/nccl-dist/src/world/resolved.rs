@@ -1,0 +1,160 @@
+//! What a world's options come to once the environment is read, and how
+//! this rank's communicators are made from them (every way of forming a
+//! world ends here).
+
+use std::time::{Duration, Instant};
+
+use nccl_safe::{AbortCause, AbortSignal, Comm, Config, UniqueId};
+
+use super::options::{DEFAULT_OP_TIMEOUT, WorldOptions, default_config, op_timeout_from_lookup};
+use crate::error::{Error, Result};
+use crate::liveness::LivenessOptions;
+use crate::watchdog::{Watchdog, WatchdogOptions};
+
+/// What the options come to once the environment is read.
+pub(super) struct Resolved {
+    pub(super) op_timeout: Duration,
+    watchdog: Option<WatchdogOptions>,
+    pub(super) liveness: LivenessOptions,
+    pub(super) signal: AbortSignal,
+    /// The user's configuration, with the signal (and the operation
+    /// timeout when one was given) added.
+    pub(super) user_config: Option<Config>,
+}
+
+impl Resolved {
+    pub(super) fn new(options: &WorldOptions) -> Result<Resolved> {
+        let env = |k: &str| std::env::var(k).ok();
+        let op_timeout = match options.op_timeout {
+            Some(t) => t,
+            None => op_timeout_from_lookup(env)?.unwrap_or(DEFAULT_OP_TIMEOUT),
+        };
+        let watchdog = if options.no_watchdog {
+            None
+        } else {
+            match &options.watchdog {
+                Some(w) => Some(w.clone()),
+                None => WatchdogOptions::from_env()?.map(|w| {
+                    // A timeout given in code wins over the environment's.
+                    if options.op_timeout.is_some() {
+                        w.timeout(op_timeout)
+                    } else {
+                        w
+                    }
+                }),
+            }
+        };
+        let liveness = match &options.liveness {
+            Some(l) => l.clone(),
+            None => LivenessOptions::from_env()?,
+        };
+        let signal = AbortSignal::new();
+        let user_config = options.config.as_ref().map(|c| {
+            let c = c.clone().abort_signal(&signal);
+            match options.op_timeout {
+                Some(t) => c.timeout(t),
+                None => c,
+            }
+        });
+        Ok(Resolved {
+            op_timeout,
+            watchdog,
+            liveness,
+            signal,
+            user_config,
+        })
+    }
+
+    /// The configuration of the hot-path communicators: blocking.
+    pub(super) fn data_config(&self) -> Config {
+        default_config()
+            .timeout(self.op_timeout)
+            .abort_signal(&self.signal)
+    }
+
+    /// The configuration of the init that the blocking communicator is
+    /// split from: nonblocking, so that a peer lost mid-init aborts it.
+    fn init_config(&self) -> Config {
+        self.data_config().blocking(false)
+    }
+
+    pub(super) fn start_watchdog(&self) -> Result<Option<Watchdog>> {
+        self.watchdog.clone().map(Watchdog::start).transpose()
+    }
+
+    /// Makes this rank's communicators: with the user's configuration,
+    /// one `init_rank`; by default a nonblocking init (abortable while
+    /// peers are missing) and a blocking communicator split from it.
+    pub(super) fn make_comms(
+        &self,
+        id: &UniqueId,
+        rank: usize,
+        size: usize,
+        device: usize,
+    ) -> Result<(Comm, Option<Comm>, Option<Config>)> {
+        let made = (|| {
+            if let Some(config) = &self.user_config {
+                let comm = Comm::init_rank(id, rank, size, device, config)?;
+                return Ok((comm, None, None));
+            }
+            let data = self.data_config();
+            if size == 1 {
+                return Ok((Comm::init_rank(id, rank, size, device, &data)?, None, None));
+            }
+            let control = Comm::init_rank(id, rank, size, device, &self.init_config())?;
+            let comm = control.split(Some(0), rank as i32, Some(&data))?.ok_or(
+                nccl_safe::Error::InvalidArgument {
+                    op: "ncclCommSplit",
+                    reason: "NCCL returned no communicator",
+                },
+            )?;
+            Ok((comm, Some(control), Some(data)))
+        })();
+        made.map_err(|e| lost_or(&self.signal, e))
+    }
+}
+
+/// A creation error as [`Error::PeerLost`] when the job's signal fired
+/// because a peer was lost (the communicators were aborted for it).
+pub(super) fn lost_or(signal: &AbortSignal, err: nccl_safe::Error) -> Error {
+    // NCCL often sees a dead peer's closed socket a few milliseconds before
+    // the liveness channel names it (seen: `ncclRemoteError` 1-4 ms before
+    // the loss on 2 H200s): give the channel a moment to say who it was.
+    if !signal.is_triggered() && may_be_a_loss(&err) {
+        let until = Instant::now() + LOSS_GRACE;
+        while !signal.is_triggered() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    match signal.cause() {
+        Some(AbortCause::PeerLost { rank, detail }) => {
+            let op = match &err {
+                nccl_safe::Error::Aborted { op, .. } | nccl_safe::Error::Timeout { op, .. } => op,
+                _ => "communicator creation",
+            };
+            crate::error::peer_lost(
+                crate::error::loss_of(rank, detail),
+                "world".into(),
+                op,
+                0,
+                Vec::new(),
+            )
+        }
+        _ => Error::Nccl(err),
+    }
+}
+
+/// How long an NCCL error that may come from a lost peer waits for the
+/// liveness channel to name it.
+const LOSS_GRACE: Duration = Duration::from_millis(500);
+
+/// NCCL's errors for a peer that went away (a closed socket, a remote
+/// failure), and our timeouts.
+fn may_be_a_loss(err: &nccl_safe::Error) -> bool {
+    use nccl_safe::nccl_sys::ncclResult_t as R;
+    matches!(err, nccl_safe::Error::Timeout { .. })
+        || matches!(
+            err.nccl_code(),
+            Some(R::ncclRemoteError | R::ncclSystemError | R::ncclInternalError)
+        )
+}
