@@ -11,7 +11,8 @@ use pyo3::types::{PyBytes, PyTuple};
 use crate::errors::MalformedIdError;
 
 /// A unique id from Python: `bytes` of 128 bytes, or a sequence of 128
-/// ints (`bytearray`, CuPy's tuple of signed or unsigned chars). Anything else is a `MalformedIdError`.
+/// ints (`bytearray`, CuPy's tuple of signed or unsigned chars).
+/// Anything else is a `MalformedIdError`.
 pub(crate) fn from_py(obj: &Bound<'_, PyAny>) -> PyResult<UniqueId> {
     let bytes: Vec<u8> = if let Ok(b) = obj.cast::<PyBytes>() {
         b.as_bytes().to_vec()
@@ -33,14 +34,12 @@ pub(crate) fn from_py(obj: &Bound<'_, PyAny>) -> PyResult<UniqueId> {
             obj.get_type().name()?
         )));
     };
-    let array: [u8; UniqueId::BYTES] = bytes.as_slice().try_into().map_err(|_| {
-        MalformedIdError::new_err(format!(
-            "a unique id has {} bytes, not {}",
-            UniqueId::BYTES,
-            bytes.len()
-        ))
-    })?;
-    Ok(UniqueId::from_bytes(array))
+    UniqueId::from_slice(&bytes).map_err(malformed)
+}
+
+/// A refused id (nccl-safe's `Error::BadUniqueId`) as `MalformedIdError`.
+fn malformed(e: nccl_dist::nccl_safe::Error) -> PyErr {
+    MalformedIdError::new_err(e.to_string())
 }
 
 /// The id's bytes as a Python `bytes`.
@@ -57,4 +56,23 @@ pub(crate) fn unique_id_to_cupy<'py>(
 ) -> PyResult<Bound<'py, PyTuple>> {
     let id = from_py(unique_id)?;
     PyTuple::new(py, id.as_bytes().iter().map(|b| i64::from(*b as c_char)))
+}
+
+/// `unique_id_hex(unique_id) -> str`: the id as 256 lowercase hex digits
+/// (what `nccl_dist`'s `UniqueId::to_hex` writes and `from_hex` reads).
+#[pyfunction]
+pub(crate) fn unique_id_hex(unique_id: &Bound<'_, PyAny>) -> PyResult<String> {
+    Ok(from_py(unique_id)?.to_hex())
+}
+
+/// `unique_id_from_hex(text) -> bytes`: the id from 256 hex digits
+/// (whitespace around them allowed); anything else is a
+/// `MalformedIdError`.
+#[pyfunction]
+pub(crate) fn unique_id_from_hex<'py>(
+    py: Python<'py>,
+    text: &str,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let id = UniqueId::from_hex(text).map_err(malformed)?;
+    Ok(to_bytes(py, &id))
 }

@@ -223,5 +223,7 @@ fn nccl_rs(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(join, m)?)?;
     m.add_function(wrap_pyfunction!(new_unique_id, m)?)?;
     m.add_function(wrap_pyfunction!(id::unique_id_to_cupy, m)?)?;
+    m.add_function(wrap_pyfunction!(id::unique_id_hex, m)?)?;
+    m.add_function(wrap_pyfunction!(id::unique_id_from_hex, m)?)?;
     errors::register(m)
 }
