@@ -37,6 +37,7 @@ const EXAMPLES: &[(&str, &str, Needs)] = &[
     ("nccl-dist", "handled_error", Needs::Gpu),
     ("nccl-dist", "topology", Needs::Gpu),
     ("nccl-dist", "rendezvous_peer", Needs::Args),
+    ("nccl-dist", "weight_sync", Needs::Gpu),
 ];
 
 /// Launcher variables that would make an example join a job instead of
