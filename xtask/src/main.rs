@@ -28,6 +28,7 @@ mod faults;
 mod fetch;
 mod flags;
 mod fuzz;
+mod gpu_py;
 mod gpu_test;
 mod launch;
 mod pins;
@@ -84,7 +85,9 @@ const COMMANDS: &[(&str, &str)] = &[
     (
         "gpu-test",
         "gpu-test [--worlds 1,2,4] [--modes single,threads,processes] [--filter TEXT] [--timeout SECS] [--out DIR]
-                    run the GPU test matrix (fails without the GPUs asked for)
+           [--python PATH]
+                    run the GPU test matrix (fails without the GPUs asked for); --python: then the
+                    cases with PyTorch/CuPy ranks beside Rust ranks (2+ GPUs; PATH has torch and cupy)
   gpu-test --bundle DIR        pack the GPU tests, examples and xtask for a host without cargo
   gpu-test --from-bundle DIR   run a bundle's tests (on the GPU host)
   gpu-test --faults [--filter TEXT] [--worlds 2,4] [--modes processes,threads] [--faults-report PATH]
