@@ -2,7 +2,7 @@
 //!
 //! A PyTorch, CuPy or JAX program gets the NCCL unique id from (or hands
 //! it to) Rust ranks over the same wire protocol, run by the same Rust
-//! code: rank 0 makes a [`Server`] (`nccl_rs.Server`), learns its port
+//! code: rank 0 makes a `nccl_rs.Server`, learns its port
 //! and waits; the other ranks call `nccl_rs.join`. Each returns
 //! `(unique_id: bytes, rank, size)`, ready for `ncclCommInitRank` through
 //! CuPy's `NcclCommunicator` (`nccl_rs.unique_id_to_cupy` gives its id
