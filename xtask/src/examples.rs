@@ -23,6 +23,9 @@ enum Needs {
     Nccl,
     /// An NVIDIA GPU and its driver.
     Gpu,
+    /// Arguments: a peer that another test drives (`cargo xtask py`).
+    /// Started plainly it prints its usage as an error and exits with 2.
+    Args,
 }
 
 /// Every example, in the order a newcomer runs them: package, name, need.
@@ -33,6 +36,8 @@ const EXAMPLES: &[(&str, &str, Needs)] = &[
     ("nccl-dist", "mesh_2d", Needs::Gpu),
     ("nccl-dist", "handled_error", Needs::Gpu),
     ("nccl-dist", "topology", Needs::Gpu),
+    ("nccl-dist", "rendezvous_peer", Needs::Args),
+    ("nccl-dist", "weight_sync", Needs::Gpu),
 ];
 
 /// Launcher variables that would make an example join a job instead of
@@ -115,6 +120,15 @@ fn every_example_runs_or_says_what_it_needs() {
                     "{name} failed ({}):\n{stdout}\n{}",
                     out.status,
                     String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            Needs::Args => {
+                let out = run(exe);
+                let stdout = String::from_utf8_lossy(&out.stdout);
+                assert!(
+                    out.status.code() == Some(2) && stdout.starts_with("error other: usage:"),
+                    "{name} without arguments must print its usage and exit with 2 ({}):\n{stdout}",
+                    out.status
                 );
             }
             Needs::Gpu if gpus > 0 => {

@@ -15,6 +15,10 @@
 //!                      [--filter TEXT] [--faults-report PATH]  # the fault-injection suite
 //! ```
 //!
+//! `--python PATH` adds the cases with Python ranks (PyTorch and CuPy,
+//! through the `nccl_rs` wheel) beside Rust ranks: see `gpu_py.rs`; they
+//! need 2 GPUs and are reported as not run with fewer.
+//!
 //! `--faults` runs `nccl-dist`'s fault-injection cases instead of the
 //! matrix, for world sizes 2 and 4 (those the host has) in `processes` and
 //! `threads` modes: see `faults.rs`. `--faults-report PATH` also writes its
@@ -59,6 +63,7 @@ pub const EXAMPLES: &[(&str, &str)] = &[
     ("nccl-dist", "dp_allreduce"),
     ("nccl-dist", "mesh_2d"),
     ("nccl-dist", "handled_error"),
+    ("nccl-dist", "weight_sync"),
 ];
 
 /// The bench binary (package `nccl-bench`), packed as `DIR/nccl-bench`
@@ -79,6 +84,7 @@ struct Options {
     from_bundle: Option<PathBuf>,
     faults: bool,
     faults_report: Option<PathBuf>,
+    python: Option<PathBuf>,
 }
 
 /// The flags of `gpu-test`.
@@ -93,6 +99,7 @@ const FLAGS: &[Flag] = &[
     value(&["--from-bundle"]),
     switch(&["--faults"]),
     value(&["--faults-report"]),
+    value(&["--python"]),
 ];
 
 fn parse(args: &[&str]) -> Result<Options> {
@@ -124,6 +131,7 @@ fn parse(args: &[&str]) -> Result<Options> {
         from_bundle: p.value("--from-bundle").map(PathBuf::from),
         faults: p.has("--faults"),
         faults_report: p.value("--faults-report").map(PathBuf::from),
+        python: p.value("--python").map(PathBuf::from),
     })
 }
 
@@ -167,7 +175,46 @@ pub fn run(args: &[&str]) -> Result<()> {
             return Err(format!("test binary {} is missing", b.display()).into());
         }
     }
-    matrix(&o, &binaries)
+    matrix(&o, &binaries)?;
+    match &o.python {
+        Some(python) => python_cases(&o, python),
+        None => Ok(()),
+    }
+}
+
+/// The cases with Python ranks (`gpu_py.rs`), after the matrix.
+fn python_cases(o: &Options, python: &Path) -> Result<()> {
+    let pieces = match &o.from_bundle {
+        Some(dir) => crate::gpu_py::Pieces {
+            weight_sync: dir.join("examples").join("weight_sync"),
+            scripts: dir.join("python"),
+            wheels: dir.join("wheels"),
+        },
+        None => {
+            crate::run(cargo().args([
+                "build",
+                "--release",
+                "-p",
+                "nccl-dist",
+                "--example",
+                "weight_sync",
+            ]))?;
+            crate::gpu_py::Pieces {
+                weight_sync: release_dir().join("examples").join("weight_sync"),
+                scripts: workspace_root().join("python").join("examples"),
+                wheels: workspace_root().join("target").join("wheels"),
+            }
+        }
+    };
+    let (text, passed) = crate::gpu_py::run(python, &pieces, gpu_count(), o.timeout)?;
+    std::fs::create_dir_all(&o.out)?;
+    std::fs::write(o.out.join("python.md"), &text)?;
+    println!("{text}");
+    if passed {
+        Ok(())
+    } else {
+        Err("a case with Python ranks failed (see above)".into())
+    }
 }
 
 fn matrix_targets() -> Vec<(&'static str, &'static str)> {
@@ -242,6 +289,22 @@ fn bundle(dir: &Path) -> Result<()> {
         std::fs::copy(
             release_dir().join("examples").join(name),
             dir.join("examples").join(name),
+        )?;
+    }
+    eprintln!("xtask: the nccl_rs wheel (release) and the Python examples for the bundle");
+    let python = crate::py::venv()?;
+    let wheel = crate::py::build_wheel(&python, true)?;
+    std::fs::create_dir_all(dir.join("wheels"))?;
+    std::fs::copy(
+        &wheel,
+        dir.join("wheels")
+            .join(wheel.file_name().unwrap_or_default()),
+    )?;
+    std::fs::create_dir_all(dir.join("python"))?;
+    for script in ["weight_sync.py", "cupy_allreduce.py"] {
+        std::fs::copy(
+            workspace_root().join("python/examples").join(script),
+            dir.join("python").join(script),
         )?;
     }
     eprintln!("xtask: building the bench (release) for the bundle");

@@ -6,8 +6,9 @@
 //! cargo xtask bindgen --check  fail if regenerating would change a file
 //! cargo xtask fetch            only fetch the pinned wheels (and libclang)
 //! cargo xtask fetch --newest   only the newest pinned NCCL (the README's quick start)
-//! cargo xtask ci               fmt --check, clippy -D warnings, docs, test, bindgen --check,
+//! cargo xtask ci               fmt --check, clippy -D warnings, docs, test, py, bindgen --check,
 //!                              package the published crates, check the minimum Rust
+//! cargo xtask py               the Python package's wheel and its tests (see py.rs)
 //! cargo xtask package          cargo package of the published crates (see publish.rs)
 //! cargo xtask msrv             cargo check with the declared rust-version (see publish.rs)
 //! cargo xtask gpu-test         the GPU test matrix (see gpu_test.rs)
@@ -27,10 +28,12 @@ mod faults;
 mod fetch;
 mod flags;
 mod fuzz;
+mod gpu_py;
 mod gpu_test;
 mod launch;
 mod pins;
 mod publish;
+mod py;
 mod test;
 #[cfg(test)]
 mod tidy;
@@ -60,8 +63,15 @@ const COMMANDS: &[(&str, &str)] = &[
     ),
     (
         "ci",
-        "ci                what CI runs (`.ci/run` calls it): fmt, clippy, docs, test, bindgen --check,
+        "ci                what CI runs (`.ci/run` calls it): fmt, clippy, docs, test, py, bindgen --check,
                     cargo package of the published crates, cargo check with the declared rust-version",
+    ),
+    (
+        "py",
+        "py [--release] [--no-test]
+                    the Python package nccl_rs: a venv in target/py-venv with the pinned maturin,
+                    the abi3 wheel into target/wheels, installed, then the Python tests
+                    (python/tests) against the Rust peer; --release: an optimised wheel",
     ),
     (
         "package",
@@ -75,7 +85,9 @@ const COMMANDS: &[(&str, &str)] = &[
     (
         "gpu-test",
         "gpu-test [--worlds 1,2,4] [--modes single,threads,processes] [--filter TEXT] [--timeout SECS] [--out DIR]
-                    run the GPU test matrix (fails without the GPUs asked for)
+           [--python PATH]
+                    run the GPU test matrix (fails without the GPUs asked for); --python: then the
+                    cases with PyTorch/CuPy ranks beside Rust ranks (2+ GPUs; PATH has torch and cupy)
   gpu-test --bundle DIR        pack the GPU tests, examples and xtask for a host without cargo
   gpu-test --from-bundle DIR   run a bundle's tests (on the GPU host)
   gpu-test --faults [--filter TEXT] [--worlds 2,4] [--modes processes,threads] [--faults-report PATH]
@@ -153,6 +165,7 @@ fn main() -> ExitCode {
         ["fetch", "--newest"] => fetch::newest(),
         ["ci"] => ci(),
         ["package"] => publish::package(),
+        ["py", rest @ ..] => py::run_py(rest),
         ["msrv"] => publish::msrv(),
         ["gpu-test", rest @ ..] => gpu_test::run(rest),
         ["launch", rest @ ..] => launch::run(rest),
@@ -179,16 +192,20 @@ pub fn workspace_root() -> PathBuf {
     manifest.parent().unwrap_or(manifest).to_path_buf()
 }
 
-/// Where cargo puts release builds: `CARGO_TARGET_DIR` (as cargo reads
-/// it) or the workspace's `target/`, then `release/`.
-pub fn release_dir() -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
+/// Where cargo builds: `CARGO_TARGET_DIR` (as cargo reads it) or the
+/// workspace's `target/`.
+pub fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .map_or_else(
             || workspace_root().join("target"),
             |d| workspace_root().join(d),
-        );
-    target.join("release")
+        )
+}
+
+/// Where cargo puts release builds: [`target_dir`], then `release/`.
+pub fn release_dir() -> PathBuf {
+    target_dir().join("release")
 }
 
 /// Runs a command, echoing it; a non-zero exit is an error.
@@ -270,6 +287,8 @@ fn ci() -> Result<()> {
         .env("RUSTDOCFLAGS", "-D warnings"))?;
     step("cargo xtask test");
     test::run_tests()?;
+    step("cargo xtask py: the Python package's wheel and its tests");
+    py::run_py(&[])?;
     step("cargo xtask bindgen --check");
     bindgen::run(true)?;
     step("cargo package: the published crates build from their packaged form");

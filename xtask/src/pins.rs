@@ -56,3 +56,6 @@ pub const NEWEST: &str = "2.32.3";
 /// libclang for bindgen, from the `libclang` wheel on PyPI, so that the
 /// generated output does not depend on whatever clang the machine has.
 pub const LIBCLANG: (&str, &str) = ("libclang", "18.1.1");
+
+/// maturin, which builds the Python package's wheel (`cargo xtask py`).
+pub const MATURIN: (&str, &str) = ("maturin", "1.16.0");

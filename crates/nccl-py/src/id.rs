@@ -1,0 +1,78 @@
+//! Unique ids between Python and Rust: bytes in, bytes out, and the
+//! tuple of C `char`s that CuPy's `cupy.cuda.nccl.get_unique_id()`
+//! returns and `NcclCommunicator(ndev, comm_id, rank)` takes.
+
+use std::ffi::c_char;
+
+use nccl_dist::nccl_safe::UniqueId;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyTuple};
+
+use crate::errors::MalformedIdError;
+
+/// A unique id from Python: `bytes` of 128 bytes, or a sequence of 128
+/// ints (`bytearray`, CuPy's tuple of signed or unsigned chars).
+/// Anything else is a `MalformedIdError`.
+pub(crate) fn from_py(obj: &Bound<'_, PyAny>) -> PyResult<UniqueId> {
+    let bytes: Vec<u8> = if let Ok(b) = obj.cast::<PyBytes>() {
+        b.as_bytes().to_vec()
+    } else if let Ok(ints) = obj.extract::<Vec<i64>>() {
+        ints.into_iter()
+            .map(|v| {
+                // A C char: signed (x86-64) or unsigned (aarch64).
+                u8::try_from(v)
+                    .or_else(|_| i8::try_from(v).map(|s| s as u8))
+                    .map_err(|_| {
+                        MalformedIdError::new_err(format!("id element {v} is not a C char"))
+                    })
+            })
+            .collect::<PyResult<_>>()?
+    } else {
+        return Err(MalformedIdError::new_err(format!(
+            "a unique id is bytes or a tuple of {} ints, not {}",
+            UniqueId::BYTES,
+            obj.get_type().name()?
+        )));
+    };
+    UniqueId::from_slice(&bytes).map_err(malformed)
+}
+
+/// A refused id (nccl-safe's `Error::BadUniqueId`) as `MalformedIdError`.
+fn malformed(e: nccl_dist::nccl_safe::Error) -> PyErr {
+    MalformedIdError::new_err(e.to_string())
+}
+
+/// The id's bytes as a Python `bytes`.
+pub(crate) fn to_bytes<'py>(py: Python<'py>, id: &UniqueId) -> Bound<'py, PyBytes> {
+    PyBytes::new(py, id.as_bytes())
+}
+
+/// The id as CuPy takes it: a tuple of 128 C `char` values (signed where
+/// this platform's `char` is).
+#[pyfunction]
+pub(crate) fn unique_id_to_cupy<'py>(
+    py: Python<'py>,
+    unique_id: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyTuple>> {
+    let id = from_py(unique_id)?;
+    PyTuple::new(py, id.as_bytes().iter().map(|b| i64::from(*b as c_char)))
+}
+
+/// `unique_id_hex(unique_id) -> str`: the id as 256 lowercase hex digits
+/// (what `nccl_dist`'s `UniqueId::to_hex` writes and `from_hex` reads).
+#[pyfunction]
+pub(crate) fn unique_id_hex(unique_id: &Bound<'_, PyAny>) -> PyResult<String> {
+    Ok(from_py(unique_id)?.to_hex())
+}
+
+/// `unique_id_from_hex(text) -> bytes`: the id from 256 hex digits
+/// (whitespace around them allowed); anything else is a
+/// `MalformedIdError`.
+#[pyfunction]
+pub(crate) fn unique_id_from_hex<'py>(
+    py: Python<'py>,
+    text: &str,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let id = UniqueId::from_hex(text).map_err(malformed)?;
+    Ok(to_bytes(py, &id))
+}
