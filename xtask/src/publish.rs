@@ -138,9 +138,18 @@ pub fn package() -> Result<()> {
         .into());
     }
     forget_packaged_sources(&published)?;
+    // Its own build folder, emptied first: cargo takes a registry crate of
+    // the same name and version as unchanged, so builds left by an earlier
+    // packaging (in any folder it would reuse) would stand in for the
+    // crates as they are now.
+    let verify_dir = crate::target_dir().join("package-verify");
+    if verify_dir.exists() {
+        std::fs::remove_dir_all(&verify_dir)?;
+    }
     let mut cmd = cargo();
     // `--allow-dirty`: CI checks the tree it has, committed or not.
-    cmd.args(["package", "--locked", "--allow-dirty"]);
+    cmd.args(["package", "--locked", "--allow-dirty", "--target-dir"])
+        .arg(&verify_dir);
     for package in &published {
         cmd.args(["-p", name(package)]);
     }
