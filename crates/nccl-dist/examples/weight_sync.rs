@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use half::bf16;
 use nccl_dist::nccl_safe::{ReduceOp, UniqueId};
-use nccl_dist::{Secret, World, WorldOptions, default_config, rendezvous};
+use nccl_dist::{Secret, World, WorldOptions, rendezvous};
 
 /// The model: an embedding, then per layer a norm, qkv, o, up and down
 /// (`weight_sync.py` has the same list).
@@ -73,10 +73,9 @@ fn sync(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
         }
         _ => return Err("usage: weight_sync serve WORLD PORT | join ADDR RANK WORLD".into()),
     };
-    // One plain ncclCommInitRank, as the Python rank makes: the default
-    // (an init and a split) would wait for a split Python never joins.
-    let options = WorldOptions::new().config(default_config());
-    let world = World::from_unique_id(&id, rank, size, &options)?;
+    // One ncclCommInitRank, as the Python rank makes (nonblocking, so
+    // its creation is bounded by the operation timeout).
+    let world = World::from_unique_id(&id, rank, size, &WorldOptions::new())?;
     if args.iter().any(|a| a == "--all-reduce") {
         return all_reduce(&world);
     }

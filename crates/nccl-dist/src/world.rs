@@ -36,7 +36,7 @@ pub use options::{
     WorldOptions, default_config, encryption_from_lookup, nonblocking_config,
     op_timeout_from_lookup,
 };
-use resolved::{Resolved, lost_or};
+use resolved::{Resolved, Shape, lost_or};
 
 /// Every rank of the job: this rank's communicator over all of them, and
 /// where it sits in the launch.
@@ -215,7 +215,7 @@ impl World {
                 }
             }
         };
-        World::form(&id, launch, device, resolved, liveness)
+        World::form(&id, launch, device, resolved, liveness, Shape::Split)
     }
 
     /// This rank's world from a unique id obtained elsewhere: made by a
@@ -229,12 +229,15 @@ impl World {
     /// There is no rendezvous, and so no liveness channel: a peer that
     /// dies is not named within seconds ([`Error::PeerLost`]); this rank
     /// finds out when an operation fails or passes the watchdog's timeout
-    /// (on by default, [`WorldOptions::watchdog`]). The other options
-    /// apply as for [`World::init_with`]: the operation timeout, the
-    /// communicator configuration (by default a nonblocking init and a
-    /// blocking communicator split from it), encryption (which every rank
-    /// must agree on); the secret, rendezvous method, port and liveness
-    /// settings do not. The device is [`WorldOptions::device`], else `rank`
+    /// (on by default, [`WorldOptions::watchdog`]). The world's
+    /// communicator is made by one `ncclCommInitRank`, as ranks in other
+    /// languages make theirs (no split, which every rank would have to
+    /// join): by default a nonblocking one, so its creation is bounded by
+    /// the operation timeout and abortable (a blocking configuration given
+    /// with [`WorldOptions::config`] is used as it is). The other options
+    /// apply as for [`World::init_with`]: the operation timeout,
+    /// encryption (which every rank must agree on); the secret, rendezvous
+    /// method, port and liveness settings do not. The device is [`WorldOptions::device`], else `rank`
     /// modulo this machine's GPU count. [`World::launch`] then answers
     /// [`Launcher::Explicit`] with `local_rank` the device and
     /// `local_world_size` the GPU count, and no rendezvous address.
@@ -279,7 +282,7 @@ impl World {
             master_port: 0,
             launcher: Launcher::Explicit,
         };
-        World::form(id, launch, device, resolved, None)
+        World::form(id, launch, device, resolved, None, Shape::One)
     }
 
     /// The end of every way of forming a world in a process per rank: the
@@ -291,13 +294,14 @@ impl World {
         device: usize,
         resolved: Resolved,
         liveness: Option<Liveness>,
+        shape: Shape,
     ) -> Result<World> {
         let watchdog = resolved.start_watchdog()?;
         if let Some(l) = &liveness {
             abort_on_loss(l, watchdog.clone(), resolved.signal.clone());
         }
         let (comm, control, child_config) =
-            resolved.make_comms(id, launch.rank, launch.world_size, device)?;
+            resolved.make_comms(id, launch.rank, launch.world_size, device, shape)?;
         watched(&comm, &watchdog);
         Ok(World {
             presence: Presence {
@@ -519,7 +523,7 @@ impl World {
                     scope.spawn(move || {
                         let mut ended = ended;
                         let result = (|| {
-                            let made = resolved.make_comms(id, rank, n, device);
+                            let made = resolved.make_comms(id, rank, n, device, Shape::Split);
                             let (comm, control, child_config) = match made {
                                 Ok(m) => m,
                                 Err(e) => {

@@ -85,12 +85,18 @@ impl Resolved {
     /// Makes this rank's communicators: with the user's configuration,
     /// one `init_rank`; by default a nonblocking init (abortable while
     /// peers are missing) and a blocking communicator split from it.
+    ///
+    /// `Shape::One` (a world formed from an outside id, whose other ranks
+    /// may be in another language and make one communicator only): one
+    /// init and no split; without a configuration of the user's, a
+    /// nonblocking one, so that its creation is bounded and abortable.
     pub(super) fn make_comms(
         &self,
         id: &UniqueId,
         rank: usize,
         size: usize,
         device: usize,
+        shape: Shape,
     ) -> Result<(Comm, Option<Comm>, Option<Config>)> {
         let made = (|| {
             if let Some(config) = &self.user_config {
@@ -98,6 +104,10 @@ impl Resolved {
                 return Ok((comm, None, None));
             }
             let data = self.data_config();
+            if shape == Shape::One && size > 1 {
+                let comm = Comm::init_rank(id, rank, size, device, &self.init_config())?;
+                return Ok((comm, None, Some(data)));
+            }
             if size == 1 {
                 return Ok((Comm::init_rank(id, rank, size, device, &data)?, None, None));
             }
@@ -112,6 +122,17 @@ impl Resolved {
         })();
         made.map_err(|e| lost_or(&self.signal, e))
     }
+}
+
+/// How a world's communicators are made from its id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Shape {
+    /// Every rank is ours: a nonblocking control communicator and the
+    /// blocking world communicator split from it.
+    Split,
+    /// The id came from outside, and ranks in other languages make one
+    /// communicator with `ncclCommInitRank`: one init, no split.
+    One,
 }
 
 /// A creation error as [`Error::PeerLost`] when the job's signal fired
