@@ -27,7 +27,7 @@ def main():
     # CuPy's own id round-trips through nccl_rs unchanged.
     theirs = nccl.get_unique_id()
     as_bytes = nccl_rs.unique_id_from_hex(nccl_rs.unique_id_hex(theirs))
-    assert nccl_rs.unique_id_to_cupy(as_bytes) == tuple(theirs), "CuPy id changed"
+    assert nccl_rs.unique_id_to_cupy(as_bytes) == theirs, "CuPy id changed"
     # A bf16 broadcast of a PyTorch tensor through CuPy's binding.
     src = torch.arange(1 << 20, device="cuda", dtype=torch.float32).to(torch.bfloat16)
     buf = src.clone()

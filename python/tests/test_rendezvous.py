@@ -291,7 +291,10 @@ class Ids(unittest.TestCase):
         self.assertEqual(nccl_rs.unique_id_hex(raw), raw.hex())
         self.assertEqual(nccl_rs.unique_id_from_hex(raw.hex().upper()), raw)
         self.assertEqual(nccl_rs.unique_id_from_hex(f"  {raw.hex()}\n"), raw)
-        cupy_form = nccl_rs.unique_id_to_cupy(bytes(range(256))[128:])
+        self.assertEqual(nccl_rs.unique_id_to_cupy(raw, form="bytes"), raw)
+        with self.assertRaises(ValueError):
+            nccl_rs.unique_id_to_cupy(raw, form="list")
+        cupy_form = nccl_rs.unique_id_to_cupy(bytes(range(256))[128:], form="tuple")
         self.assertIsInstance(cupy_form, tuple)
         self.assertEqual(len(cupy_form), 128)
         self.assertTrue(all(-128 <= v <= 255 for v in cupy_form))

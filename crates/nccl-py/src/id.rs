@@ -1,6 +1,6 @@
-//! Unique ids between Python and Rust: bytes in, bytes out, and the
-//! tuple of C `char`s that CuPy's `cupy.cuda.nccl.get_unique_id()`
-//! returns and `NcclCommunicator(ndev, comm_id, rank)` takes.
+//! Unique ids between Python and Rust: bytes in, bytes out, and the form
+//! CuPy's `NcclCommunicator(ndev, comm_id, rank)` takes (`bytes` from
+//! CuPy 14 on, a tuple of C `char`s before).
 
 use std::ffi::c_char;
 
@@ -47,15 +47,46 @@ pub(crate) fn to_bytes<'py>(py: Python<'py>, id: &UniqueId) -> Bound<'py, PyByte
     PyBytes::new(py, id.as_bytes())
 }
 
-/// The id as CuPy takes it: a tuple of 128 C `char` values (signed where
-/// this platform's `char` is).
+/// The id as the installed CuPy's `NcclCommunicator(ndev, comm_id, rank)`
+/// takes it: `bytes` from CuPy 14 on (and when CuPy is not installed), the
+/// tuple of 128 C `char` values (signed where this platform's `char` is)
+/// before it. `form="bytes"` or `form="tuple"` chooses without asking
+/// CuPy.
 #[pyfunction]
+#[pyo3(signature = (unique_id, form = None))]
 pub(crate) fn unique_id_to_cupy<'py>(
     py: Python<'py>,
     unique_id: &Bound<'py, PyAny>,
-) -> PyResult<Bound<'py, PyTuple>> {
+    form: Option<&str>,
+) -> PyResult<Bound<'py, PyAny>> {
     let id = from_py(unique_id)?;
-    PyTuple::new(py, id.as_bytes().iter().map(|b| i64::from(*b as c_char)))
+    let tuple = match form {
+        Some("tuple") => true,
+        Some("bytes") => false,
+        Some(other) => {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "form is \"bytes\" or \"tuple\", not {other:?}"
+            )));
+        }
+        None => cupy_major(py).is_some_and(|major| major < 14),
+    };
+    if tuple {
+        Ok(PyTuple::new(py, id.as_bytes().iter().map(|b| i64::from(*b as c_char)))?.into_any())
+    } else {
+        Ok(to_bytes(py, &id).into_any())
+    }
+}
+
+/// The installed CuPy's major version, if it imports.
+fn cupy_major(py: Python<'_>) -> Option<u32> {
+    let version: String = py
+        .import("cupy")
+        .ok()?
+        .getattr("__version__")
+        .ok()?
+        .extract()
+        .ok()?;
+    version.split('.').next()?.parse().ok()
 }
 
 /// `unique_id_hex(unique_id) -> str`: the id as 256 lowercase hex digits
