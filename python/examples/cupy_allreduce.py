@@ -24,8 +24,11 @@ ELEMENTS = 1 << 24
 def rank_main(rank, size, uid, out):
     with cupy.cuda.Device(rank):
         comm = nccl.NcclCommunicator(size, nccl_rs.unique_id_to_cupy(uid), rank)
-        buf = cupy.full(ELEMENTS, rank + 1, dtype=cupy.float32)
         stream = cupy.cuda.Stream(non_blocking=True)
+        with stream:
+            # Filled on the stream the all-reduce runs on (a non-blocking
+            # stream does not wait for the null stream).
+            buf = cupy.full(ELEMENTS, rank + 1, dtype=cupy.float32)
         comm.allReduce(buf.data.ptr, buf.data.ptr, ELEMENTS, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, stream.ptr)
         stream.synchronize()
         want = size * (size + 1) / 2

@@ -39,6 +39,14 @@ pub fn run(python: &Path, pieces: &Pieces, gpus: usize, limit: Duration) -> Resu
         .args(["-c", "import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], 'lib', 'libnccl.so.2'))"])
         .output()?;
     let library = String::from_utf8_lossy(&nccl.stdout).trim().to_string();
+    if !nccl.status.success() || library.is_empty() {
+        // Without it the Rust ranks could load another libnccl than CuPy.
+        return Err(format!(
+            "{} has no nvidia.nccl wheel: the Rust ranks must load the libnccl CuPy loads",
+            python.display()
+        )
+        .into());
+    }
     let script = |name: &str| pieces.scripts.join(name).to_string_lossy().into_owned();
     let ws = pieces.weight_sync.to_string_lossy().into_owned();
     let world = gpus.to_string();
@@ -73,6 +81,8 @@ pub fn run(python: &Path, pieces: &Pieces, gpus: usize, limit: Duration) -> Resu
     ];
     text.push_str(&format!("{gpus} GPUs; Rust ranks load {library}\n\n| case | result | rank 0 | rank 1 |\n|---|---|---|---|\n"));
     let mut all_passed = true;
+    let logs = crate::target_dir().join("gpu-test").join("python-logs");
+    std::fs::create_dir_all(&logs)?;
     for (name, rank0, extra) in cases {
         let ((port, _), secret) = job()?;
         let mut children = Vec::new();
@@ -92,24 +102,26 @@ pub fn run(python: &Path, pieces: &Pieces, gpus: usize, limit: Duration) -> Resu
                 .args(extra);
                 c
             };
+            // Output into a file, not a pipe: a pipe nobody reads until
+            // the end would stop a rank that writes more than it holds.
+            let log = logs.join(format!("{name}-{rank}.log"));
+            let file = std::fs::File::create(&log)?;
             cmd.envs(rank_env(rank, gpus, (port, port), &secret))
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped());
-            if !library.is_empty() {
-                cmd.env("NCCL_LIBRARY", &library);
-            }
+                .env("NCCL_LIBRARY", &library)
+                .stdout(Stdio::from(file.try_clone()?))
+                .stderr(Stdio::from(file));
             children.push(cmd.spawn()?);
         }
         let started = Instant::now();
         let ended = wait_all(&mut children, started + limit)?;
+        for mut child in children {
+            // Reaped (wait_all has ended or killed every one).
+            let _ = child.wait();
+        }
         let mut outputs = Vec::new();
-        for child in children {
-            let out = child.wait_with_output()?;
-            outputs.push(format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ));
+        for rank in 0..gpus {
+            let log = logs.join(format!("{name}-{rank}.log"));
+            outputs.push(std::fs::read_to_string(&log).unwrap_or_default());
         }
         let passed = matches!(&ended, Ended::Exited(s) if s.iter().all(|s| s.success()));
         all_passed &= passed;
@@ -160,7 +172,9 @@ fn prepare(python: &Path, wheels: &Path) -> Result<()> {
             .into());
         }
     }
-    if !has("nccl_rs") {
+    {
+        // Always this wheel: an older one of the same version may be
+        // installed already.
         let wheel = std::fs::read_dir(wheels)?
             .flatten()
             .map(|e| e.path())
@@ -177,7 +191,7 @@ fn prepare(python: &Path, wheels: &Path) -> Result<()> {
             })?;
         crate::run(
             Command::new(python)
-                .args(["-m", "pip", "install", "--no-deps"])
+                .args(["-m", "pip", "install", "--no-deps", "--force-reinstall"])
                 .arg(wheel),
         )?;
     }

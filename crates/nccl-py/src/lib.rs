@@ -45,6 +45,13 @@ fn secret_from_py(obj: &Bound<'_, PyAny>) -> PyResult<Secret> {
 
 /// Seconds as a `Duration`; negative, NaN or endless is a `ValueError`.
 fn seconds(timeout: f64) -> PyResult<Duration> {
+    // A year at most: a larger value is a mistake, not a wish to wait.
+    const MAX_SECONDS: f64 = 365.0 * 24.0 * 3600.0;
+    if !(0.0..=MAX_SECONDS).contains(&timeout) {
+        return Err(PyValueError::new_err(format!(
+            "timeout {timeout} is not a duration from 0 to {MAX_SECONDS} seconds"
+        )));
+    }
     Duration::try_from_secs_f64(timeout).map_err(|_| {
         PyValueError::new_err(format!("timeout {timeout} is not a duration in seconds"))
     })

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::io::Read;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use nccl_sys::{NCCL_UNIQUE_ID_BYTES, ncclUniqueId};
@@ -110,9 +111,11 @@ impl UniqueId {
 
     /// The id from a file holding its [`UniqueId::BYTES`] raw bytes or its
     /// hex text ([`UniqueId::from_hex`]; a trailing newline is fine). A
-    /// file of exactly [`UniqueId::BYTES`] bytes is always the raw id.
+    /// file of exactly [`UniqueId::BYTES`] bytes is the raw id unless every
+    /// byte is a hex digit or whitespace (then it is short hex text).
     /// Typed errors ([`UniqueIdError`]): `Io` for a
-    /// file that cannot be read (missing), `FileTooLarge` over 4 KiB
+    /// file that cannot be read (missing) or is not a regular file (a FIFO
+    /// or device is refused without blocking), `FileTooLarge` over 4 KiB
     /// (nothing more is read), `FileContents` for binary contents of
     /// another size, and the hex errors for text.
     pub fn read_file(path: impl AsRef<Path>) -> Result<UniqueId> {
@@ -121,10 +124,22 @@ impl UniqueId {
             path: path.to_path_buf(),
             source,
         };
+        // Opened without blocking (a FIFO with no writer would block the
+        // open forever), then refused unless it is a regular file.
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path)
+            .map_err(io)?;
+        if !file.metadata().map_err(io)?.is_file() {
+            return Err(io(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "not a regular file",
+            ))
+            .into());
+        }
         let mut contents = Vec::new();
-        std::fs::File::open(path)
-            .map_err(io)?
-            .take(MAX_FILE_BYTES + 1)
+        file.take(MAX_FILE_BYTES + 1)
             .read_to_end(&mut contents)
             .map_err(io)?;
         if contents.len() as u64 > MAX_FILE_BYTES {
@@ -136,7 +151,12 @@ impl UniqueId {
             }
             .into());
         }
-        if contents.len() == NCCL_UNIQUE_ID_BYTES {
+        // 128 bytes are the raw id unless they are all hex digits and
+        // whitespace (a raw id holds zero bytes; that is short hex text).
+        let hex_text = contents
+            .iter()
+            .all(|b| b.is_ascii_hexdigit() || b.is_ascii_whitespace());
+        if contents.len() == NCCL_UNIQUE_ID_BYTES && !hex_text {
             return UniqueId::from_slice(&contents);
         }
         // Text is printable ASCII and whitespace; anything else is binary
@@ -366,6 +386,21 @@ mod tests {
         let e = id_error(UniqueId::read_file(&half));
         assert!(
             matches!(e, UniqueIdError::HexLength { found: 100, .. }),
+            "{e:?}"
+        );
+        // 128 bytes of hex text are short hex, not a raw id.
+        let hex128 = dir.join("hex128");
+        std::fs::write(&hex128, format!("{}\n", &id.to_hex()[..127])).unwrap();
+        let e = id_error(UniqueId::read_file(&hex128));
+        assert!(matches!(e, UniqueIdError::HexLength { .. }), "{e:?}");
+        // A FIFO with no writer is refused at once instead of blocking.
+        let fifo = dir.join("fifo");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a NUL-terminated path and a mode.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let e = id_error(UniqueId::read_file(&fifo));
+        assert!(
+            matches!(&e, UniqueIdError::Io { source, .. } if source.kind() == std::io::ErrorKind::InvalidInput),
             "{e:?}"
         );
         std::fs::remove_dir_all(&dir).unwrap();

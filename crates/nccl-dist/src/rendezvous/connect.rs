@@ -15,8 +15,8 @@ use crate::rendezvous::auth::{
     CHALLENGE, claims, hello, nonce, open_id, open_reject, proof, server_proof,
 };
 use crate::rendezvous::proto::{
-    Kind, NONCE, PEER_TIMEOUT, RendezvousError, Result, SEALED_ID, deadline_left, read_frame,
-    read_raw_frame, write_bytes, write_frame,
+    Kind, NONCE, PEER_TIMEOUT, RendezvousError, Result, SEALED_ID, check_fits, deadline_after,
+    deadline_left, read_frame, read_raw_frame, write_bytes, write_frame,
 };
 use crate::secret::Secret;
 
@@ -41,7 +41,15 @@ pub(crate) fn takeover_connect(
             "the new hub has another job's id",
         ));
     }
-    attach_to_hub(joined, hub, rank, world, secret, listen, started + timeout)
+    attach_to_hub(
+        joined,
+        hub,
+        rank,
+        world,
+        secret,
+        listen,
+        deadline_after(started, timeout),
+    )
 }
 
 /// A member's side after the handshake: `Attach` (with its takeover
@@ -107,7 +115,8 @@ pub(crate) fn join_stream(
     started: Instant,
     timeout: Duration,
 ) -> Result<Joined> {
-    let deadline = started + timeout;
+    let deadline = deadline_after(started, timeout);
+    check_fits(rank, world)?;
     if rank == 0 || rank >= world {
         return Err(RendezvousError::RankOutOfRange { rank, world });
     }

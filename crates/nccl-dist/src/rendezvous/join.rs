@@ -7,7 +7,7 @@ use nccl_safe::UniqueId;
 
 use crate::liveness::{Liveness, LivenessOptions, Takeover, start_member};
 use crate::rendezvous::connect::{attach_to_hub, join_stream};
-use crate::rendezvous::proto::{PEER_TIMEOUT, Result};
+use crate::rendezvous::proto::{PEER_TIMEOUT, Result, deadline_after};
 use crate::secret::Secret;
 /// A joining rank's side: connects to `addr` (retrying until `timeout`),
 /// proves it knows the secret and receives the id.
@@ -61,7 +61,7 @@ pub fn join_live(
         .as_ref()
         .and_then(|l| l.local_addr().ok())
         .map(|a| SocketAddr::new(local, a.port()));
-    let until = (started + timeout).min(Instant::now() + PEER_TIMEOUT);
+    let until = deadline_after(started, timeout).min(Instant::now() + PEER_TIMEOUT);
     let link = attach_to_hub(joined, 0, rank, world, secret, listen, until)?;
     let takeover = takeover.map(|listener| Takeover {
         listener,

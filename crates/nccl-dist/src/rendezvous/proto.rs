@@ -158,6 +158,26 @@ pub fn decode_header(header: &[u8]) -> Result<(u8, u32)> {
     Ok((header[6], len))
 }
 
+/// `started + timeout`, without the overflow panic of a huge timeout (a
+/// caller's `Duration::MAX`, a Python float): such a timeout waits a year.
+pub(crate) fn deadline_after(started: Instant, timeout: Duration) -> Instant {
+    started
+        .checked_add(timeout)
+        .or_else(|| started.checked_add(Duration::from_secs(365 * 24 * 3600)))
+        .unwrap_or(started)
+}
+
+/// Refuses a rank or world size that the protocol's `u32` fields (and
+/// NCCL's `int`) cannot carry, before anything is sent.
+pub(crate) fn check_fits(rank: usize, world: usize) -> Result<()> {
+    if world > i32::MAX as usize || rank > i32::MAX as usize {
+        return Err(RendezvousError::Malformed(
+            "a rank or world size over 2^31 - 1 (NCCL's int)",
+        ));
+    }
+    Ok(())
+}
+
 pub(crate) fn deadline_left(deadline: Instant, phase: &str, started: Instant) -> Result<Duration> {
     deadline
         .checked_duration_since(Instant::now())

@@ -12,7 +12,8 @@ use nccl_safe::UniqueId;
 use crate::liveness::{Liveness, LivenessOptions, start_hub};
 use crate::rendezvous::accept::{Served, attach_member, handshake_server};
 use crate::rendezvous::proto::{
-    MAX_HANDSHAKES, MAX_REFUSED, PEER_TIMEOUT, RendezvousError, Result, deadline_left,
+    MAX_HANDSHAKES, MAX_REFUSED, PEER_TIMEOUT, RendezvousError, Result, check_fits, deadline_after,
+    deadline_left,
 };
 use crate::secret::Secret;
 /// Rank 0's side: accepts the other `world - 1` ranks on `listener` and
@@ -132,7 +133,8 @@ fn serve_with(
     mut keep: impl FnMut(TcpStream, Served, Instant) -> Option<RendezvousError>,
 ) -> Result<Vec<RendezvousError>> {
     let started = Instant::now();
-    let deadline = started + timeout;
+    let deadline = deadline_after(started, timeout);
+    check_fits(0, world)?;
     listener.set_nonblocking(true)?;
     let door = Arc::new(Door {
         served: Mutex::new(BTreeSet::new()),
