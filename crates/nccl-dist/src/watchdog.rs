@@ -59,11 +59,13 @@ use nccl_safe::{
 use crate::error::{Error, Result};
 use crate::liveness::PeerLoss;
 
+pub(crate) mod culprit;
 mod options;
 pub(crate) mod record;
 mod track;
 
 pub use crate::env::{FLIGHT_RECORDER_ENV, WATCHDOG_ENV, WATCHDOG_TIMEOUT_ENV};
+pub use culprit::{Call, Divergence, Field, Tail, analyze};
 pub use options::WatchdogOptions;
 use record::render;
 pub use record::{Failure, FailureKind, OpRecord, OpState};
@@ -164,7 +166,10 @@ impl Watch {
             let (seq, issued) = st
                 .oldest()
                 .unwrap_or((st.next_seq.saturating_sub(1), Instant::now()));
-            let first = matches!(kind, FailureKind::Timeout { .. });
+            let first = matches!(
+                kind,
+                FailureKind::Timeout { .. } | FailureKind::Diverged { .. }
+            );
             let unfinished: Vec<(u64, u64)> = st.unfinished_ranges().collect();
             for (lo, hi) in unfinished {
                 for s in lo..=hi {
@@ -197,7 +202,7 @@ impl Watch {
                     rank: loss.rank,
                     detail: loss.to_string(),
                 },
-                FailureKind::Timeout { .. } => AbortCause::Timeout {
+                FailureKind::Timeout { .. } | FailureKind::Diverged { .. } => AbortCause::Timeout {
                     op: failure.op,
                     seq: Some(failure.seq),
                 },
