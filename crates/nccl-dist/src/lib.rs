@@ -70,7 +70,8 @@ pub use placement::{
 pub use rendezvous::RendezvousError;
 pub use secret::{Secret, SecretError};
 pub use watchdog::{
-    Failure, FailureKind, OpRecord, OpState, Watchdog, WatchdogOptions, Watched, synchronize,
+    Call, Divergence, Failure, FailureKind, Field, OpRecord, OpState, Tail, Watchdog,
+    WatchdogOptions, Watched, synchronize,
 };
 pub use world::{
     DEFAULT_OP_TIMEOUT, ENCRYPTION_ENV, PORT_ENV, PSK_ENV, RendezvousMethod, TIMEOUT_ENV, World,

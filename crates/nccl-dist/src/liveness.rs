@@ -94,7 +94,7 @@ mod options;
 pub(crate) mod wire;
 
 pub use engine::Liveness;
-pub(crate) use engine::{Takeover, start_hub, start_member};
+pub(crate) use engine::{Exchanger, Takeover, WAIT as EXCHANGE_WAIT, start_hub, start_member};
 pub use options::{HEARTBEAT_ENV, LIVENESS_ENV, LIVENESS_TIMEOUT_ENV, LivenessOptions};
 
 /// Why a liveness frame or session was refused.

@@ -57,13 +57,15 @@ use nccl_safe::{
 };
 
 use crate::error::{Error, Result};
-use crate::liveness::PeerLoss;
+use crate::liveness::{EXCHANGE_WAIT, Exchanger, Liveness, PeerLoss};
 
+pub(crate) mod culprit;
 mod options;
 pub(crate) mod record;
 mod track;
 
 pub use crate::env::{FLIGHT_RECORDER_ENV, WATCHDOG_ENV, WATCHDOG_TIMEOUT_ENV};
+pub use culprit::{Call, Divergence, Field, Tail, analyze};
 pub use options::WatchdogOptions;
 use record::render;
 pub use record::{Failure, FailureKind, OpRecord, OpState};
@@ -122,9 +124,15 @@ impl Watch {
                 .is_some_and(|(_, issued)| issued.elapsed() >= self.options.timeout)
         };
         if timed_out {
-            self.fail(FailureKind::Timeout {
-                deadline: self.options.timeout,
-            });
+            let deadline = self.options.timeout;
+            let kind = match self.diverged() {
+                Some(divergence) => FailureKind::Diverged {
+                    deadline,
+                    divergence,
+                },
+                None => FailureKind::Timeout { deadline },
+            };
+            self.fail(kind);
             return;
         }
         let Some(handle) = self.abort.upgrade() else {
@@ -147,6 +155,19 @@ impl Watch {
         }
     }
 
+    /// After a timeout, where the ranks diverge, from the flight-recorder
+    /// exchange over the liveness channel (at most [`EXCHANGE_WAIT`]).
+    fn diverged(&self) -> Option<Box<culprit::Divergence>> {
+        let liveness = lock_liveness(&self.registry).clone()?;
+        let tail = self
+            .lock()
+            .history
+            .iter()
+            .map(|r| (r.seq, r.call()))
+            .collect();
+        liveness.exchange(&exchange_key(&self.label), tail, EXCHANGE_WAIT)
+    }
+
     fn fail(&self, kind: FailureKind) {
         let failure = {
             let mut st = self.lock();
@@ -164,7 +185,10 @@ impl Watch {
             let (seq, issued) = st
                 .oldest()
                 .unwrap_or((st.next_seq.saturating_sub(1), Instant::now()));
-            let first = matches!(kind, FailureKind::Timeout { .. });
+            let first = matches!(
+                kind,
+                FailureKind::Timeout { .. } | FailureKind::Diverged { .. }
+            );
             let unfinished: Vec<(u64, u64)> = st.unfinished_ranges().collect();
             for (lo, hi) in unfinished {
                 for s in lo..=hi {
@@ -197,7 +221,7 @@ impl Watch {
                     rank: loss.rank,
                     detail: loss.to_string(),
                 },
-                FailureKind::Timeout { .. } => AbortCause::Timeout {
+                FailureKind::Timeout { .. } | FailureKind::Diverged { .. } => AbortCause::Timeout {
                     op: failure.op,
                     seq: Some(failure.seq),
                 },
@@ -274,6 +298,28 @@ fn observer_as<T: std::any::Any + Send + Sync>(observer: Arc<dyn OpObserver>) ->
 struct Registry {
     watches: Mutex<Vec<Weak<Watch>>>,
     options: WatchdogOptions,
+    /// The liveness channel a timeout's flight-recorder exchange uses.
+    liveness: Mutex<Option<Exchanger>>,
+}
+
+fn lock_liveness(r: &Registry) -> MutexGuard<'_, Option<Exchanger>> {
+    r.liveness.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A communicator's label with the rank taken out (`world[3]/mesh/dp` is
+/// `world/mesh/dp`): the same on every rank.
+fn exchange_key(label: &str) -> String {
+    let mut out = String::with_capacity(label.len());
+    let mut skip = false;
+    for c in label.chars() {
+        match c {
+            '[' => skip = true,
+            ']' if skip => skip = false,
+            c if !skip => out.push(c),
+            _ => {}
+        }
+    }
+    out
 }
 
 /// A background thread that watches communicators (see the module docs).
@@ -298,6 +344,7 @@ impl Watchdog {
         let registry = Arc::new(Registry {
             watches: Mutex::new(Vec::new()),
             options,
+            liveness: Mutex::new(None),
         });
         let weak = Arc::downgrade(&registry);
         std::thread::Builder::new()
@@ -313,6 +360,25 @@ impl Watchdog {
     /// The options it runs with.
     pub fn options(&self) -> &WatchdogOptions {
         &self.registry.options
+    }
+
+    /// After a timeout, exchange flight-recorder tails over `liveness`,
+    /// so the failure names the rank and field that diverged
+    /// ([`FailureKind::Diverged`]); and answer the hub's requests for
+    /// this rank's tails from the watched communicators.
+    pub(crate) fn exchange_over(&self, liveness: &Liveness) {
+        *lock_liveness(&self.registry) = Some(liveness.exchanger());
+        let registry = Arc::downgrade(&self.registry);
+        liveness.set_tail_source(Arc::new(move |key: &str| {
+            let registry = registry.upgrade()?;
+            let watches = registry.watches.lock().unwrap_or_else(|p| p.into_inner());
+            let watch = watches
+                .iter()
+                .filter_map(Weak::upgrade)
+                .find(|w| exchange_key(&w.label) == key)?;
+            let st = watch.lock();
+            Some(st.history.iter().map(|r| (r.seq, r.call())).collect())
+        }));
     }
 
     /// A peer of the job was lost: every watched communicator fails with

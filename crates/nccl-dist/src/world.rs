@@ -298,6 +298,9 @@ impl World {
     ) -> Result<World> {
         let watchdog = resolved.start_watchdog()?;
         if let Some(l) = &liveness {
+            if let Some(w) = &watchdog {
+                w.exchange_over(l);
+            }
             abort_on_loss(l, watchdog.clone(), resolved.signal.clone());
         }
         let (comm, control, child_config) =

@@ -15,8 +15,11 @@ use super::link::{Link, READ_CHUNK, Rx, lock};
 use super::wire::{MAX_FRAME, MIN_FRAME, Msg, ROSTER_CHUNK};
 use super::{LivenessError, LivenessOptions, LossCause, PeerLoss};
 
+mod exchange;
 mod handle;
 mod takeover;
+pub(crate) use exchange::{Exchanger, TailSource, WAIT};
+
 pub use handle::Liveness;
 pub(crate) use handle::{start_hub, start_member};
 pub(crate) use takeover::Takeover;
@@ -85,6 +88,9 @@ struct Shared {
     pending: Mutex<Vec<TcpStream>>,
     /// Rank 0: this host's first non-loopback address members came to.
     host_ip: Mutex<Option<std::net::IpAddr>>,
+    /// The flight-recorder exchange (idle until a timeout).
+    exchange: Mutex<exchange::Exchange>,
+    exchange_cv: Condvar,
 }
 
 impl Shared {
@@ -108,6 +114,8 @@ impl Shared {
             handshakes: AtomicUsize::new(0),
             pending: Mutex::new(Vec::new()),
             host_ip: Mutex::new(None),
+            exchange: Mutex::new(exchange::Exchange::default()),
+            exchange_cv: Condvar::new(),
         }
     }
 
@@ -379,6 +387,9 @@ impl Shared {
                 }
                 self.spread(&loss, Some(link));
             }
+            (false, Msg::Tail { key, calls }) => self.on_tail(link, &key, calls),
+            (true, Msg::Ask { key }) => self.on_ask(link, key),
+            (true, Msg::Verdict { key, divergence }) => self.on_verdict(key, divergence),
             (true, Msg::Roster(entries)) => {
                 let mut roster = lock(&self.roster);
                 for (rank, addr) in entries {
@@ -537,7 +548,13 @@ fn run(shared: Arc<Shared>) {
             // Every close and the end of the drain wake the poll.
             stop_by.map_or(Duration::ZERO, |t| t.saturating_duration_since(now))
         } else {
-            next_beat.saturating_duration_since(Instant::now())
+            // A gathering of flight-recorder tails ends at its deadline.
+            shared.finish_gather(true);
+            let until = match shared.gather_deadline() {
+                Some(d) => d.min(next_beat),
+                None => next_beat,
+            };
+            until.saturating_duration_since(Instant::now())
         };
         shared.links_into(&mut links);
         fds.clear();

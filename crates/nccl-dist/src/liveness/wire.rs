@@ -10,10 +10,13 @@ use sha2::Sha256;
 use super::{LivenessError, PeerLoss};
 use crate::rendezvous::proto::{MAX_PAYLOAD, RendezvousError, decode_header, encode_frame};
 use crate::secret::Secret;
+use crate::watchdog::culprit::{Call, Divergence};
 
 mod body;
+mod exchange;
 pub(crate) use body::ROSTER_CHUNK;
 use body::{decode_addr, decode_loss, decode_roster, encode_loss, encode_roster, write_addr};
+use exchange::{decode_key, decode_tail, decode_verdict, encode_key, encode_tail, encode_verdict};
 
 /// Bytes of a MAC tag (HMAC-SHA256, untruncated).
 const TAG: usize = 32;
@@ -45,6 +48,9 @@ pub(crate) enum Kind {
     Goodbye = 21,
     Roster = 22,
     Left = 23,
+    Tail = 24,
+    Ask = 25,
+    Verdict = 26,
 }
 
 impl Kind {
@@ -58,6 +64,9 @@ impl Kind {
             21 => Kind::Goodbye,
             22 => Kind::Roster,
             23 => Kind::Left,
+            24 => Kind::Tail,
+            25 => Kind::Ask,
+            26 => Kind::Verdict,
             _ => return None,
         })
     }
@@ -66,8 +75,10 @@ impl Kind {
     fn allowed(self, dir: Dir) -> bool {
         match self {
             Kind::Heartbeat | Kind::Goodbye => true,
-            Kind::Attach | Kind::Report => dir == Dir::Up,
-            Kind::Attached | Kind::Lost | Kind::Roster | Kind::Left => dir == Dir::Down,
+            Kind::Attach | Kind::Report | Kind::Tail => dir == Dir::Up,
+            Kind::Attached | Kind::Lost | Kind::Roster | Kind::Left | Kind::Ask | Kind::Verdict => {
+                dir == Dir::Down
+            }
         }
     }
 }
@@ -97,6 +108,28 @@ pub(crate) enum Msg {
     /// Hub: this rank ended cleanly (said goodbye); not a loss, and not a
     /// candidate to take over.
     Left(usize),
+    /// Member: the newest calls of its flight recorder for the
+    /// communicator `key` (at most [`TAIL_MAX`]), after a timeout there or
+    /// when the hub asked.
+    Tail {
+        /// The communicator's label with the rank taken out.
+        key: String,
+        /// Sequence numbers and calls, oldest first.
+        calls: Vec<(u64, Call)>,
+    },
+    /// Hub: send your tail of the communicator `key` (one rank timed out).
+    Ask {
+        /// The communicator's key.
+        key: String,
+    },
+    /// Hub: where the ranks of `key` disagree (`None`: they agree on
+    /// every call the tails cover, or too few tails came in time).
+    Verdict {
+        /// The communicator's key.
+        key: String,
+        /// The divergence.
+        divergence: Option<Box<Divergence>>,
+    },
 }
 
 impl Msg {
@@ -110,6 +143,9 @@ impl Msg {
             Msg::Goodbye => Kind::Goodbye,
             Msg::Roster(_) => Kind::Roster,
             Msg::Left(_) => Kind::Left,
+            Msg::Tail { .. } => Kind::Tail,
+            Msg::Ask { .. } => Kind::Ask,
+            Msg::Verdict { .. } => Kind::Verdict,
         }
     }
 }
@@ -220,6 +256,9 @@ impl Sealer {
             Msg::Attach { listen: Some(a) } => write_addr(a, out),
             Msg::Roster(entries) => encode_roster(entries, out),
             Msg::Left(rank) => out.extend_from_slice(&(*rank as u32).to_be_bytes()),
+            Msg::Tail { key, calls } => encode_tail(key, calls, out),
+            Msg::Ask { key } => encode_key(key, out),
+            Msg::Verdict { key, divergence } => encode_verdict(key, divergence, out),
             Msg::Attach { listen: None } | Msg::Attached | Msg::Heartbeat | Msg::Goodbye => {}
         }
         let len = out.len() - HEADER + TAG;
@@ -313,6 +352,17 @@ impl Opener {
             Kind::Goodbye => Msg::Goodbye,
             Kind::Lost => Msg::Lost(decode_loss(body, self.world)?),
             Kind::Report => Msg::Report(decode_loss(body, self.world)?),
+            Kind::Tail => {
+                let (key, calls) = decode_tail(body)?;
+                Msg::Tail { key, calls }
+            }
+            Kind::Ask => Msg::Ask {
+                key: decode_key(body)?,
+            },
+            Kind::Verdict => {
+                let (key, divergence) = decode_verdict(body, self.world)?;
+                Msg::Verdict { key, divergence }
+            }
         };
         if matches!(msg, Msg::Attached | Msg::Heartbeat | Msg::Goodbye) && !body.is_empty() {
             return Err(LivenessError::Malformed(

@@ -19,6 +19,7 @@ use crate::rendezvous::auth::{
 use crate::rendezvous::file::{decode_file, seal};
 use crate::rendezvous::proto::{Kind, PROTOCOL_VERSION, RendezvousError, encode_frame};
 use crate::secret::Secret;
+use crate::watchdog::culprit::{Call, Divergence, Field};
 
 const VECTORS: &str = include_str!("../../../../docs/rendezvous-protocol-vectors.json");
 
@@ -138,6 +139,16 @@ fn the_reject_vectors_are_what_the_code_sends_and_reads() {
     }
 }
 
+/// An `ncclAllReduce` of `count` elements of `dtype`, as the vectors' calls.
+fn culprit_call(count: u64, dtype: usize) -> Call {
+    Call {
+        op: "ncclAllReduce",
+        count: count as usize,
+        dtype: nccl_safe::nccl_sys::ncclDataType_t(dtype as u32),
+        peer: None,
+    }
+}
+
 #[test]
 fn the_liveness_vectors_are_what_the_code_seals_and_opens() {
     let v = vectors();
@@ -170,6 +181,32 @@ fn the_liveness_vectors_are_what_the_code_seals_and_opens() {
                     cause: LossCause::ConnectionClosed,
                     seen_by: num(&f["seen_by"]),
                 })
+            }
+            "Ask" => Msg::Ask {
+                key: f["key"].as_str().unwrap().to_string(),
+            },
+            "Tail" => Msg::Tail {
+                key: f["key"].as_str().unwrap().to_string(),
+                calls: vec![(
+                    f["seq"].as_u64().unwrap(),
+                    culprit_call(f["count"].as_u64().unwrap(), num(&f["dtype"])),
+                )],
+            },
+            "Verdict" => {
+                let call =
+                    |count: &str| Some(culprit_call(f[count].as_u64().unwrap(), num(&f["dtype"])));
+                assert_eq!(f["field"], "count");
+                Msg::Verdict {
+                    key: f["key"].as_str().unwrap().to_string(),
+                    divergence: Some(Box::new(Divergence {
+                        seq: f["seq"].as_u64().unwrap(),
+                        field: Field::Count,
+                        culprit: Some(num(&f["culprit"])),
+                        majority: Some((call("expected_count"), num(&f["majority"]))),
+                        others: vec![(num(&f["culprit"]), call("found_count"))],
+                        unlisted: 0,
+                    })),
+                }
             }
             other => panic!("no vector message {other}"),
         };

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use nccl_safe::nccl_sys::ncclDataType_t;
 
+use super::culprit::{Call, Divergence};
 use crate::liveness::PeerLoss;
 
 /// Where an operation of the flight recorder stands.
@@ -47,6 +48,18 @@ pub struct OpRecord {
     pub took: Option<Duration>,
 }
 
+impl OpRecord {
+    /// What the ranks must agree on in this operation.
+    pub fn call(&self) -> Call {
+        Call {
+            op: self.op,
+            count: self.count,
+            dtype: self.dtype,
+            peer: self.peer,
+        }
+    }
+}
+
 /// What went wrong on a watched communicator.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -63,6 +76,15 @@ pub enum FailureKind {
     Aborted,
     /// A peer of the job was lost; the communicator was aborted.
     PeerLost(PeerLoss),
+    /// The operation did not finish within the timeout, and the ranks'
+    /// flight recorders, exchanged over the liveness channel, show where
+    /// they disagree: the rank and field that diverged.
+    Diverged {
+        /// The timeout.
+        deadline: Duration,
+        /// Where the ranks disagree.
+        divergence: Box<Divergence>,
+    },
 }
 
 /// A watched communicator's failure: which communicator, which operation,
@@ -91,6 +113,10 @@ impl std::fmt::Display for Failure {
             FailureKind::AsyncError(e) => format!("failed: {e}"),
             FailureKind::Aborted => "was aborted".to_string(),
             FailureKind::PeerLost(loss) => format!("stopped: {loss}"),
+            FailureKind::Diverged {
+                deadline,
+                divergence,
+            } => format!("timed out (deadline {deadline:?}) because {divergence}"),
         };
         write!(
             f,

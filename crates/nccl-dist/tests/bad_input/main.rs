@@ -232,6 +232,11 @@ const NOTHING_TO_REFUSE: &[(&str, &str)] = &[
         "queries; of() answers None for an unwatched comm",
     ),
     ("Failure::render_history", "accessor"),
+    ("OpRecord::call", "accessor"),
+    (
+        "nccl_dist::analyze",
+        "pure: any set of flight-recorder tails has an answer (None when they agree)",
+    ),
     (
         "nccl_dist::explain",
         "maps an error; every error is valid input",

@@ -132,6 +132,17 @@ impl Liveness {
             .any(|l| l.rank == rank)
     }
 
+    /// Where the hub's request for this rank's flight-recorder tail is
+    /// answered from (the watchdog sets it).
+    pub(crate) fn set_tail_source(&self, source: super::TailSource) {
+        self.shared().set_tail_source(source);
+    }
+
+    /// The means to run a flight-recorder exchange over this channel.
+    pub(crate) fn exchanger(&self) -> super::Exchanger {
+        super::Exchanger(Arc::downgrade(self.shared()))
+    }
+
     /// A clean goodbye: this rank ends normally, so the close of its
     /// connection that follows is not a loss. Later losses are no longer
     /// watched for. Waits (at most a second, usually well under a

@@ -1,0 +1,313 @@
+//! The flight-recorder exchange after a timeout: members send the tails
+//! of their recorders for one communicator to the hub, the hub gathers
+//! them from every live rank (bounded by a deadline), finds where they
+//! diverge and sends every member the verdict. Nothing here runs, locks
+//! or allocates until a timeout starts an exchange.
+
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use super::{Role, Shared};
+use crate::liveness::link::{Link, lock};
+use crate::liveness::wire::Msg;
+use crate::watchdog::culprit::{Call, Divergence, Tail, analyze};
+
+/// Where a rank's tails come from when the hub asks: the watchdog's
+/// flight recorder of the communicator with that key.
+pub(crate) type TailSource = Arc<dyn Fn(&str) -> Option<Vec<(u64, Call)>> + Send + Sync>;
+
+/// A rank's means to run an exchange, without keeping its channel alive
+/// (the watchdog holds it; the channel's hooks hold the watchdog).
+#[derive(Clone)]
+pub(crate) struct Exchanger(pub(super) Weak<Shared>);
+
+impl Exchanger {
+    /// This rank timed out on the communicator `key`: sends `tail` to the
+    /// hub and waits (at most `within`) for where the ranks diverge.
+    /// `None` without a channel, in time, or a divergence.
+    pub(crate) fn exchange(
+        &self,
+        key: &str,
+        tail: Vec<(u64, Call)>,
+        within: Duration,
+    ) -> Option<Box<Divergence>> {
+        self.0.upgrade()?.exchange(key, tail, within)
+    }
+}
+
+/// How long a rank that timed out waits for the verdict: the issue's
+/// "within the timeout plus 1 s".
+pub(crate) const WAIT: Duration = Duration::from_secs(1);
+
+/// The hub's share of the time it gathers tails in, of a rank's whole wait
+/// (the rest carries the verdict back).
+const GATHER_SHARE: f64 = 0.8;
+
+/// The hub's gathering of one communicator's tails.
+struct Gather {
+    key: String,
+    deadline: Instant,
+    tails: Vec<Tail>,
+    /// Ranks that answered (with a tail, or without one).
+    answered: Vec<usize>,
+}
+
+/// Exchange state of one rank.
+#[derive(Default)]
+pub(super) struct Exchange {
+    gather: Option<Gather>,
+    verdicts: Vec<(String, Option<Box<Divergence>>)>,
+    source: Option<TailSource>,
+}
+
+impl Shared {
+    pub(super) fn set_tail_source(&self, source: TailSource) {
+        lock(&self.exchange).source = Some(source);
+    }
+
+    fn own_tail(&self, key: &str) -> Option<Vec<(u64, Call)>> {
+        let source = lock(&self.exchange).source.clone()?;
+        source(key)
+    }
+
+    /// The hub: starts gathering `key` unless it does already, asking
+    /// every member; adds `tail` from `rank`.
+    fn gather(&self, key: &str, rank: usize, tail: Option<Vec<(u64, Call)>>, within: Duration) {
+        let start = {
+            let mut ex = lock(&self.exchange);
+            if ex.verdicts.iter().any(|(k, _)| k == key) {
+                return;
+            }
+            let start = ex.gather.is_none();
+            let g = ex.gather.get_or_insert_with(|| Gather {
+                key: key.to_string(),
+                deadline: Instant::now() + within.mul_f64(GATHER_SHARE),
+                tails: Vec::new(),
+                answered: Vec::new(),
+            });
+            if g.key != key {
+                // One exchange at a time: another communicator's timeout
+                // falls back to the plain error.
+                return;
+            }
+            if !g.answered.contains(&rank) {
+                g.answered.push(rank);
+                if let Some(t) = tail.filter(|t| !t.is_empty()) {
+                    g.tails.push((rank, t));
+                }
+            }
+            start
+        };
+        if start {
+            for link in self.links() {
+                if !link.to_hub {
+                    link.send(&Msg::Ask {
+                        key: key.to_string(),
+                    });
+                }
+            }
+            if rank != 0 {
+                let own = self.own_tail(key);
+                self.gather(key, 0, own, within);
+            }
+        }
+        self.finish_gather(false);
+        self.wake();
+    }
+
+    /// The hub: ends the gathering once every live rank answered, or
+    /// `now` is past its deadline (`force`), sending every member the
+    /// verdict.
+    pub(super) fn finish_gather(&self, force: bool) {
+        let (key, divergence) = {
+            let mut ex = lock(&self.exchange);
+            let Some(g) = &ex.gather else {
+                return;
+            };
+            let all = (0..self.world)
+                .all(|r| g.answered.contains(&r) || self.is_lost(r) || self.is_gone(r));
+            if !(all || force && Instant::now() >= g.deadline) {
+                return;
+            }
+            let Some(g) = ex.gather.take() else {
+                return;
+            };
+            let divergence = analyze(&g.tails).map(Box::new);
+            ex.verdicts.push((g.key.clone(), divergence.clone()));
+            (g.key, divergence)
+        };
+        for link in self.links() {
+            if !link.to_hub {
+                link.send(&Msg::Verdict {
+                    key: key.clone(),
+                    divergence: divergence.clone(),
+                });
+            }
+        }
+        self.exchange_cv.notify_all();
+    }
+
+    /// The hub's gathering deadline, if one runs (caps the thread's wait).
+    pub(super) fn gather_deadline(&self) -> Option<Instant> {
+        lock(&self.exchange).gather.as_ref().map(|g| g.deadline)
+    }
+
+    /// A member's tail came in.
+    pub(super) fn on_tail(&self, link: &Arc<Link>, key: &str, calls: Vec<(u64, Call)>) {
+        self.gather(key, link.peer, Some(calls), WAIT);
+    }
+
+    /// The hub asks for this rank's tail of `key`.
+    pub(super) fn on_ask(&self, link: &Arc<Link>, key: String) {
+        let calls = self.own_tail(&key).unwrap_or_default();
+        link.send(&Msg::Tail { key, calls });
+    }
+
+    /// The hub's verdict came in.
+    pub(super) fn on_verdict(&self, key: String, divergence: Option<Box<Divergence>>) {
+        let mut ex = lock(&self.exchange);
+        if !ex.verdicts.iter().any(|(k, _)| *k == key) {
+            ex.verdicts.push((key, divergence));
+        }
+        drop(ex);
+        self.exchange_cv.notify_all();
+    }
+
+    /// This rank timed out on `key`: its tail goes to the hub, and the
+    /// verdict comes back within `within` (`None`: no divergence found,
+    /// no channel, or no verdict in time).
+    pub(super) fn exchange(
+        &self,
+        key: &str,
+        tail: Vec<(u64, Call)>,
+        within: Duration,
+    ) -> Option<Box<Divergence>> {
+        let until = Instant::now() + within;
+        match self.role {
+            Role::Hub => self.gather(key, 0, Some(tail), within),
+            Role::Member => {
+                let hub = self.links().into_iter().find(|l| l.to_hub)?;
+                hub.send(&Msg::Tail {
+                    key: key.to_string(),
+                    calls: tail,
+                });
+            }
+            Role::InProcess | Role::Off => return None,
+        }
+        let mut ex = lock(&self.exchange);
+        loop {
+            if let Some((_, d)) = ex.verdicts.iter().find(|(k, _)| k == key) {
+                return d.clone();
+            }
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            ex = self
+                .exchange_cv
+                .wait_timeout(ex, left)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|p| p.into_inner().0);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::TcpListener;
+
+    use nccl_safe::UniqueId;
+    use nccl_safe::nccl_sys::ncclDataType_t;
+
+    use super::*;
+    use crate::liveness::{Liveness, LivenessOptions};
+    use crate::rendezvous::{join_live, serve_live};
+    use crate::secret::Secret;
+    use crate::watchdog::culprit::Field;
+
+    fn ar(count: usize) -> Call {
+        Call {
+            op: "ncclAllReduce",
+            count,
+            dtype: ncclDataType_t::ncclFloat32,
+            peer: None,
+        }
+    }
+
+    /// Three ranks over loopback: rank 2 issued a different count at seq
+    /// 5; only rank 1 times out, the hub asks the others, and every rank
+    /// gets the same verdict within the wait.
+    #[test]
+    fn every_rank_gets_the_verdict_naming_the_culprit() {
+        let world = 3;
+        let secret =
+            Secret::from_bytes(b"a secret for the exchange test".to_vec(), "test").unwrap();
+        let options = LivenessOptions::new();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let id = UniqueId::from_bytes([7; UniqueId::BYTES]);
+        let t = Duration::from_secs(10);
+        let members: Vec<_> = (1..world)
+            .map(|rank| {
+                let (secret, options) = (secret.clone(), options.clone());
+                std::thread::spawn(move || {
+                    join_live(addr, rank, world, &secret, t, &options)
+                        .unwrap()
+                        .1
+                })
+            })
+            .collect();
+        let (hub, refused) = serve_live(&listener, world, &secret, &id, t, &options).unwrap();
+        assert!(refused.is_empty());
+        let mut ranks: Vec<Liveness> = vec![hub];
+        ranks.extend(members.into_iter().map(|m| m.join().unwrap()));
+        let tail = |rank: usize| -> Vec<(u64, Call)> {
+            (0..6)
+                .map(|s| (s, ar(if s == 5 && rank == 2 { 2048 } else { 1024 })))
+                .collect()
+        };
+        for (rank, l) in ranks.iter().enumerate() {
+            l.set_tail_source(Arc::new(move |key: &str| {
+                (key == "world").then(|| tail(rank))
+            }));
+        }
+        let started = Instant::now();
+        let waiters: Vec<_> = ranks
+            .iter()
+            .enumerate()
+            .filter(|(r, _)| *r != 1)
+            .map(|(_, l)| {
+                let ex = l.exchanger();
+                std::thread::spawn(move || {
+                    // These did not time out: they wait for the verdict
+                    // the hub sends anyway (rank 0's wait starts its own
+                    // gather too, which joins the same one).
+                    std::thread::sleep(Duration::from_millis(50));
+                    ex.0.upgrade().and_then(|s| {
+                        let mut ex = lock(&s.exchange);
+                        let until = Instant::now() + WAIT * 2;
+                        loop {
+                            if let Some((_, d)) = ex.verdicts.iter().find(|(k, _)| k == "world") {
+                                return d.clone();
+                            }
+                            if Instant::now() >= until {
+                                return None;
+                            }
+                            ex = s.exchange_cv.wait_timeout(ex, WAIT).unwrap().0;
+                        }
+                    })
+                })
+            })
+            .collect();
+        let verdict = ranks[1].exchanger().exchange("world", tail(1), WAIT);
+        assert!(started.elapsed() < WAIT + Duration::from_millis(500));
+        let d = verdict.expect("a verdict");
+        assert_eq!((d.seq, d.field, d.culprit), (5, Field::Count, Some(2)));
+        for w in waiters {
+            assert_eq!(w.join().unwrap(), Some(d.clone()));
+        }
+        for l in &ranks {
+            l.leave();
+        }
+    }
+}
