@@ -49,7 +49,9 @@ use crate::gpu_test::BENCH;
 use crate::launch::{Ended, launch_ranks};
 use crate::{Result, cargo, gpu_count, release_dir, workspace_root};
 
-const PHASES: &[&str] = &["sweep", "latency", "graph", "events", "setup", "step"];
+const PHASES: &[&str] = &[
+    "sweep", "latency", "graph", "events", "setup", "step", "async",
+];
 const MODES: &[&str] = &["single", "threads", "processes"];
 
 /// nccl-tests 2.19.6 on the 4×H200 host, busbw at 2 GiB (GB/s), from the
@@ -237,6 +239,13 @@ fn jobs(o: &Options) -> Vec<Job> {
                 args: s(&["--step", "-n", "500", "-w", "50", "--rounds", "11"]),
             });
         }
+    }
+    if want("async") {
+        jobs.push(Job {
+            name: "async-single".into(),
+            mode: "single",
+            args: s(&["--async", "-n", "2000", "-w", "200"]),
+        });
     }
     jobs
 }

@@ -47,6 +47,7 @@ use crate::{Result, cargo, gpu_count, release_dir, workspace_root};
 const TARGETS: &[(&str, &str, &str, bool)] = &[
     ("nccl-safe", "gpu", "nccl-safe-gpu", true),
     ("nccl-safe", "abort", "nccl-safe-abort", false),
+    ("nccl-safe", "completion", "nccl-safe-completion", false),
     ("nccl-dist", "gpu", "nccl-dist-gpu", true),
     ("nccl-dist", "topology", "nccl-dist-topology", false),
     ("nccl-dist", "bad_input", "nccl-dist-bad-input", false),

@@ -57,6 +57,10 @@ What to run:
                                    step in raw nccl-sys calls, interleaved (-n steps
                                    per measurement, -w warm-up steps, --rounds);
                                    threads or processes mode
+  --async                          time awaiting an 8 B all_reduce (Completion)
+                                   against a blocking stream sync, the waker
+                                   thread's CPU share, and requests/s with 64 in
+                                   flight; one thread drives every GPU
   --json PATH                      write every result as JSON
   -q, --quiet                      no progress lines on stderr
   -h, --help                       this text";
@@ -112,6 +116,7 @@ pub struct Opts {
     pub setup: bool,
     pub setup_reps: usize,
     pub step_phase: bool,
+    pub async_phase: bool,
     pub json: Option<PathBuf>,
     pub quiet: bool,
 }
@@ -144,6 +149,7 @@ impl Default for Opts {
             setup: false,
             setup_reps: 3,
             step_phase: false,
+            async_phase: false,
             json: None,
             quiet: false,
         }
@@ -256,6 +262,7 @@ pub fn parse(args: &[String]) -> Result<Option<Opts>, String> {
             "--setup" => o.setup = true,
             "--setup-reps" => o.setup_reps = number(flag, value()?)?,
             "--step" => o.step_phase = true,
+            "--async" => o.async_phase = true,
             "--json" => o.json = Some(PathBuf::from(value()?)),
             "-q" | "--quiet" => o.quiet = true,
             other => return Err(format!("unknown flag `{other}`")),

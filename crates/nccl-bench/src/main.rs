@@ -38,6 +38,7 @@
 //! counted by this binary's global allocator.
 
 mod alloc;
+mod awaited;
 mod barrier;
 mod check;
 mod cli;
@@ -206,6 +207,9 @@ fn main_typed<T: Elem>(opts: &Opts) -> Result<()> {
     }
     if opts.step_phase {
         return step::run(opts);
+    }
+    if opts.async_phase {
+        return awaited::run(opts);
     }
     let mut opts = opts.clone();
     if opts.mode == Mode::Single && opts.layers.contains(&Layer::Dist) {

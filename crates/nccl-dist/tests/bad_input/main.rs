@@ -100,6 +100,11 @@ const NOTHING_TO_REFUSE: &[(&str, &str)] = &[
     ("NestedGroup::on", "as GroupGuard::on"),
     ("nccl_safe::take_dropped_group_error", "query"),
     (
+        "Comm::completion all_reduce_owned all_reduce_in_place_owned",
+        "completion only delays dropping what it is given; the owned forms run all_reduce's checks (its rows) and resolve to their error",
+    ),
+    ("Completion::wait", "blocks as .await would"),
+    (
         "Span::device at_least holds blocks times rank aliasing segments",
         "crate-internal checks (pub inside a private module), driven by every collective row",
     ),

@@ -1,0 +1,167 @@
+//! `--async`: what awaiting a collective costs. One thread drives every
+//! GPU (`Comm::init_all`, an 8 B all_reduce in a group). Measured, as
+//! medians over `-n` calls after `-w` warm-up calls:
+//!
+//! - `sync`: the all_reduce, then a blocking `cuStreamSynchronize` of
+//!   every stream;
+//! - `await`: the all_reduce, then a `Completion` per stream, waited for
+//!   (`Completion::wait` parks the thread until the waker thread wakes it,
+//!   as an executor's task would be);
+//! - the waker thread's CPU time over the `await` calls (from
+//!   `/proc/self/task/*/stat`, found by its name), as a share of the wall
+//!   time;
+//! - throughput with 64 requests in flight: 64 all_reduces submitted, then
+//!   their 64 completions awaited, repeated.
+//!
+//! The flat `summary` keys: `await_minus_sync_small_us` (target <= 5),
+//! `await_small_us`, `sync_small_us`, `waker_cpu_share`,
+//! `requests_per_s_64_in_flight`.
+
+use std::time::Instant;
+
+use nccl_dist::nccl_safe::cudarc::driver::CudaSlice;
+use nccl_dist::nccl_safe::{Comm, Completion, Config, ReduceOp, group};
+use serde_json::json;
+
+use crate::cli::Opts;
+use crate::error::{BoxError, Result};
+
+const IN_FLIGHT: usize = 64;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// User + system CPU seconds of the waker thread so far (0 before it exists).
+fn waker_cpu_s() -> f64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0.0;
+    };
+    for task in tasks.flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if comm.trim() != "nccl-completion" {
+            continue;
+        }
+        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+        // Fields after the `(name)`: state is field 3; utime 14, stime 15.
+        let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let ticks = |i: usize| f.get(i).and_then(|s| s.parse::<f64>().ok()).unwrap_or(0.0);
+        return (ticks(11) + ticks(12)) / CLK_TCK;
+    }
+    0.0
+}
+
+/// `sysconf(_SC_CLK_TCK)`: 100 on the Linux ABIs this runs on (x86-64,
+/// aarch64); resolution 10 ms, so the share is meaningful over seconds.
+const CLK_TCK: f64 = 100.0;
+
+fn issue(comms: &[Comm], bufs: &mut [CudaSlice<f32>]) -> Result<()> {
+    group(|g| {
+        for (c, b) in comms.iter().zip(bufs.iter_mut()) {
+            g.on(c).all_reduce_in_place(b, ReduceOp::Sum)?;
+        }
+        Ok(())
+    })?;
+    Ok(())
+}
+
+/// Runs the phase and prints (and with `--json` writes) its figures.
+pub fn run(opts: &Opts) -> Result<()> {
+    let devices = crate::devices(opts)?;
+    let comms = Comm::init_all(&devices, &Config::new().timeout(opts.timeout))?;
+    let mut bufs = comms
+        .iter()
+        .map(|c| c.stream().alloc_zeros::<f32>(2))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let (mut sync_us, mut await_us) = (Vec::new(), Vec::new());
+    let mut cpu_s = 0.0;
+    let mut await_wall_s = 0.0;
+    for i in 0..opts.warmup + opts.iters {
+        let t = Instant::now();
+        issue(&comms, &mut bufs)?;
+        for c in &comms {
+            c.stream().synchronize()?;
+        }
+        let sync = t.elapsed().as_secs_f64() * 1e6;
+        let cpu0 = waker_cpu_s();
+        let t = Instant::now();
+        issue(&comms, &mut bufs)?;
+        let pending: Vec<Completion<()>> =
+            comms.iter().map(|c| c.completion(c.stream(), ())).collect();
+        for p in pending {
+            p.wait()?;
+        }
+        let wall = t.elapsed().as_secs_f64();
+        if i >= opts.warmup {
+            sync_us.push(sync);
+            await_us.push(wall * 1e6);
+            cpu_s += waker_cpu_s() - cpu0;
+            await_wall_s += wall;
+        }
+    }
+    let mut requests = Vec::new();
+    for _ in 0..IN_FLIGHT {
+        requests.push(
+            comms
+                .iter()
+                .map(|c| c.stream().alloc_zeros::<f32>(2))
+                .collect::<std::result::Result<Vec<_>, _>>()?,
+        );
+    }
+    let t = Instant::now();
+    let rounds = opts.iters.div_ceil(IN_FLIGHT).max(1);
+    for _ in 0..rounds {
+        let mut pending = Vec::with_capacity(IN_FLIGHT);
+        for mut bufs in requests.drain(..) {
+            issue(&comms, &mut bufs)?;
+            let per_rank: Vec<_> = comms
+                .iter()
+                .zip(bufs)
+                .map(|(c, b)| c.completion(c.stream(), b))
+                .collect();
+            pending.push(per_rank);
+        }
+        for per_rank in pending {
+            requests.push(
+                per_rank
+                    .into_iter()
+                    .map(Completion::wait)
+                    .collect::<std::result::Result<Vec<_>, _>>()?,
+            );
+        }
+    }
+    let per_s = (rounds * IN_FLIGHT) as f64 / t.elapsed().as_secs_f64();
+    let (s, a) = (median(sync_us), median(await_us));
+    let share = if await_wall_s > 0.0 {
+        cpu_s / await_wall_s
+    } else {
+        0.0
+    };
+    println!(
+        "# nccl-rs bench --async: {} GPU(s), 8 B all_reduce, {} calls",
+        comms.len(),
+        opts.iters
+    );
+    println!(
+        "  sync {s:.2} us  await {a:.2} us  await-sync {:.2} us  waker cpu {:.0}%  {per_s:.0} req/s with {IN_FLIGHT} in flight",
+        a - s,
+        share * 100.0
+    );
+    if let Some(path) = &opts.json {
+        let doc = json!({
+            "meta": { "async": true, "ranks": comms.len(), "iters": opts.iters },
+            "summary": {
+                "await_minus_sync_small_us": a - s,
+                "await_small_us": a,
+                "sync_small_us": s,
+                "waker_cpu_share": share,
+                "requests_per_s_64_in_flight": per_s,
+            },
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&doc)?)
+            .map_err(|e| BoxError::from(format!("writing {}: {e}", path.display())))?;
+    }
+    Ok(())
+}

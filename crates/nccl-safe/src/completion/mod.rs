@@ -1,0 +1,276 @@
+//! Completion futures: `.await` an operation instead of blocking a thread
+//! on its stream.
+//!
+//! [`Comm::completion`] records a CUDA event behind the work enqueued so
+//! far on a stream (a collective, a whole group, anything) and returns a
+//! [`Completion`] that owns the buffers that work uses and hands them back
+//! when the event has completed. [`Comm::all_reduce_owned`] and
+//! [`Comm::all_reduce_in_place_owned`] enqueue and track in one call.
+//!
+//! What they promise is on [`Completion`].
+//!
+//! # Files
+//!
+//! `state.rs` (one tracked operation and its step) ← `thread.rs` (the
+//! waker thread) ← this file (`Completion`, the event and communicator
+//! behind it, `Comm`'s methods).
+
+mod state;
+mod thread;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+
+use cudarc::driver::{CudaEvent, CudaStream};
+
+use crate::abort::AbortCause;
+use crate::buffer::{DeviceBuffer, DeviceBufferMut};
+use crate::comm::handle::Shared;
+use crate::comm::{Comm, CommStatus};
+use crate::dtype::NcclType;
+use crate::reduce_op::ReduceOp;
+use crate::{Error, Result};
+
+use state::{Source, Tracked};
+
+/// The work behind a completion: an event on its stream, and the
+/// communicator whose abort or error it reports. Holding the
+/// communicator's state also keeps its teardown waiting until the work is
+/// done.
+struct OnComm {
+    event: CudaEvent,
+    shared: Arc<Shared>,
+}
+
+impl Source for OnComm {
+    fn is_complete(&self) -> Result<bool> {
+        self.event.try_is_complete().map_err(|source| Error::Cuda {
+            op: "cuEventQuery",
+            source,
+        })
+    }
+
+    fn failure(&self, op: &'static str, deep: bool) -> Option<Error> {
+        if self.shared.abort_requested() {
+            return Some(self.shared.aborted(op));
+        }
+        if !deep {
+            return None;
+        }
+        // Never waits behind a call in progress on another thread.
+        match self.shared.status_nowait()? {
+            Ok(CommStatus::Failed(e)) => {
+                self.shared
+                    .request_abort(AbortCause::AsyncError(e.to_string()));
+                Some(e)
+            }
+            Ok(_) => None,
+            Err(e) => Some(e),
+        }
+    }
+
+    fn timed_out(&self, op: &'static str) {
+        self.shared
+            .request_abort(AbortCause::Timeout { op, seq: None });
+    }
+}
+
+/// A future for work enqueued on a stream, owning the buffers `B` that
+/// the work uses: resolves to `Ok(buffers)` once the work has finished,
+/// or to the error that stopped it.
+///
+/// - **Executor-independent**: a std [`Future`] woken through its
+///   [`Waker`](std::task::Waker) by one waker thread per process
+///   (`thread.rs`), never a thread per operation.
+/// - **Cancel-safe**: dropping or leaking (`mem::forget`) a `Completion`
+///   never frees a buffer the GPU may still use. The waker thread keeps
+///   its own reference to the buffers and lets go only after the event has
+///   completed; a future dropped early leaves its buffers to be freed there.
+/// - **`Send`**: a `Completion` holds no `Comm`, so it can be awaited on any
+///   task of a multi-thread runtime while the `Comm` (`Send`, not `Sync`)
+///   stays with whoever submits. The issue order on each rank is the order
+///   of the submitting calls: to share one communicator between tasks, put
+///   it behind one lock (or one submitting task) and keep the same order on
+///   every rank.
+/// - **Errors and deadlines**: a communicator aborted meanwhile (an
+///   [`AbortHandle`](crate::AbortHandle), a watchdog, a lost peer through
+///   the job's [`AbortSignal`](crate::AbortSignal)) resolves the future to
+///   [`Error::Aborted`] with the cause; an asynchronous NCCL error aborts
+///   the communicator and resolves to that error; past the communicator's
+///   [`timeout`](Comm::timeout) the communicator is aborted and the future
+///   resolves to [`Error::Timeout`]. The buffers of a failed operation are
+///   freed once the device is done with them, never before.
+///
+/// Made by [`Comm::completion`], [`Comm::all_reduce_owned`] and
+/// [`Comm::all_reduce_in_place_owned`]. `Send` when `B` is.
+#[must_use = "dropping a Completion does not cancel the work; await it to get the buffers back"]
+pub struct Completion<B> {
+    inner: Inner<B>,
+}
+
+enum Inner<B> {
+    Tracked(Arc<Tracked<B, OnComm>>),
+    /// Failed before anything could be tracked; the buffers were leaked
+    /// (the device may still use them).
+    Failed(Option<Error>),
+}
+
+impl<B> std::fmt::Debug for Completion<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Completion").finish_non_exhaustive()
+    }
+}
+
+impl<B: Send + 'static> Completion<B> {
+    fn failed(error: Error) -> Self {
+        Completion {
+            inner: Inner::Failed(Some(error)),
+        }
+    }
+
+    /// Blocks this thread until the work has finished: the same answer as
+    /// `.await`, for code outside an async runtime.
+    pub fn wait(mut self) -> Result<B> {
+        let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+        let mut cx = Context::from_waker(&waker);
+        loop {
+            match Pin::new(&mut self).poll(&mut cx) {
+                Poll::Ready(result) => return result,
+                Poll::Pending => std::thread::park(),
+            }
+        }
+    }
+}
+
+/// Wakes a thread blocked in [`Completion::wait`].
+struct Unpark(std::thread::Thread);
+
+impl Wake for Unpark {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
+impl<B: Send + 'static> Future for Completion<B> {
+    type Output = Result<B>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<B>> {
+        match &mut self.get_mut().inner {
+            Inner::Tracked(tracked) => match tracked.poll_outcome(cx.waker()) {
+                Some(result) => Poll::Ready(result),
+                None => Poll::Pending,
+            },
+            Inner::Failed(error) => {
+                Poll::Ready(Err(error.take().unwrap_or(Error::InvalidArgument {
+                    op: "Completion",
+                    reason: "the completion was polled after it finished",
+                })))
+            }
+        }
+    }
+}
+
+impl Comm {
+    /// A [`Completion`] for everything enqueued so far on `stream` (one
+    /// operation, a group, anything), owning `buffers` until that work has
+    /// finished: pass the buffers the work uses (or `()`), and get them
+    /// back from the future. Aborts, asynchronous errors and this
+    /// communicator's timeout resolve it as [`Completion`] says.
+    ///
+    /// ```no_run
+    /// # async fn demo(comm: &nccl_safe::Comm) -> nccl_safe::Result<()> {
+    /// use nccl_safe::{ReduceOp, group};
+    /// let mut grads = comm.stream().alloc_zeros::<f32>(1024).unwrap();
+    /// group(|g| g.on(comm).all_reduce_in_place(&mut grads, ReduceOp::Sum))?;
+    /// let grads = comm.completion(comm.stream(), grads).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn completion<B: Send + 'static>(&self, stream: &CudaStream, buffers: B) -> Completion<B> {
+        self.track("completion", stream, buffers, None)
+    }
+
+    /// `ncclAllReduce` ([`OnStream::all_reduce`](crate::OnStream::all_reduce))
+    /// on this communicator's stream, owning its buffers: the future hands
+    /// them back when the reduction has finished. A refused or failed
+    /// enqueue resolves to its error.
+    pub fn all_reduce_owned<T, S, R>(
+        &self,
+        send: S,
+        mut recv: R,
+        op: ReduceOp,
+    ) -> Completion<(S, R)>
+    where
+        T: NcclType,
+        S: DeviceBuffer<T> + Send + 'static,
+        R: DeviceBufferMut<T> + Send + 'static,
+    {
+        let enqueued = self.all_reduce(&send, &mut recv, op);
+        self.track("ncclAllReduce", self.stream(), (send, recv), enqueued.err())
+    }
+
+    /// In-place `ncclAllReduce` on `buf`, owning it: see
+    /// [`Comm::all_reduce_owned`].
+    pub fn all_reduce_in_place_owned<T, B>(&self, mut buf: B, op: ReduceOp) -> Completion<B>
+    where
+        T: NcclType,
+        B: DeviceBufferMut<T> + Send + 'static,
+    {
+        let enqueued = self.all_reduce_in_place(&mut buf, op);
+        self.track("ncclAllReduce", self.stream(), buf, enqueued.err())
+    }
+
+    /// Tracks `buffers` behind the work on `stream`; resolved at once with
+    /// `error` when given (the buffers are still kept until the work on the
+    /// stream is done: a failed enqueue may have launched part of it).
+    fn track<B: Send + 'static>(
+        &self,
+        op: &'static str,
+        stream: &CudaStream,
+        buffers: B,
+        error: Option<Error>,
+    ) -> Completion<B> {
+        let event = match stream.record_event(None) {
+            Ok(event) => event,
+            Err(source) => {
+                // Nothing tells when the device is done with them.
+                std::mem::forget(buffers);
+                return Completion::failed(error.unwrap_or(Error::Cuda { op, source }));
+            }
+        };
+        let source = OnComm {
+            event,
+            shared: Arc::clone(self.shared()),
+        };
+        let tracked = Arc::new(Tracked::new(op, source, buffers, self.timeout(), error));
+        if !thread::register(Arc::clone(&tracked) as Arc<dyn state::Entry>) {
+            std::mem::forget(tracked);
+            return Completion::failed(Error::Unsupported {
+                what: "completion futures",
+                requires: "a waker thread".to_string(),
+                found: "the thread could not be started".to_string(),
+            });
+        }
+        Completion {
+            inner: Inner::Tracked(tracked),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A completion of device buffers can be spawned on a multi-thread
+    /// runtime, although `Comm` is not `Sync`.
+    #[test]
+    fn a_completion_of_device_buffers_is_send_and_static() {
+        fn spawnable<F: Future + Send + 'static>(_: &F) {}
+        let done = Completion::<(cudarc::driver::CudaSlice<f32>, ())>::failed(Error::Finalized {
+            op: "test",
+        });
+        spawnable(&done);
+        assert!(matches!(done.wait(), Err(Error::Finalized { op: "test" })));
+    }
+}

@@ -1,0 +1,111 @@
+//! The one waker thread of the process: it watches every tracked
+//! operation and wakes its future when the work is done.
+//!
+//! Started on the first registration and never stopped. With nothing in
+//! flight it sleeps on a condition variable (no CPU). With work in flight
+//! it looks at every operation (one `cuEventQuery` each) back to back,
+//! yielding the CPU between passes, for [`SPIN`] after the last
+//! registration or completion, so a short collective is seen finished
+//! within a few microseconds; after that it sleeps between passes (a new
+//! registration wakes it), 5 µs doubling to 1 ms, so a long wait costs about a thousand event queries a
+//! second. The cost is at most one core for [`SPIN`] after each burst of
+//! activity.
+
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use crate::completion::state::{Entry, Step};
+
+/// How long the thread polls without sleeping after activity.
+const SPIN: Duration = Duration::from_micros(500);
+/// The first pause after [`SPIN`]; it doubles up to [`MAX_PAUSE`].
+const FIRST_PAUSE: Duration = Duration::from_micros(5);
+const MAX_PAUSE: Duration = Duration::from_millis(1);
+
+/// The thread's name (the bench finds its CPU time by it).
+pub(crate) const THREAD_NAME: &str = "nccl-completion";
+
+struct Registry {
+    incoming: Mutex<Vec<Arc<dyn Entry>>>,
+    arrived: Condvar,
+}
+
+static REGISTRY: OnceLock<Option<Registry>> = OnceLock::new();
+
+/// Hands `entry` to the waker thread, starting it if needed. `false` when
+/// the thread cannot be started (the caller then keeps what the entry
+/// owns forever rather than free it early).
+pub(crate) fn register(entry: Arc<dyn Entry>) -> bool {
+    let registry = REGISTRY.get_or_init(|| {
+        let spawned = std::thread::Builder::new()
+            .name(THREAD_NAME.to_string())
+            .spawn(run);
+        spawned.ok().map(|_| Registry {
+            incoming: Mutex::new(Vec::new()),
+            arrived: Condvar::new(),
+        })
+    });
+    let Some(registry) = registry else {
+        return false;
+    };
+    registry
+        .incoming
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(entry);
+    registry.arrived.notify_one();
+    true
+}
+
+/// The thread's loop.
+fn run() {
+    // The registry is set right after this thread is spawned.
+    let registry = loop {
+        match REGISTRY.get() {
+            Some(Some(r)) => break r,
+            Some(None) => return,
+            None => std::thread::yield_now(),
+        }
+    };
+    let mut pending: Vec<Arc<dyn Entry>> = Vec::new();
+    let mut active = Instant::now();
+    let mut pause = FIRST_PAUSE;
+    loop {
+        {
+            let mut incoming = registry.incoming.lock().unwrap_or_else(|p| p.into_inner());
+            while pending.is_empty() && incoming.is_empty() {
+                incoming = registry
+                    .arrived
+                    .wait(incoming)
+                    .unwrap_or_else(|p| p.into_inner());
+            }
+            if !incoming.is_empty() {
+                pending.append(&mut incoming);
+                active = Instant::now();
+                pause = FIRST_PAUSE;
+            }
+        }
+        let now = Instant::now();
+        let before = pending.len();
+        // Released entries drop here: the buffers of a future that is
+        // gone are freed on this thread, after the device is done.
+        pending.retain(|entry| entry.step(now) == Step::Keep);
+        if pending.len() != before {
+            active = now;
+            pause = FIRST_PAUSE;
+        }
+        if pending.is_empty() {
+            continue;
+        }
+        if now.duration_since(active) < SPIN {
+            std::thread::yield_now();
+        } else {
+            // A sleep that a registration cuts short.
+            let incoming = registry.incoming.lock().unwrap_or_else(|p| p.into_inner());
+            if incoming.is_empty() {
+                drop(registry.arrived.wait_timeout(incoming, pause));
+            }
+            pause = (pause * 2).min(MAX_PAUSE);
+        }
+    }
+}
