@@ -62,8 +62,7 @@ impl Source for OnComm {
         // Never waits behind a call in progress on another thread.
         match self.shared.status_nowait()? {
             Ok(CommStatus::Failed(e)) => {
-                self.shared
-                    .request_abort(AbortCause::AsyncError(e.to_string()));
+                abort_elsewhere(&self.shared, AbortCause::AsyncError(e.to_string()));
                 Some(e)
             }
             Ok(_) => None,
@@ -72,8 +71,31 @@ impl Source for OnComm {
     }
 
     fn timed_out(&self, op: &'static str) {
-        self.shared
-            .request_abort(AbortCause::Timeout { op, seq: None });
+        abort_elsewhere(&self.shared, AbortCause::Timeout { op, seq: None });
+    }
+}
+
+/// Asks for the communicator's abort on a thread of its own, once: NCCL's
+/// abort can wait for the device (a stream held by other work), and the
+/// one waker thread must go on waking the other futures meanwhile. The
+/// futures of the communicator see the cause as soon as that thread sets
+/// it; the one that asked resolves with its own error at once.
+fn abort_elsewhere(shared: &Arc<Shared>, cause: AbortCause) {
+    if shared.abort_requested() {
+        return;
+    }
+    let on_its_own = Arc::clone(shared);
+    let spawned = std::thread::Builder::new()
+        .name("nccl-completion-abort".into())
+        .spawn(move || {
+            on_its_own.request_abort(cause);
+        });
+    if let Err(e) = spawned {
+        // No thread to be had: the abort is still asked for, here.
+        tracing::warn!("no thread for the abort ({e}); aborting on the waker thread");
+        shared.request_abort(AbortCause::Other(format!(
+            "a completion future's abort (no thread: {e})"
+        )));
     }
 }
 
