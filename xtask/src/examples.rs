@@ -35,6 +35,7 @@ const EXAMPLES: &[(&str, &str, Needs)] = &[
     ("nccl-dist", "dp_allreduce", Needs::Gpu),
     ("nccl-dist", "mesh_2d", Needs::Gpu),
     ("nccl-dist", "handled_error", Needs::Gpu),
+    ("nccl-dist", "async_server", Needs::Gpu),
     ("nccl-dist", "topology", Needs::Gpu),
     ("nccl-dist", "rendezvous_peer", Needs::Args),
     ("nccl-dist", "weight_sync", Needs::Gpu),

@@ -64,6 +64,7 @@ pub const EXAMPLES: &[(&str, &str)] = &[
     ("nccl-dist", "dp_allreduce"),
     ("nccl-dist", "mesh_2d"),
     ("nccl-dist", "handled_error"),
+    ("nccl-dist", "async_server"),
     ("nccl-dist", "weight_sync"),
 ];
 
