@@ -204,6 +204,10 @@ pub fn analyze(tails: &[Tail]) -> Option<Divergence> {
         let (_, t) = tails.iter().find(|(r, _)| *r == rank)?;
         t.iter().find(|(s, _)| *s == seq).map(|(_, c)| *c)
     };
+    // Bounded whatever the tails hold: at most the widest tail's length
+    // of sequence numbers is walked.
+    let widest = tails.iter().map(|(_, t)| t.len() as u64).max().unwrap_or(0);
+    let to = to.min(from.saturating_add(widest));
     for seq in from..=to {
         let calls: Vec<(usize, Option<Call>)> = ranks.iter().map(|&r| (r, at(r, seq))).collect();
         if let Some(d) = diverged(seq, &calls) {

@@ -59,7 +59,13 @@ impl Source for OnComm {
         if !deep {
             return None;
         }
-        // Never waits behind a call in progress on another thread.
+        // Never waits behind a call in progress on another thread, and never
+        // aborts here: with a cause already set, the status query would
+        // settle the abort on this (the waker) thread; NCCL's abort can
+        // wait for the device.
+        if self.shared.cause.get().is_some() {
+            return Some(self.shared.aborted(op));
+        }
         match self.shared.status_nowait()? {
             Ok(CommStatus::Failed(e)) => {
                 abort_elsewhere(&self.shared, AbortCause::AsyncError(e.to_string()));
@@ -81,21 +87,26 @@ impl Source for OnComm {
 /// futures of the communicator see the cause as soon as that thread sets
 /// it; the one that asked resolves with its own error at once.
 fn abort_elsewhere(shared: &Arc<Shared>, cause: AbortCause) {
-    if shared.abort_requested() {
+    // The cause first, so the other futures of the communicator resolve
+    // with it and none of them starts a thread of its own (once).
+    if shared.cause.set(cause).is_err() {
         return;
     }
     let on_its_own = Arc::clone(shared);
     let spawned = std::thread::Builder::new()
         .name("nccl-completion-abort".into())
         .spawn(move || {
+            let cause = on_its_own
+                .cause
+                .get()
+                .cloned()
+                .unwrap_or(AbortCause::Requested);
             on_its_own.request_abort(cause);
         });
     if let Err(e) = spawned {
-        // No thread to be had: the abort is still asked for, here.
-        tracing::warn!("no thread for the abort ({e}); aborting on the waker thread");
-        shared.request_abort(AbortCause::Other(format!(
-            "a completion future's abort (no thread: {e})"
-        )));
+        // No thread to be had: the cause stays set, so the communicator's
+        // next use (or its drop) aborts it; never on the waker thread.
+        tracing::warn!("no thread for a completion future's abort ({e}); left to the next use");
     }
 }
 
@@ -253,6 +264,13 @@ impl Comm {
         buffers: B,
         error: Option<Error>,
     ) -> Completion<B> {
+        if matches!(error, Some(Error::Timeout { .. })) {
+            // A nonblocking enqueue that timed out may still launch after
+            // any event recorded now: nothing tells when the device is
+            // done with the buffers, so they are never freed.
+            std::mem::forget(buffers);
+            return Completion::failed(error.unwrap_or(Error::Finalized { op }));
+        }
         let event = match stream.record_event(None) {
             Ok(event) => event,
             Err(source) => {

@@ -52,6 +52,9 @@ struct Gather {
     answered: Vec<usize>,
 }
 
+/// Verdicts kept at once (a peer cannot make the list grow without end).
+const MAX_VERDICTS: usize = 8;
+
 /// Exchange state of one rank.
 #[derive(Default)]
 pub(super) struct Exchange {
@@ -133,6 +136,9 @@ impl Shared {
                 return;
             };
             let divergence = analyze(&g.tails).map(Box::new);
+            if ex.verdicts.len() >= MAX_VERDICTS {
+                ex.verdicts.remove(0);
+            }
             ex.verdicts.push((g.key.clone(), divergence.clone()));
             (g.key, divergence)
         };
@@ -167,6 +173,9 @@ impl Shared {
     pub(super) fn on_verdict(&self, key: String, divergence: Option<Box<Divergence>>) {
         let mut ex = lock(&self.exchange);
         if !ex.verdicts.iter().any(|(k, _)| *k == key) {
+            if ex.verdicts.len() >= MAX_VERDICTS {
+                ex.verdicts.remove(0);
+            }
             ex.verdicts.push((key, divergence));
         }
         drop(ex);
@@ -196,8 +205,10 @@ impl Shared {
         }
         let mut ex = lock(&self.exchange);
         loop {
-            if let Some((_, d)) = ex.verdicts.iter().find(|(k, _)| k == key) {
-                return d.clone();
+            if let Some(i) = ex.verdicts.iter().position(|(k, _)| k == key) {
+                // Taken, not kept: a later timeout on a communicator of the
+                // same label gathers afresh instead of reading this one.
+                return ex.verdicts.remove(i).1;
             }
             let left = until.saturating_duration_since(Instant::now());
             if left.is_zero() {

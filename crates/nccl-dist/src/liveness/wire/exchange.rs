@@ -163,9 +163,24 @@ pub(super) fn decode_tail(body: &[u8]) -> Result<(String, Vec<(u64, Call)>), Liv
     if n > TAIL_MAX {
         return Err(LivenessError::Malformed("a tail of too many calls"));
     }
-    let mut calls = Vec::with_capacity(n);
+    let mut calls: Vec<(u64, Call)> = Vec::with_capacity(n);
     for _ in 0..n {
-        calls.push((r.u64()?, r.call()?));
+        let seq = r.u64()?;
+        // Rising, and no wider than a recorder's tail: the analysis walks
+        // the span, so a peer may not make it long.
+        if let Some((last, _)) = calls.last()
+            && seq <= *last
+        {
+            return Err(LivenessError::Malformed(
+                "a tail whose sequence numbers do not rise",
+            ));
+        }
+        if let Some((first, _)) = calls.first()
+            && seq - first >= TAIL_MAX as u64
+        {
+            return Err(LivenessError::Malformed("a tail wider than the recorder's"));
+        }
+        calls.push((seq, r.call()?));
     }
     r.end()?;
     Ok((key, calls))
@@ -298,6 +313,27 @@ mod tests {
             dtype: ncclDataType_t::ncclBfloat16,
             peer,
         }
+    }
+
+    #[test]
+    fn tails_that_do_not_rise_or_span_too_far_are_refused() {
+        let c = call(OPS[0], 8, None);
+        for seqs in [[5u64, 5], [5, 4], [0, u64::MAX], [0, TAIL_MAX as u64]] {
+            let tail: Vec<(u64, Call)> = seqs.iter().map(|&s| (s, c)).collect();
+            let mut out = Vec::new();
+            encode_tail("world", &tail, &mut out);
+            assert!(
+                matches!(decode_tail(&out), Err(LivenessError::Malformed(_))),
+                "{seqs:?}"
+            );
+        }
+        let tail: Vec<(u64, Call)> = [7u64, 9, 7 + TAIL_MAX as u64 - 1]
+            .iter()
+            .map(|&s| (s, c))
+            .collect();
+        let mut out = Vec::new();
+        encode_tail("world", &tail, &mut out);
+        assert_eq!(decode_tail(&out).unwrap().1.len(), 3);
     }
 
     #[test]
