@@ -84,8 +84,9 @@ impl Source for OnComm {
 /// Asks for the communicator's abort on a thread of its own, once: NCCL's
 /// abort can wait for the device (a stream held by other work), and the
 /// one waker thread must go on waking the other futures meanwhile. The
-/// futures of the communicator see the cause as soon as that thread sets
-/// it; the one that asked resolves with its own error at once.
+/// cause is set here, before that thread starts, so the communicator's
+/// other futures resolve with it at their next look; the one that asked
+/// resolves with its own error at once.
 fn abort_elsewhere(shared: &Arc<Shared>, cause: AbortCause) {
     // The cause first, so the other futures of the communicator resolve
     // with it and none of them starts a thread of its own (once).
