@@ -172,28 +172,12 @@ fn prepare(python: &Path, wheels: &Path) -> Result<()> {
             .into());
         }
     }
-    {
-        // Always this wheel: an older one of the same version may be
-        // installed already.
-        let wheel = std::fs::read_dir(wheels)?
-            .flatten()
-            .map(|e| e.path())
-            .find(|p| {
-                p.file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.starts_with("nccl_rs-") && n.ends_with(".whl"))
-            })
-            .ok_or_else(|| {
-                format!(
-                    "no nccl_rs wheel in {} (`cargo xtask py --release`)",
-                    wheels.display()
-                )
-            })?;
-        crate::run(
-            Command::new(python)
-                .args(["-m", "pip", "install", "--no-deps", "--force-reinstall"])
-                .arg(wheel),
-        )?;
-    }
+    let wheel = crate::py::find_wheel(wheels).ok_or_else(|| {
+        format!(
+            "no nccl_rs wheel in {} (`cargo xtask py --release`)",
+            wheels.display()
+        )
+    })?;
+    crate::py::install_wheel(python, &wheel)?;
     Ok(())
 }

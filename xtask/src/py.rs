@@ -29,17 +29,7 @@ pub fn run_py(args: &[&str]) -> Result<()> {
     let p = flags::parse("py", FLAGS, Trailing::None, args)?;
     let python = venv()?;
     let wheel = build_wheel(&python, p.has("--release"))?;
-    eprintln!("xtask: installing {}", wheel.display());
-    run(Command::new(&python)
-        .args([
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-        ])
-        .args(["--no-deps", "--force-reinstall"])
-        .arg(&wheel))?;
+    install_wheel(&python, &wheel)?;
     if p.has("--no-test") {
         return Ok(());
     }
@@ -109,17 +99,38 @@ pub fn build_wheel(python: &Path, release: bool) -> Result<PathBuf> {
         if release { "release" } else { "debug" }
     );
     run(&mut cmd)?;
-    std::fs::read_dir(&out)?
+    find_wheel(&out).ok_or_else(|| {
+        format!(
+            "maturin reported success but no nccl_rs wheel is in {}",
+            out.display()
+        )
+        .into()
+    })
+}
+
+/// The nccl_rs wheel in `dir`, if there is one.
+pub fn find_wheel(dir: &Path) -> Option<PathBuf> {
+    std::fs::read_dir(dir)
+        .ok()?
         .flatten()
         .map(|e| e.path())
         .find(|p| is_our_wheel(p))
-        .ok_or_else(|| {
-            format!(
-                "maturin reported success but no nccl_rs wheel is in {}",
-                out.display()
-            )
-            .into()
-        })
+}
+
+/// Installs `wheel` into `python`'s environment, over any installed one
+/// (an older build of the same version may be there).
+pub fn install_wheel(python: &Path, wheel: &Path) -> Result<()> {
+    eprintln!("xtask: installing {}", wheel.display());
+    run(Command::new(python)
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+        ])
+        .args(["--no-deps", "--force-reinstall"])
+        .arg(wheel))
 }
 
 fn is_our_wheel(path: &Path) -> bool {
