@@ -27,6 +27,7 @@ use std::process::{Child, Command, ExitStatus};
 use std::time::{Duration, Instant};
 
 use crate::Result;
+use crate::hosts::Hosts;
 use crate::launch::{job, rank_env};
 
 /// How a case is started.
@@ -127,6 +128,7 @@ const CASES: &[Case] = &[
     case("c1_mismatched_count", Pick::First, End::Passes, BOTH),
     case("c2_mismatched_dtype", Pick::Last, End::Passes, BOTH),
     case("c3_mismatched_order", Pick::First, End::Passes, BOTH),
+    case("c4_mismatched_root", Pick::Last, End::Passes, BOTH),
     case("d_abort_from_another_thread", Pick::Last, End::Passes, BOTH),
     case("e_drop_with_work_in_flight", Pick::First, End::Passes, BOTH),
     case(
@@ -184,6 +186,9 @@ pub struct Options<'a> {
     /// Where the table also goes: a file, or a directory that gets
     /// `<device kind>.md`.
     pub report: Option<&'a Path>,
+    /// Emulated hosts (`--nodes`): each rank process on one (processes
+    /// mode only).
+    pub hosts: Option<Hosts>,
 }
 
 /// One run of a case.
@@ -222,12 +227,14 @@ const SIGKILL: i32 = 9;
 
 /// Starts the case's processes (`test` as listed): one per rank, or one
 /// for every rank.
+#[allow(clippy::too_many_arguments)]
 fn start(
     binary: &Path,
     case: &Case,
     test: &str,
     n: usize,
     mode: Mode,
+    hosts: Option<&Hosts>,
     results: &Path,
     log: &std::fs::File,
 ) -> Result<Vec<Child>> {
@@ -259,13 +266,30 @@ fn start(
             Ok(vec![cmd.spawn()?])
         }
         Mode::Processes => {
-            let (ports, secret) = job()?;
+            let (mut ports, secret) = job()?;
+            if hosts.is_some() {
+                ports = crate::hosts::ports()?;
+            }
             let (port2, _) = job()?;
+            let nccl_log = results.join(format!("{}.nccl.%p", case.name));
             (0..n)
                 .map(|rank| {
                     let mut cmd = command()?;
-                    cmd.envs(rank_env(rank, n, ports, &secret))
-                        .env("NCCL_RS_FAULT_PORT2", port2.0.to_string());
+                    match hosts {
+                        Some(h) => h.apply(
+                            &mut cmd,
+                            rank,
+                            n,
+                            crate::gpu_count(),
+                            ports,
+                            &secret,
+                            &nccl_log,
+                        )?,
+                        None => {
+                            cmd.envs(rank_env(rank, n, ports, &secret));
+                        }
+                    }
+                    cmd.env("NCCL_RS_FAULT_PORT2", port2.0.to_string());
                     Ok(cmd.spawn()?)
                 })
                 .collect()
@@ -273,12 +297,14 @@ fn start(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn run_case(
     binary: &Path,
     case: &Case,
     test: &str,
     n: usize,
     mode: Mode,
+    hosts: Option<&Hosts>,
     limit: Duration,
     dir: &Path,
 ) -> Result<CaseResult> {
@@ -301,7 +327,7 @@ fn run_case(
     let waits_for =
         |i: usize| mode == Mode::Threads || Some(i) != victim || case.end == End::Passes;
     let started = Instant::now();
-    let mut children = start(binary, case, test, n, mode, &results, &log)?;
+    let mut children = start(binary, case, test, n, mode, hosts, &results, &log)?;
     let mut statuses: Vec<Option<ExitStatus>> = vec![None; children.len()];
     let deadline = started + limit;
     loop {
@@ -500,6 +526,7 @@ fn render(results: &[CaseResult], device: &str) -> String {
     for r in results {
         let mut details = Vec::new();
         for key in [
+            "culprit",
             "recovered",
             "rebuilt_ms",
             "mesh",
@@ -562,8 +589,16 @@ fn render(results: &[CaseResult], device: &str) -> String {
 }
 
 /// The world sizes to run: those asked (each at least 2 and at most the
-/// host's GPUs), else 2 and 4 where the host has them.
-fn world_sizes(asked: Option<&[usize]>, gpus: usize) -> Result<Vec<usize>> {
+/// host's GPUs), else 2 and 4 where the host has them. On emulated hosts:
+/// those asked, else one rank per host, each checked by [`Hosts::per_host`].
+fn world_sizes(asked: Option<&[usize]>, gpus: usize, hosts: Option<&Hosts>) -> Result<Vec<usize>> {
+    if let Some(h) = hosts {
+        let sizes = asked.map_or_else(|| vec![h.nodes], <[usize]>::to_vec);
+        for &n in &sizes {
+            h.per_host(n, gpus)?;
+        }
+        return Ok(sizes);
+    }
     if gpus < 2 {
         return Err(format!("the fault suite needs at least 2 GPUs; this host has {gpus}").into());
     }
@@ -653,12 +688,18 @@ fn select(listed: &[String], filter: Option<&str>) -> Result<Vec<(&'static Case,
 
 /// Runs the suite from `binary` on this host's `gpus` GPUs.
 pub fn run(binary: &Path, gpus: usize, o: &Options) -> Result<()> {
-    let sizes = world_sizes(o.worlds, gpus)?;
+    let sizes = world_sizes(o.worlds, gpus, o.hosts.as_ref())?;
     let cases = select(&crate::list_tests(binary)?, o.filter)?;
     let mut runs: Vec<(usize, &Case, &str, Mode)> = Vec::new();
     for &n in &sizes {
         for (case, test) in &cases {
-            for &mode in case.modes.iter().filter(|m| o.modes.contains(m)) {
+            // Emulated hosts are processes: a thread cannot be a host.
+            let modes = case
+                .modes
+                .iter()
+                .filter(|m| o.modes.contains(m))
+                .filter(|m| o.hosts.is_none() || **m == Mode::Processes);
+            for &mode in modes {
                 runs.push((n, case, test, mode));
             }
         }
@@ -667,8 +708,18 @@ pub fn run(binary: &Path, gpus: usize, o: &Options) -> Result<()> {
         return Err("no fault cases matched (filter and modes)".into());
     }
     let name = gpu_name().unwrap_or_else(|| "unknown GPU".into());
-    let kind = device_kind(&name, gpus);
-    let device = format!("{gpus} x {name} ({kind})");
+    let kind = match &o.hosts {
+        // Its own report: the emulated hosts do not replace the real run.
+        Some(h) => format!("{}-{}hosts", device_kind(&name, gpus), h.nodes),
+        None => device_kind(&name, gpus),
+    };
+    let device = match &o.hosts {
+        Some(h) => format!(
+            "{gpus} x {name} ({kind}), ranks on {}",
+            h.describe(sizes[0], gpus)
+        ),
+        None => format!("{gpus} x {name} ({kind})"),
+    };
     let dir = o.out.join("faults");
     std::fs::create_dir_all(&dir)?;
     let report = o.report.map(|p| report_path(p, &kind));
@@ -695,7 +746,7 @@ pub fn run(binary: &Path, gpus: usize, o: &Options) -> Result<()> {
         );
         eprintln!("xtask: {tag} ...");
         let limit = case.limit.unwrap_or(o.limit);
-        let r = run_case(binary, case, test, *n, *mode, limit, &dir)?;
+        let r = run_case(binary, case, test, *n, *mode, o.hosts.as_ref(), limit, &dir)?;
         eprintln!(
             "xtask: {tag}: {} in {:.1}s ({:.0}s elapsed){}",
             if r.passed { "pass" } else { "FAIL" },

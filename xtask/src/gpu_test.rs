@@ -32,12 +32,20 @@
 //! thread per rank) and `processes` (xtask starts a process per rank with
 //! the torchrun variables, fresh ports and a fresh `NCCL_RS_SECRET`, as
 //! `cargo xtask launch` does).
+//!
+//! `--nodes N [--launcher slurm|openmpi] [--share-gpus]` runs the
+//! `processes` mode of nccl-dist's GPU tests (and, with `--faults`, the
+//! fault suite) on `N` emulated hosts of this machine: see `hosts.rs`.
+//! World sizes default to `N` (a rank per host); the matrix gains the
+//! transports NCCL used, and a connection between hosts that did not go
+//! through the network fails the test.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::flags::{self, Flag, Trailing, switch, value};
+use crate::hosts::{Hosts, Launcher};
 use crate::launch::{Ended, job, rank_env, wait_all};
 use crate::{Result, cargo, gpu_count, release_dir, workspace_root};
 
@@ -87,6 +95,7 @@ struct Options {
     faults: bool,
     faults_report: Option<PathBuf>,
     python: Option<PathBuf>,
+    hosts: Option<Hosts>,
 }
 
 /// The flags of `gpu-test`.
@@ -102,6 +111,9 @@ const FLAGS: &[Flag] = &[
     switch(&["--faults"]),
     value(&["--faults-report"]),
     value(&["--python"]),
+    value(&["--nodes"]),
+    value(&["--launcher"]),
+    switch(&["--share-gpus"]),
 ];
 
 fn parse(args: &[&str]) -> Result<Options> {
@@ -118,11 +130,34 @@ fn parse(args: &[&str]) -> Result<Options> {
         })
         .transpose()?;
     let target_names: Vec<&str> = TARGETS.iter().map(|t| t.2).collect();
+    let launcher = p.value("--launcher");
+    let hosts = match p.parsed::<usize>("--nodes", "hosts")? {
+        Some(nodes) => Some(Hosts {
+            nodes,
+            launcher: Launcher::parse(launcher.unwrap_or("slurm"))?,
+            share_gpus: p.has("--share-gpus"),
+        }),
+        None if launcher.is_some() || p.has("--share-gpus") => {
+            return Err("--launcher and --share-gpus go with --nodes N".into());
+        }
+        None => None,
+    };
+    let modes = p.list("--modes", Some(MODES), "mode")?;
+    if hosts.is_some()
+        && modes
+            .as_ref()
+            .is_some_and(|m| m.iter().any(|m| m != "processes"))
+    {
+        return Err("--nodes runs a process per rank: only --modes processes goes with it".into());
+    }
+    let default_modes: &[&str] = if hosts.is_some() {
+        &["processes"]
+    } else {
+        MODES
+    };
     Ok(Options {
         worlds,
-        modes: p
-            .list("--modes", Some(MODES), "mode")?
-            .unwrap_or_else(|| MODES.iter().map(|m| m.to_string()).collect()),
+        modes: modes.unwrap_or_else(|| default_modes.iter().map(|m| m.to_string()).collect()),
         filter: p.value("--filter").map(str::to_string),
         targets: p.list("--targets", Some(&target_names), "target")?,
         timeout: Duration::from_secs(p.parsed("--timeout", "seconds")?.unwrap_or(300)),
@@ -134,6 +169,7 @@ fn parse(args: &[&str]) -> Result<Options> {
         faults: p.has("--faults"),
         faults_report: p.value("--faults-report").map(PathBuf::from),
         python: p.value("--python").map(PathBuf::from),
+        hosts,
     })
 }
 
@@ -162,6 +198,7 @@ pub fn run(args: &[&str]) -> Result<()> {
             limit: o.timeout.min(Duration::from_secs(180)),
             out: &o.out,
             report: o.faults_report.as_deref(),
+            hosts: o.hosts,
         };
         return crate::faults::run(&binary, gpu_count(), &options);
     }
@@ -365,13 +402,17 @@ fn run_one(
     test: &str,
     world: usize,
     mode: &str,
+    hosts: Option<&Hosts>,
     timeout: Duration,
     log: &Path,
 ) -> Result<Outcome> {
     let file = std::fs::File::create(log)?;
     let started = Instant::now();
     let ranks = if mode == "processes" { world } else { 1 };
-    let (ports, secret) = job()?;
+    let (mut ports, secret) = job()?;
+    if hosts.is_some() {
+        ports = crate::hosts::ports()?;
+    }
     let id_file = log.with_extension("id");
     let _ = std::fs::remove_file(&id_file);
     let mut children = Vec::with_capacity(ranks);
@@ -389,9 +430,26 @@ fn run_one(
         .env("NCCL_SAFE_TEST_MODE", mode)
         .stdout(file.try_clone()?)
         .stderr(file.try_clone()?);
+        match hosts {
+            Some(h) => {
+                h.apply(
+                    &mut cmd,
+                    rank,
+                    world,
+                    gpu_count(),
+                    ports,
+                    &secret,
+                    &nccl_log(log),
+                )?;
+                cmd.env("NCCL_SAFE_TEST_NODES", h.nodes.to_string());
+            }
+            None if mode == "processes" => {
+                cmd.envs(rank_env(rank, world, ports, &secret));
+            }
+            None => {}
+        }
         if mode == "processes" {
-            cmd.envs(rank_env(rank, world, ports, &secret))
-                .env("NCCL_SAFE_TEST_ID_FILE", &id_file);
+            cmd.env("NCCL_SAFE_TEST_ID_FILE", &id_file);
         }
         children.push(cmd.spawn()?);
     }
@@ -405,13 +463,52 @@ fn run_one(
     })
 }
 
+/// Where NCCL's set-up log of the processes behind `log` goes (per
+/// process: NCCL puts the pid for `%p`).
+fn nccl_log(log: &Path) -> PathBuf {
+    log.with_extension("nccl.%p")
+}
+
+/// The transports of the run behind `log` ([`nccl_log`]), in words, and
+/// whether a connection between emulated hosts avoided the network.
+fn transports_of(log: &Path, hosts: &Hosts, world: usize) -> (String, bool) {
+    let dir = log.parent().unwrap_or(Path::new("."));
+    let stem = log
+        .with_extension("nccl.")
+        .file_name()
+        .map(|n| n.to_string_lossy().to_string())
+        .unwrap_or_default();
+    let seen = crate::hosts::transports(dir, &stem);
+    let local = crate::hosts::local_transports(&seen);
+    let one_per_host = world == hosts.nodes;
+    let summary = crate::hosts::summary(&seen);
+    if one_per_host && !local.is_empty() {
+        (
+            format!("{summary} (between hosts without the network: {local:?})"),
+            false,
+        )
+    } else {
+        (summary, true)
+    }
+}
+
 fn matrix(o: &Options, binaries: &[PathBuf]) -> Result<()> {
     let gpus = gpu_count();
     if gpus == 0 {
         return Err("gpu-test needs NVIDIA GPUs, and `nvidia-smi -L` lists none".into());
     }
-    let worlds = match &o.worlds {
-        Some(worlds) => {
+    let worlds = match (&o.worlds, &o.hosts) {
+        (Some(worlds), Some(h)) => {
+            for &w in worlds {
+                h.per_host(w, gpus)?;
+            }
+            worlds.clone()
+        }
+        (None, Some(h)) => {
+            h.per_host(h.nodes, gpus)?;
+            vec![h.nodes]
+        }
+        (Some(worlds), None) => {
             if let Some(w) = worlds.iter().find(|w| **w > gpus || **w == 0) {
                 return Err(
                     format!("asked for world size {w}, but this host has {gpus} GPU(s)").into(),
@@ -419,18 +516,26 @@ fn matrix(o: &Options, binaries: &[PathBuf]) -> Result<()> {
             }
             worlds.clone()
         }
-        None => [1, 2, 4, 8].into_iter().filter(|w| *w <= gpus).collect(),
+        (None, None) => [1, 2, 4, 8].into_iter().filter(|w| *w <= gpus).collect(),
     };
     std::fs::create_dir_all(&o.out)?;
     let mut rows: Vec<(String, Vec<Outcome>)> = Vec::new();
     let mut columns = Vec::new();
     for w in &worlds {
         for m in &o.modes {
-            columns.push(format!("{w} GPU{} {m}", if *w == 1 { "" } else { "s" }));
+            columns.push(match &o.hosts {
+                Some(h) => format!("{w} ranks, {}", h.describe(*w, gpus)),
+                None => format!("{w} GPU{} {m}", if *w == 1 { "" } else { "s" }),
+            });
         }
     }
     let mut tests = Vec::new();
-    for (binary, (_, _, name, per_mode)) in binaries.iter().zip(TARGETS) {
+    for (binary, (package, _, name, per_mode)) in binaries.iter().zip(TARGETS) {
+        // Emulated hosts are for nccl-dist's launch, rendezvous and
+        // placement: its tests that run a process per rank.
+        if o.hosts.is_some() && !(*package == "nccl-dist" && *per_mode) {
+            continue;
+        }
         if o.targets
             .as_ref()
             .is_some_and(|t| !t.iter().any(|n| n == name))
@@ -452,6 +557,7 @@ fn matrix(o: &Options, binaries: &[PathBuf]) -> Result<()> {
     }
     let total = tests.len() * columns.len();
     let mut done = 0;
+    let mut transports: Vec<(String, String)> = Vec::new();
     let started = Instant::now();
     for (binary, test, per_mode) in &tests {
         let mut cells = Vec::new();
@@ -465,7 +571,16 @@ fn matrix(o: &Options, binaries: &[PathBuf]) -> Result<()> {
                 let log = o.out.join(format!("{test}.w{w}.{m}.log"));
                 // A mode-free target runs once, in one process.
                 let mode = if *per_mode { m.as_str() } else { "single" };
-                let outcome = run_one(binary, test, *w, mode, o.timeout, &log)?;
+                let mut outcome =
+                    run_one(binary, test, *w, mode, o.hosts.as_ref(), o.timeout, &log)?;
+                if let Some(h) = &o.hosts {
+                    let (words, ok) = transports_of(&log, h, *w);
+                    eprintln!("xtask:     NCCL transports: {words}");
+                    if !ok && let Outcome::Pass(took) = outcome {
+                        outcome = Outcome::Fail(took);
+                    }
+                    transports.push((format!("{test} ({w} ranks)"), words));
+                }
                 eprintln!(
                     "xtask: [{done}/{total}] {test} world {w} {m}: {} ({:.0}s elapsed)",
                     outcome.cell(),
@@ -483,9 +598,10 @@ fn matrix(o: &Options, binaries: &[PathBuf]) -> Result<()> {
         }
         rows.push((test.clone(), cells));
         // Keep the file current, so a run cut short still leaves its rows.
-        std::fs::write(o.out.join("matrix.md"), render(&columns, &rows, gpus))?;
+        let table = render(&columns, &rows, gpus) + &render_transports(&transports);
+        std::fs::write(o.out.join("matrix.md"), table)?;
     }
-    let table = render(&columns, &rows, gpus);
+    let table = render(&columns, &rows, gpus) + &render_transports(&transports);
     println!("{table}");
     std::fs::write(o.out.join("matrix.md"), &table)?;
     let failed = rows
@@ -502,6 +618,21 @@ fn matrix(o: &Options, binaries: &[PathBuf]) -> Result<()> {
         )
         .into())
     }
+}
+
+/// The transports NCCL reported per run on emulated hosts (empty
+/// without `--nodes`).
+fn render_transports(rows: &[(String, String)]) -> String {
+    if rows.is_empty() {
+        return String::new();
+    }
+    let mut out = "\nNCCL transports (from its set-up log, one line per connection)\n\n\
+                   | test | transports |\n|---|---|\n"
+        .to_string();
+    for (test, words) in rows {
+        out.push_str(&format!("| {test} | {words} |\n"));
+    }
+    out
 }
 
 fn render(columns: &[String], rows: &[(String, Vec<Outcome>)], gpus: usize) -> String {

@@ -30,6 +30,7 @@ mod flags;
 mod fuzz;
 mod gpu_py;
 mod gpu_test;
+mod hosts;
 mod launch;
 mod pins;
 mod publish;
@@ -92,7 +93,11 @@ const COMMANDS: &[(&str, &str)] = &[
   gpu-test --from-bundle DIR   run a bundle's tests (on the GPU host)
   gpu-test --faults [--filter TEXT] [--worlds 2,4] [--modes processes,threads] [--faults-report PATH]
                     the fault-injection suite with default options (victim per case);
-                    PATH a directory gets <device kind>.md",
+                    PATH a directory gets <device kind>.md
+  gpu-test --nodes N [--launcher slurm|openmpi] [--share-gpus] [--faults] ...
+                    a process per rank on N emulated hosts (own NCCL_HOSTID, GPUs and launcher
+                    variables each): nccl-dist's GPU tests (or the fault suite) over NCCL's
+                    network transport; --share-gpus lets hosts share GPUs (2 hosts on 1 GPU)",
     ),
     (
         "launch",

@@ -8,6 +8,7 @@
 //! | `NCCL_SAFE_TEST_WORLD` | ranks (GPUs) to use; default: every visible GPU |
 //! | `NCCL_SAFE_TEST_ID_FILE` | processes mode: where rank 0 writes the unique id |
 //! | `RANK`, `WORLD_SIZE`, `LOCAL_RANK` | processes mode: this process's place (torchrun's names) |
+//! | `NCCL_SAFE_TEST_NODES` | processes mode on emulated hosts (`gpu-test --nodes N`): the ranks are spread over N hosts, each with its own GPUs |
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -75,17 +76,24 @@ pub fn exchange_id(rank: usize) -> UniqueId {
     }
 }
 
-/// World size: `NCCL_SAFE_TEST_WORLD`, else every visible GPU.
+/// World size: `NCCL_SAFE_TEST_WORLD`, else every visible GPU. On
+/// emulated hosts (`NCCL_SAFE_TEST_NODES`) each host sees only its own
+/// GPUs, which must hold its share of the ranks.
 pub fn world() -> usize {
     let visible = nccl_safe::cudarc::driver::CudaContext::device_count().unwrap_or(0) as usize;
+    let hosts = std::env::var("NCCL_SAFE_TEST_NODES")
+        .ok()
+        .and_then(|n| n.parse::<usize>().ok())
+        .unwrap_or(1)
+        .max(1);
     let wanted = std::env::var("NCCL_SAFE_TEST_WORLD")
         .ok()
         .and_then(|w| w.parse().ok())
         .unwrap_or(visible);
     assert!(wanted >= 1, "no GPU visible");
     assert!(
-        wanted <= visible,
-        "asked for {wanted} GPUs, {visible} visible"
+        wanted.div_ceil(hosts) <= visible,
+        "asked for {wanted} GPUs over {hosts} host(s), {visible} visible per host"
     );
     wanted
 }

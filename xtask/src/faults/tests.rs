@@ -120,7 +120,7 @@ fn the_harness_tells_how_each_rank_ended() {
     let limit = Duration::from_secs(30);
     let run = |name: &str, n: usize, mode: Mode| {
         let test = format!("m::{name}");
-        run_case(&fake, find(name), &test, n, mode, limit, &dir).unwrap()
+        run_case(&fake, find(name), &test, n, mode, None, limit, &dir).unwrap()
     };
 
     let a = run("a_sigkill_mid_all_reduce", 3, Mode::Processes);
@@ -173,12 +173,19 @@ fn the_harness_tells_how_each_rank_ended() {
 
 #[test]
 fn world_sizes_need_the_gpus_asked_for() {
-    assert_eq!(world_sizes(None, 2).unwrap(), vec![2]);
-    assert_eq!(world_sizes(None, 8).unwrap(), vec![2, 4]);
-    assert_eq!(world_sizes(Some(&[4]), 4).unwrap(), vec![4]);
-    assert!(world_sizes(Some(&[4]), 2).is_err());
-    assert!(world_sizes(Some(&[1]), 2).is_err());
-    assert!(world_sizes(None, 1).is_err());
+    assert_eq!(world_sizes(None, 2, None).unwrap(), vec![2]);
+    assert_eq!(world_sizes(None, 8, None).unwrap(), vec![2, 4]);
+    assert_eq!(world_sizes(Some(&[4]), 4, None).unwrap(), vec![4]);
+    assert!(world_sizes(Some(&[4]), 2, None).is_err());
+    assert!(world_sizes(Some(&[1]), 2, None).is_err());
+    assert!(world_sizes(None, 1, None).is_err());
+    let shared = crate::hosts::Hosts {
+        nodes: 2,
+        launcher: crate::hosts::Launcher::Slurm,
+        share_gpus: true,
+    };
+    assert_eq!(world_sizes(None, 1, Some(&shared)).unwrap(), vec![2]);
+    assert!(world_sizes(Some(&[4]), 1, Some(&shared)).is_err());
 }
 
 #[test]

@@ -46,10 +46,21 @@ pub fn positions_on_host(order: &[usize], devices: &[usize]) -> Vec<usize> {
     out
 }
 
-/// An identifier of this machine: the hash of its host name and boot id.
+/// An identifier of this machine: the hash of its host name and boot id,
+/// or of `NCCL_HOSTID` when set, so that the ranks NCCL takes for one
+/// host are the ones placement takes for one host (`NCCL_HOSTID` is how
+/// NCCL's own host hash is overridden: containers, emulated hosts).
 fn host_id() -> u64 {
-    let mut text = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-    text.push_str(&std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default());
+    let text = match std::env::var("NCCL_HOSTID") {
+        Ok(id) if !id.is_empty() => format!("NCCL_HOSTID={id}"),
+        _ => {
+            let mut text = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+            text.push_str(
+                &std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default(),
+            );
+            text
+        }
+    };
     text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     })

@@ -253,7 +253,7 @@ fn h_thread_panics_mid_collective() {
         expect_peer_lost(r, waited, since)?;
         drop(buf);
         drop(world);
-        kernel_runs(r.rank)?;
+        kernel_runs(r.device)?;
         r.note("kernel", "ok")
     });
 }

@@ -111,6 +111,9 @@ pub(crate) struct Rank {
     pub(crate) mode: Mode,
     pub(crate) rank: usize,
     pub(crate) size: usize,
+    /// This rank's GPU: its local rank (processes; on emulated hosts each
+    /// host numbers its own GPUs from 0), or its rank (threads).
+    pub(crate) device: usize,
     victim: Option<usize>,
     out: PathBuf,
     lines: Vec<String>,
@@ -147,24 +150,35 @@ pub(crate) fn die(out: &Path, case: &str, rank: usize, how: &str) -> ! {
 }
 
 impl Rank {
-    fn new(case: &'static str, mode: Mode, rank: usize, size: usize, job: &Job) -> Rank {
+    fn new(
+        case: &'static str,
+        mode: Mode,
+        (rank, size, device): (usize, usize, usize),
+        job: &Job,
+    ) -> Rank {
         Rank {
             case,
             mode,
             rank,
             size,
+            device,
             victim: job.victim,
             out: job.out.clone(),
             lines: Vec::new(),
         }
     }
 
-    /// The rank of this process, from the torchrun variables.
+    /// The rank of this process, from the launcher's variables (torchrun,
+    /// or Slurm's and Open MPI's on emulated hosts).
     fn from_env(case: &'static str) -> TestResult<Rank> {
         let job = Job::from_env()?;
-        let rank = env("RANK")?.parse()?;
-        let size = env("WORLD_SIZE")?.parse()?;
-        Ok(Rank::new(case, Mode::Processes, rank, size, &job))
+        let l = Launch::detect()?;
+        Ok(Rank::new(
+            case,
+            Mode::Processes,
+            (l.rank, l.world_size, l.local_rank),
+            &job,
+        ))
     }
 
     /// The victim; an error for a case run without one.
@@ -233,7 +247,7 @@ impl Rank {
             self.rank
         };
         let launch = Launch::explicit(rank, self.size - 1, rank, self.size - 1, "127.0.0.1", port)?;
-        Ok(World::init_with(launch, &options().device(self.rank))?)
+        Ok(World::init_with(launch, &options().device(self.device))?)
     }
 }
 
@@ -369,7 +383,7 @@ pub(crate) fn expect_peer_lost(
 /// The survivors' epilogue (process mode): a kernel on the GPU, then a new
 /// world among them with a checked all-reduce.
 pub(crate) fn recover(r: &mut Rank) -> TestResult {
-    kernel_runs(r.rank)?;
+    kernel_runs(r.device)?;
     r.note("kernel", "ok")?;
     let started = Instant::now();
     let world = r.survivors_world()?;
@@ -439,7 +453,8 @@ pub(crate) fn run_threads(
     // makes it return the panic alone.
     let verdicts: Mutex<Vec<Option<Result<(), String>>>> = Mutex::new(vec![None; size]);
     let result = World::spawn_local_with_options(&devices, &options(), |world| {
-        let mut r = Rank::new(case, Mode::Threads, world.rank(), world.size(), &job);
+        let place = (world.rank(), world.size(), world.device());
+        let mut r = Rank::new(case, Mode::Threads, place, &job);
         let rank = r.rank;
         let result = body(&mut r, world);
         let verdict = finish(&mut r, result);

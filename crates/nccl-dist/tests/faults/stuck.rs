@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use nccl_dist::nccl_safe::{self, AbortCause, GroupGuard, ReduceOp};
-use nccl_dist::{Error, FailureKind, Launch, World};
+use nccl_dist::{Error, FailureKind, Field, Launch, World};
 
 use crate::hardware::{gpu_used_mib, host_barrier, open_fds, threads};
 use crate::{
@@ -23,13 +23,16 @@ const N: usize = 1 << 20;
 /// then a one-element all-reduce as a barrier; the first error ends it.
 /// Every rank must be done within two operation timeouts (the op, then
 /// the barrier a faster rank got to), never hang, and nobody may count as
-/// lost. Done is an error (the watchdog's, or the communicator's own
-/// timeout) or, where NCCL cannot tell, completion: it exchanges no
-/// counts or types, and on 2 H200s a count or dtype mismatch completed at
-/// once on both ranks (with meaningless data), an order mismatch on one.
+/// lost. An error must be the watchdog's verdict from the flight-recorder
+/// exchange ([`FailureKind::Diverged`]) naming the victim and `field`.
+/// NCCL exchanges no counts or types, so a mismatch may also complete
+/// (with meaningless data): on 2 H200s a count or dtype mismatch of 1M
+/// against 2M elements completed at once on both ranks. That is recorded
+/// as such; the check before launch (`..._checked` cases) catches those.
 fn mismatch(
     r: &mut Rank,
     world: World,
+    field: Field,
     warm: impl Fn(&World) -> TestResult,
     op: impl FnOnce(&World, bool) -> Result<(), Error>,
 ) -> TestResult {
@@ -56,13 +59,47 @@ fn mismatch(
         }
     } else {
         let e = expect_error(r, waited, since, limit)?;
-        if let Error::PeerLost(_) = e {
-            return Err(format!("a mismatch reported a lost peer: {e}").into());
-        }
+        names_the_culprit(r, &e, field)?;
     }
     drop(world);
-    kernel_runs(r.rank)?;
+    kernel_runs(r.device)?;
     r.note("kernel", "ok")
+}
+
+/// Whether `e` is a verdict that names the victim and `field`: the
+/// victim as the culprit against a majority, or (two ranks, no majority)
+/// among the calls listed side by side. Recorded for the table.
+fn names_the_culprit(r: &mut Rank, e: &Error, field: Field) -> TestResult {
+    let divergence = match e {
+        Error::Watchdog(f) => match &f.kind {
+            FailureKind::Diverged { divergence, .. } => divergence,
+            _ => return Err(format!("the error names no culprit: {e}").into()),
+        },
+        _ => return Err(format!("the error names no culprit: {e}").into()),
+    };
+    let victim = r.victim()?;
+    r.note(
+        "culprit",
+        format!(
+            "{} in the {} at #{}",
+            divergence
+                .culprit
+                .map_or_else(|| "no majority".to_string(), |c| format!("rank {c}")),
+            divergence.field,
+            divergence.seq
+        ),
+    )?;
+    let named = match divergence.culprit {
+        Some(c) => c == victim,
+        None => divergence.others.iter().any(|(rank, _)| *rank == victim),
+    };
+    if !named || divergence.field != field {
+        return Err(format!(
+            "the verdict does not name rank {victim} and the {field}: {divergence}"
+        )
+        .into());
+    }
+    Ok(())
 }
 
 /// An all-reduce of `n` zeros of `T` whose buffer outlives the call:
@@ -95,6 +132,7 @@ fn c1_mismatched_count() {
         mismatch(
             r,
             world,
+            Field::Count,
             |w| {
                 together(w, |w| leaked_all_reduce::<f32>(w, N))?;
                 together(w, |w| leaked_all_reduce::<f32>(w, 2 * N))
@@ -112,6 +150,7 @@ fn c2_mismatched_dtype() {
         mismatch(
             r,
             world,
+            Field::Dtype,
             |w| {
                 together(w, |w| leaked_all_reduce::<f32>(w, N))?;
                 together(w, |w| leaked_all_reduce::<f64>(w, N))
@@ -124,10 +163,10 @@ fn c2_mismatched_dtype() {
     });
 }
 
-/// A broadcast of `N` zeros from rank 0, its buffer leaked as above.
-fn leaked_broadcast(world: &World) -> Result<(), Error> {
+/// A broadcast of `N` zeros from `root`, its buffer leaked as above.
+fn leaked_broadcast(world: &World, root: usize) -> Result<(), Error> {
     let mut buf = world.comm().stream().alloc_zeros::<f32>(N).map_err(cuda)?;
-    let issued = world.comm().broadcast_in_place(&mut buf, 0);
+    let issued = world.comm().broadcast_in_place(&mut buf, root);
     std::mem::forget(buf);
     issued.map_err(|e| world.explain(e))
 }
@@ -141,14 +180,34 @@ fn c3_mismatched_order() {
         mismatch(
             r,
             world,
+            Field::Op,
             |w| {
                 together(w, |w| leaked_all_reduce::<f32>(w, N))?;
-                together(w, leaked_broadcast)
+                together(w, |w| leaked_broadcast(w, 0))
             },
             |w, odd| match odd {
-                true => leaked_all_reduce::<f32>(w, N).and_then(|()| leaked_broadcast(w)),
-                false => leaked_broadcast(w).and_then(|()| leaked_all_reduce::<f32>(w, N)),
+                true => leaked_all_reduce::<f32>(w, N).and_then(|()| leaked_broadcast(w, 0)),
+                false => leaked_broadcast(w, 0).and_then(|()| leaked_all_reduce::<f32>(w, N)),
             },
+        )
+    });
+}
+
+/// (c4) The victim broadcasts from its own rank, the others from rank 0.
+#[test]
+#[ignore]
+fn c4_mismatched_root() {
+    run("c4_mismatched_root", |r, world| {
+        let last = world.size() - 1;
+        mismatch(
+            r,
+            world,
+            Field::Root,
+            |w| {
+                together(w, |w| leaked_broadcast(w, 0))?;
+                together(w, |w| leaked_broadcast(w, last))
+            },
+            |w, odd| leaked_broadcast(w, if odd { last } else { 0 }),
         )
     });
 }
@@ -178,7 +237,7 @@ fn d_abort_from_another_thread() {
             let started = Instant::now();
             drop(world);
             r.note("victim_drop_ms", started.elapsed().as_millis())?;
-            kernel_runs(r.rank)?;
+            kernel_runs(r.device)?;
             return r.note("kernel", "ok");
         }
         let comm = world.comm();
@@ -211,7 +270,7 @@ fn d_abort_from_another_thread() {
         }
         drop(buf);
         drop(world);
-        kernel_runs(r.rank)?;
+        kernel_runs(r.device)?;
         r.note("kernel", "ok")
     });
 }
@@ -228,7 +287,7 @@ fn e_drop_with_work_in_flight() {
         if r.is_victim() {
             std::thread::sleep(Duration::from_secs(2));
             drop(world);
-            kernel_runs(r.rank)?;
+            kernel_runs(r.device)?;
             return r.note("kernel", "ok");
         }
         let comm = world.comm();
@@ -249,7 +308,7 @@ fn e_drop_with_work_in_flight() {
         }
         // The buffer outlived the aborted communicator's work.
         drop(buf);
-        kernel_runs(r.rank)?;
+        kernel_runs(r.device)?;
         r.note("kernel", "ok")
     });
 }
@@ -309,7 +368,7 @@ fn i_abort_while_group_open() {
         }
         drop(buf);
         drop(world);
-        kernel_runs(r.rank)?;
+        kernel_runs(r.device)?;
         r.note("kernel", "ok")
     });
 }
@@ -335,7 +394,7 @@ fn r_fifty_abort_rebuild_cycles() {
                 // that has not aborted yet still holds this GPU's buffers it
                 // imported: sample once every rank has aborted.
                 host_barrier(r, port)?;
-                let s = (cycle, open_fds(), threads(), gpu_used_mib(r.rank)?);
+                let s = (cycle, open_fds(), threads(), gpu_used_mib(r.device)?);
                 r.note(
                     &format!("cycle{cycle}"),
                     format!("fds={} threads={} gpu_used_mib={}", s.1, s.2, s.3),
