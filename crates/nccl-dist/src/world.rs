@@ -29,6 +29,7 @@ use crate::rendezvous;
 use crate::watchdog::Watchdog;
 
 mod options;
+mod recover;
 mod resolved;
 use options::apply_encryption;
 pub use options::{

@@ -90,6 +90,13 @@ impl Liveness {
         self.shared().world
     }
 
+    /// Where `rank` listens for a takeover, from the roster: the address
+    /// the other ranks reach its host by (`None` before the roster came,
+    /// or for a rank without one).
+    pub(crate) fn address_of(&self, rank: usize) -> Option<SocketAddr> {
+        lock(&self.shared().roster).get(rank).copied().flatten()
+    }
+
     /// Reports a loss found here: a rank's thread panicked or ended with
     /// an error (in one process), or this rank found it otherwise (its own
     /// thread unwinding, say). Recorded once per rank, and passed on: by

@@ -1,0 +1,233 @@
+//! Recovery after a lost rank: a new world over the survivors, through the
+//! same authenticated rendezvous as at the start, served by the lowest
+//! live rank.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
+use std::time::{Duration, Instant};
+
+use nccl_safe::UniqueId;
+
+use super::World;
+use super::options::WorldOptions;
+use super::resolved::{Resolved, Shape};
+use crate::error::{Error, Result};
+use crate::launch::Launch;
+use crate::liveness::Liveness;
+use crate::rendezvous;
+
+/// How long a survivor waits for the channel to settle (the losses known
+/// to it to stop changing) before it counts the survivors.
+const SETTLE: Duration = Duration::from_millis(300);
+
+/// Who takes part in a recovery, as this rank sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Survivors {
+    /// The old ranks that live, in order; the new rank of each is its
+    /// place here.
+    pub(crate) ranks: Vec<usize>,
+    /// This rank's new rank.
+    pub(crate) me: usize,
+}
+
+impl Survivors {
+    /// The survivors among `world` ranks, `lost` telling which are gone;
+    /// `None` when nothing was lost or `rank` itself is.
+    pub(crate) fn of(world: usize, rank: usize, lost: impl Fn(usize) -> bool) -> Option<Survivors> {
+        let ranks: Vec<usize> = (0..world).filter(|&r| !lost(r)).collect();
+        if ranks.len() == world {
+            return None;
+        }
+        let me = ranks.iter().position(|&r| r == rank)?;
+        Some(Survivors { ranks, me })
+    }
+
+    /// The lowest live rank: it serves the new rendezvous.
+    pub(crate) fn leader(&self) -> usize {
+        self.ranks[0]
+    }
+}
+
+impl World {
+    /// After a peer was lost ([`Error::PeerLost`]): a new world over the
+    /// survivors, this world's communicators given up (the watchdog has
+    /// aborted them).
+    ///
+    /// Every survivor calls it with the options its world was made with.
+    /// The survivors keep their order and are renumbered from 0 (the world
+    /// of ranks 0..4 that lost rank 1 becomes ranks 0, 1, 2 for the old
+    /// 0, 2, 3); each keeps its GPU. The lowest live rank serves a new
+    /// rendezvous, on the rendezvous port of the first, at its own address
+    /// (the one in the liveness channel's roster: for rank 0, the launch's
+    /// address); the others join it with the job's secret, and the new
+    /// world has its own liveness channel and watchdog. Buffers and
+    /// streams made before stay valid: they belong to the GPU's context,
+    /// not to a communicator.
+    ///
+    /// The new communicator is made by `ncclCommInitRank` from a fresh
+    /// id, not by `ncclCommShrink`: the communicator of a world that lost
+    /// a peer was aborted (the only way to free a GPU whose kernels wait
+    /// for a dead peer), and an aborted communicator cannot be shrunk.
+    ///
+    /// Each survivor counts the survivors from the losses its liveness
+    /// channel knows, once they stopped changing for a moment; ranks that
+    /// count differently (a second rank died during the recovery) are
+    /// refused by the rendezvous with a typed error, within the options'
+    /// rendezvous timeout. A world without a liveness channel (liveness
+    /// off, a file rendezvous, [`World::from_unique_id`]), or in which no
+    /// rank was lost, is [`Error::InvalidArgument`] before anything
+    /// happens; so is a world with one thread per GPU (its survivors are
+    /// threads of this process: make a new world with
+    /// [`World::spawn_local_with_options`]).
+    ///
+    /// ```no_run
+    /// use nccl_dist::nccl_safe::ReduceOp;
+    /// use nccl_dist::{Error, HostCollectives, Launch, World, WorldOptions};
+    ///
+    /// let options = WorldOptions::new();
+    /// let mut world = World::init_with(Launch::detect()?, &options)?;
+    /// let mut loss = [0.5f32];
+    /// if let Err(Error::PeerLost(lost)) = world.comm().all_reduce_host(&mut loss, ReduceOp::Avg) {
+    ///     eprintln!("rank {} was lost; going on without it", lost.rank);
+    ///     world = world.recover(&options)?;
+    /// }
+    /// # Ok::<(), Error>(())
+    /// ```
+    pub fn recover(self, options: &WorldOptions) -> Result<World> {
+        let refuse = |reason: &str| Error::InvalidArgument {
+            op: "World::recover",
+            reason: reason.to_string(),
+        };
+        let Some(liveness) = self.presence.liveness.clone() else {
+            return Err(refuse(
+                "this world has no liveness channel (liveness off, a file rendezvous, or a world from a unique id)",
+            ));
+        };
+        if liveness.rank().is_none() {
+            return Err(refuse(
+                "the ranks of this world are threads of one process: make a new world for the survivors",
+            ));
+        }
+        let survivors = settled(&liveness, self.launch.world_size, self.launch.rank, options.timeout)
+            .ok_or_else(|| refuse("no rank of this world was lost"))?;
+        let _span = tracing::debug_span!(
+            "nccl.world_recover",
+            rank = self.launch.rank,
+            new_rank = survivors.me,
+            survivors = survivors.ranks.len()
+        )
+        .entered();
+        let resolved = Resolved::new(options)?;
+        let port = options.rendezvous_port(&self.launch)?;
+        let leader_ip = if survivors.leader() == 0 {
+            None
+        } else {
+            Some(
+                liveness
+                    .address_of(survivors.leader())
+                    .map(|a| a.ip())
+                    .ok_or_else(|| refuse("the liveness roster has no address for the new leader"))?,
+            )
+        };
+        let host = leader_ip.map_or_else(|| self.launch.master_addr.clone(), |ip| ip.to_string());
+        let launch = Launch {
+            rank: survivors.me,
+            world_size: survivors.ranks.len(),
+            master_addr: host.clone(),
+            master_port: port,
+            ..self.launch.clone()
+        };
+        let device = self.comm.device();
+        let secret = options.job_secret()?;
+        let (id, new_liveness) = if survivors.ranks.len() == 1 {
+            (UniqueId::new()?, None)
+        } else if survivors.me == 0 {
+            let listener = bind(&host, port).map_err(rendezvous::RendezvousError::Io)?;
+            let id = UniqueId::new()?;
+            let (live, refused) = rendezvous::serve_live(
+                &listener,
+                launch.world_size,
+                &secret,
+                &id,
+                options.timeout,
+                &resolved.liveness,
+            )?;
+            for error in refused {
+                tracing::warn!(%error, "recovery rendezvous: refused a peer");
+            }
+            (id, Some(live))
+        } else {
+            let (id, live) = rendezvous::join_live(
+                (host.as_str(), port),
+                launch.rank,
+                launch.world_size,
+                &secret,
+                options.timeout,
+                &resolved.liveness,
+            )?;
+            (id, Some(live))
+        };
+        let world = World::form(
+            &id,
+            launch,
+            device,
+            resolved,
+            new_liveness,
+            Shape::Split,
+        )?;
+        // The old world (its aborted communicators, its channel) goes
+        // only now: its goodbye is not a loss to anyone.
+        drop(self);
+        Ok(world)
+    }
+}
+
+/// Binds the recovery rendezvous at `host` (an address of this machine),
+/// else on every interface.
+fn bind(host: &str, port: u16) -> std::io::Result<TcpListener> {
+    let at = host
+        .parse::<IpAddr>()
+        .ok()
+        .and_then(|ip| TcpListener::bind(SocketAddr::new(ip, port)).ok());
+    match at {
+        Some(listener) => Ok(listener),
+        None => TcpListener::bind((Ipv4Addr::UNSPECIFIED, port)),
+    }
+}
+
+/// The survivors once the losses this rank knows have not changed for
+/// [`SETTLE`] (at most `within`); `None` when nothing was lost.
+fn settled(liveness: &Liveness, world: usize, rank: usize, within: Duration) -> Option<Survivors> {
+    let until = Instant::now() + within;
+    let count = || Survivors::of(world, rank, |r| liveness.is_lost(r));
+    let mut seen = count();
+    let mut stable_since = Instant::now();
+    while Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+        let now = count();
+        if now != seen {
+            seen = now;
+            stable_since = Instant::now();
+        } else if seen.is_some() && stable_since.elapsed() >= SETTLE {
+            break;
+        }
+    }
+    seen
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn survivors_are_renumbered_in_order_and_the_lowest_leads() {
+        let s = Survivors::of(4, 3, |r| r == 1).unwrap();
+        assert_eq!(s.ranks, vec![0, 2, 3]);
+        assert_eq!(s.me, 2);
+        assert_eq!(s.leader(), 0);
+        let s = Survivors::of(4, 2, |r| r == 0).unwrap();
+        assert_eq!((s.leader(), s.me), (1, 1));
+        // Nothing lost, or this rank itself lost: no recovery.
+        assert!(Survivors::of(4, 2, |_| false).is_none());
+        assert!(Survivors::of(4, 2, |r| r == 2).is_none());
+    }
+}
