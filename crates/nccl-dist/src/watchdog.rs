@@ -267,6 +267,7 @@ impl OpObserver for Watch {
             count: info.count,
             dtype: info.dtype,
             peer: info.peer,
+            reduction: info.redop,
             state: if failed {
                 OpState::Untracked
             } else {

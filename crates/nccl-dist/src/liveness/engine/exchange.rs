@@ -242,6 +242,7 @@ mod tests {
             count,
             dtype: ncclDataType_t::ncclFloat32,
             peer: None,
+            reduction: Some(nccl_safe::nccl_sys::ncclRedOp_t::ncclSum),
         }
     }
 

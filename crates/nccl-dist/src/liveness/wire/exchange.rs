@@ -2,7 +2,7 @@
 //! a communicator's key, calls, and the divergence the hub found. Every
 //! field has a fixed width and every list a bound, so each fits one frame.
 
-use nccl_safe::nccl_sys::ncclDataType_t;
+use nccl_safe::nccl_sys::{ncclDataType_t, ncclRedOp_t};
 
 use crate::liveness::LivenessError;
 use crate::watchdog::culprit::{Call, Divergence, Field};
@@ -15,6 +15,8 @@ pub(crate) const KEY_MAX: usize = 64;
 const LISTED_MAX: usize = 8;
 /// "None" for a rank, a root or a peer.
 const NONE: u32 = u32::MAX;
+/// "No reduction" (an operation that does not reduce).
+const NO_REDUCTION: u8 = u8::MAX;
 
 /// The NCCL functions the flight recorder names, by wire code.
 const OPS: [&str; 9] = [
@@ -98,12 +100,18 @@ impl Reader<'_> {
         let count = usize::try_from(self.u64()?)
             .map_err(|_| LivenessError::Malformed("a count too large for this host"))?;
         let dtype = ncclDataType_t(self.u8()?.into());
+        let reduction = match self.u8()? {
+            NO_REDUCTION => None,
+            c if u32::from(c) <= ncclRedOp_t::ncclNumOps.0 => Some(ncclRedOp_t(c.into())),
+            _ => return Err(LivenessError::Malformed("an unknown reduction code")),
+        };
         let peer = self.opt()?;
         Ok(Call {
             op,
             count,
             dtype,
             peer,
+            reduction,
         })
     }
 
@@ -137,11 +145,17 @@ pub(super) fn decode_key(body: &[u8]) -> Result<String, LivenessError> {
     Ok(key)
 }
 
-/// `op u8 ‖ count u64 ‖ dtype u8 ‖ peer u32` (peer `u32::MAX`: none).
-fn encode_call(c: &Call, out: &mut Vec<u8>) {
+/// `op u8 ‖ count u64 ‖ dtype u8 ‖ reduction u8 ‖ peer u32` (peer
+/// `u32::MAX`: none; reduction 0 to 4 the built-ins, 5 any PreMulSum
+/// handle, 255 none).
+pub(super) fn encode_call(c: &Call, out: &mut Vec<u8>) {
     out.push(op_code(c.op));
     out.extend_from_slice(&(c.count as u64).to_be_bytes());
     out.push(c.dtype.0 as u8);
+    out.push(match c.reduction {
+        None => NO_REDUCTION,
+        Some(r) => r.0.min(ncclRedOp_t::ncclNumOps.0) as u8,
+    });
     opt(c.peer, out);
 }
 
@@ -211,6 +225,7 @@ fn field_code(f: Field) -> u8 {
         Field::Dtype => 2,
         Field::Root => 3,
         Field::Missing => 4,
+        Field::Reduction => 5,
     }
 }
 
@@ -221,6 +236,7 @@ fn field_of(code: u8) -> Result<Field, LivenessError> {
         2 => Field::Dtype,
         3 => Field::Root,
         4 => Field::Missing,
+        5 => Field::Reduction,
         _ => return Err(LivenessError::Malformed("an unknown divergence field")),
     })
 }
@@ -312,6 +328,7 @@ mod tests {
             count,
             dtype: ncclDataType_t::ncclBfloat16,
             peer,
+            reduction: (op == "ncclReduce").then_some(ncclRedOp_t::ncclNumOps),
         }
     }
 
