@@ -207,6 +207,33 @@ impl std::fmt::Display for Divergence {
     }
 }
 
+/// What the hub found for one call of the opt-in call check.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Checked {
+    /// Every live rank made the same call.
+    Agree,
+    /// The ranks disagree.
+    Diverged(Box<Divergence>),
+    /// These ranks (at most eight, lowest first) did not check in by the
+    /// hub's deadline, and this many more.
+    Missing(Vec<usize>, usize),
+}
+
+impl Checked {
+    /// The outcome when `calls` (one per rank that checked in, for check
+    /// `seq`) are all there is, `missing` the live ranks without one.
+    pub(crate) fn of(seq: u64, calls: &[(usize, Call)], mut missing: Vec<usize>) -> Checked {
+        if !missing.is_empty() {
+            missing.sort_unstable();
+            let unlisted = missing.len().saturating_sub(MAX_LISTED);
+            missing.truncate(MAX_LISTED);
+            return Checked::Missing(missing, unlisted);
+        }
+        let tails: Vec<Tail> = calls.iter().map(|(r, c)| (*r, vec![(seq, *c)])).collect();
+        analyze(&tails).map_or(Checked::Agree, |d| Checked::Diverged(Box::new(d)))
+    }
+}
+
 /// One rank's flight-recorder tail: its rank and its calls with their
 /// sequence numbers, oldest first.
 pub type Tail = (usize, Vec<(u64, Call)>);

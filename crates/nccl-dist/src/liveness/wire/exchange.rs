@@ -1,11 +1,12 @@
-//! The bodies of the flight-recorder exchange (`Tail`, `Ask`, `Verdict`):
-//! a communicator's key, calls, and the divergence the hub found. Every
-//! field has a fixed width and every list a bound, so each fits one frame.
+//! The bodies of the flight-recorder exchange (`Tail`, `Ask`, `Verdict`)
+//! and of the call check (`Check`, `Checked`): a communicator's key,
+//! calls, and the divergence the hub found. Every field has a fixed width
+//! and every list a bound, so each fits one frame.
 
 use nccl_safe::nccl_sys::{ncclDataType_t, ncclRedOp_t};
 
 use crate::liveness::LivenessError;
-use crate::watchdog::culprit::{Call, Divergence, Field};
+use crate::watchdog::culprit::{Call, Checked, Divergence, Field};
 
 /// The most calls a `Tail` carries (the newest of the flight recorder).
 pub(crate) const TAIL_MAX: usize = 32;
@@ -252,6 +253,11 @@ pub(super) fn encode_verdict(key: &str, d: &Option<Box<Divergence>>, out: &mut V
         return;
     };
     out.push(1);
+    encode_divergence(d, out);
+}
+
+/// The part of a verdict after its `found` flag.
+fn encode_divergence(d: &Divergence, out: &mut Vec<u8>) {
     out.extend_from_slice(&d.seq.to_be_bytes());
     out.push(field_code(d.field));
     opt(d.culprit, out);
@@ -282,15 +288,25 @@ pub(super) fn decode_verdict(body: &[u8], world: usize) -> Result<Verdict, Liven
         r.end()?;
         return Ok((key, None));
     }
-    let in_world = |rank: Option<usize>| match rank {
+    let d = decode_divergence(&mut r, world)?;
+    r.end()?;
+    Ok((key, Some(Box::new(d))))
+}
+
+fn in_world(rank: Option<usize>, world: usize) -> Result<Option<usize>, LivenessError> {
+    match rank {
         Some(rank) if rank >= world => Err(LivenessError::RankOutOfRange { rank, world }),
         _ => Ok(rank),
-    };
+    }
+}
+
+fn decode_divergence(r: &mut Reader<'_>, world: usize) -> Result<Divergence, LivenessError> {
+    let in_world = |rank: Option<usize>| in_world(rank, world);
     let seq = r.u64()?;
     let field = field_of(r.u8()?)?;
     let culprit = in_world(r.opt()?)?;
     let majority = match r.opt()? {
-        Some(n) => Some((decode_maybe(&mut r)?, n)),
+        Some(n) => Some((decode_maybe(r)?, n)),
         None => None,
     };
     let n = r.u8()? as usize;
@@ -300,27 +316,87 @@ pub(super) fn decode_verdict(body: &[u8], world: usize) -> Result<Verdict, Liven
     let mut others = Vec::with_capacity(n);
     for _ in 0..n {
         let rank = in_world(r.opt()?)?.ok_or(SHORT)?;
-        others.push((rank, decode_maybe(&mut r)?));
+        others.push((rank, decode_maybe(r)?));
     }
     let unlisted = r.u32()? as usize;
+    Ok(Divergence {
+        seq,
+        field,
+        culprit,
+        majority,
+        others,
+        unlisted,
+    })
+}
+
+/// `key ‖ seq u64 ‖ call`.
+pub(super) fn encode_check(key: &str, seq: u64, call: &Call, out: &mut Vec<u8>) {
+    encode_key(key, out);
+    out.extend_from_slice(&seq.to_be_bytes());
+    encode_call(call, out);
+}
+
+pub(super) fn decode_check(body: &[u8]) -> Result<(String, u64, Call), LivenessError> {
+    let mut r = Reader(body);
+    let (key, seq, call) = (r.key()?, r.u64()?, r.call()?);
     r.end()?;
-    Ok((
-        key,
-        Some(Box::new(Divergence {
-            seq,
-            field,
-            culprit,
-            majority,
-            others,
-            unlisted,
-        })),
-    ))
+    Ok((key, seq, call))
+}
+
+/// `key ‖ seq u64 ‖ outcome u8`, then for 1 a divergence (as in a
+/// verdict), for 2 `n u8 ‖ rank u32 * n ‖ unlisted u32`.
+pub(super) fn encode_checked(key: &str, seq: u64, outcome: &Checked, out: &mut Vec<u8>) {
+    encode_key(key, out);
+    out.extend_from_slice(&seq.to_be_bytes());
+    match outcome {
+        Checked::Agree => out.push(0),
+        Checked::Diverged(d) => {
+            out.push(1);
+            encode_divergence(d, out);
+        }
+        Checked::Missing(ranks, unlisted) => {
+            out.push(2);
+            let listed = &ranks[..ranks.len().min(LISTED_MAX)];
+            out.push(listed.len() as u8);
+            for rank in listed {
+                opt(Some(*rank), out);
+            }
+            let unlisted = unlisted + (ranks.len() - listed.len());
+            out.extend_from_slice(&(unlisted as u32).to_be_bytes());
+        }
+    }
+}
+
+/// A check's outcome: key, seq and what the hub found.
+pub(super) type CheckOutcome = (String, u64, Checked);
+
+pub(super) fn decode_checked(body: &[u8], world: usize) -> Result<CheckOutcome, LivenessError> {
+    let mut r = Reader(body);
+    let (key, seq) = (r.key()?, r.u64()?);
+    let outcome = match r.u8()? {
+        0 => Checked::Agree,
+        1 => Checked::Diverged(Box::new(decode_divergence(&mut r, world)?)),
+        2 => {
+            let n = r.u8()? as usize;
+            if n > LISTED_MAX {
+                return Err(LivenessError::Malformed("a check listing too many ranks"));
+            }
+            let mut ranks = Vec::with_capacity(n);
+            for _ in 0..n {
+                ranks.push(in_world(r.opt()?, world)?.ok_or(SHORT)?);
+            }
+            Checked::Missing(ranks, r.u32()? as usize)
+        }
+        _ => return Err(LivenessError::Malformed("an unknown check outcome")),
+    };
+    r.end()?;
+    Ok((key, seq, outcome))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::watchdog::culprit::analyze;
+    use crate::watchdog::culprit::{Tail, analyze};
 
     fn call(op: &'static str, count: usize, peer: Option<usize>) -> Call {
         Call {
@@ -389,5 +465,46 @@ mod tests {
             assert!(decode_verdict(&out[..out.len() - 1], 20).is_err());
         }
         assert!(decode_key(&[65, b'a']).is_err());
+    }
+
+    #[test]
+    fn checks_and_their_outcomes_round_trip() {
+        let premul = Call {
+            reduction: Some(ncclRedOp_t(77)),
+            ..call("ncclAllReduce", 3, None)
+        };
+        let mut out = Vec::new();
+        encode_check("world", 12, &premul, &mut out);
+        let (key, seq, got) = decode_check(&out).unwrap();
+        // Every PreMulSum handle travels as the first dynamic value.
+        let expect = Call {
+            reduction: Some(ncclRedOp_t::ncclNumOps),
+            ..premul
+        };
+        assert_eq!((key.as_str(), seq, got), ("world", 12, expect));
+        assert!(decode_check(&out[..out.len() - 1]).is_err());
+        let mut bad = out.clone();
+        let at = bad.len() - 5;
+        bad[at] = 9;
+        assert!(decode_check(&bad).is_err(), "an unknown reduction code");
+
+        let tails: Vec<Tail> = (0..3)
+            .map(|r| (r, vec![(4, call(OPS[r], 1, None))]))
+            .collect();
+        let diverged = Checked::Diverged(Box::new(analyze(&tails).unwrap()));
+        let missing = Checked::Missing((0..12).collect(), 3);
+        for outcome in [Checked::Agree, diverged, missing] {
+            let mut out = Vec::new();
+            encode_checked("world", 4, &outcome, &mut out);
+            let (key, seq, got) = decode_checked(&out, 16).unwrap();
+            let want = match &outcome {
+                Checked::Missing(ranks, n) => Checked::Missing(ranks[..LISTED_MAX].to_vec(), n + 4),
+                o => o.clone(),
+            };
+            assert_eq!((key.as_str(), seq, got), ("world", 4, want));
+            assert!(decode_checked(&out[..out.len() - 1], 16).is_err());
+            let far = matches!(outcome, Checked::Missing(..));
+            assert_eq!(decode_checked(&out, 5).is_err(), far);
+        }
     }
 }
