@@ -189,6 +189,10 @@ const NOTHING_TO_REFUSE: &[(&str, &str)] = &[
     ),
     ("OpObserver::unfinished", "a query an observer answers"),
     (
+        "OpObserver::before checks_before",
+        "hooks an observer implements; a refusal is the observer's own error",
+    ),
+    (
         "Comm::borrowed_stream",
         "unsafe: the caller vouches that the raw stream is live on the communicator's context",
     ),
