@@ -11,6 +11,7 @@
 //! | `NCCL_RS_WATCHDOG` | `0`/`off` turns the watchdog off | on | `WatchdogOptions::from_env` |
 //! | `NCCL_RS_WATCHDOG_TIMEOUT` | the watchdog's timeout, seconds (over `NCCL_RS_TIMEOUT`) | the operation timeout | `WatchdogOptions::from_env` |
 //! | `NCCL_RS_FLIGHT_RECORDER` | operations the flight recorder keeps | the default history | `WatchdogOptions::from_env` |
+//! | `NCCL_RS_CHECK_CALLS` | `1`/`on` compares every call on the world's communicator across the ranks before launch | off | `WatchdogOptions::from_env` |
 //! | `NCCL_RS_LIVENESS` | `0` turns the liveness channel off | on | `LivenessOptions::from_env` |
 //! | `NCCL_RS_HEARTBEAT_MS` | heartbeat interval, milliseconds | 250 | `LivenessOptions::from_env` |
 //! | `NCCL_RS_LIVENESS_TIMEOUT` | silence limit, seconds | 10 | `LivenessOptions::from_env` |
@@ -37,6 +38,9 @@ pub const WATCHDOG_ENV: &str = "NCCL_RS_WATCHDOG";
 pub const WATCHDOG_TIMEOUT_ENV: &str = "NCCL_RS_WATCHDOG_TIMEOUT";
 /// The flight recorder's length.
 pub const FLIGHT_RECORDER_ENV: &str = "NCCL_RS_FLIGHT_RECORDER";
+/// `1` compares every call on the world's communicator across the ranks
+/// before launch (the call check); `0` or unset leaves it off.
+pub const CHECK_CALLS_ENV: &str = "NCCL_RS_CHECK_CALLS";
 /// `0` turns the liveness channel off, `1` (the default) on.
 pub const LIVENESS_ENV: &str = "NCCL_RS_LIVENESS";
 /// Heartbeat interval in milliseconds (default 250).
@@ -74,6 +78,24 @@ pub(crate) fn seconds(var: &'static str, value: &str) -> Result<Duration, BadVal
             var,
             reason: format!("{value:?} is not a number of seconds from 0.001 on"),
         })
+}
+
+/// An on/off variable `var` (`1`/`on`/`true`/`yes` or
+/// `0`/`off`/`false`/`no`): `None` when unset or empty; anything else is
+/// an error naming the variable.
+pub(crate) fn switch(
+    lookup: impl Fn(&str) -> Option<String>,
+    var: &'static str,
+) -> Result<Option<bool>, BadValue> {
+    match lookup(var).as_deref().map(str::trim) {
+        None | Some("") => Ok(None),
+        Some("1" | "on" | "true" | "yes") => Ok(Some(true)),
+        Some("0" | "off" | "false" | "no") => Ok(Some(false)),
+        Some(other) => Err(BadValue {
+            var,
+            reason: format!("{other:?} is not 1/on/true or 0/off/false"),
+        }),
+    }
 }
 
 /// The operation timeout from [`TIMEOUT_ENV`] (seconds), `None` when

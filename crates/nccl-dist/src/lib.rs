@@ -70,7 +70,7 @@ pub use placement::{
 pub use rendezvous::RendezvousError;
 pub use secret::{Secret, SecretError};
 pub use watchdog::{
-    Call, Divergence, Failure, FailureKind, Field, OpRecord, OpState, Tail, Watchdog,
+    Call, CheckFailure, Divergence, Failure, FailureKind, Field, OpRecord, OpState, Tail, Watchdog,
     WatchdogOptions, Watched, synchronize,
 };
 pub use world::{

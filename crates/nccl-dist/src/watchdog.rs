@@ -47,24 +47,27 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::Instant;
 
 use nccl_safe::cudarc::driver::{CudaContext, CudaStream};
 use nccl_safe::nccl_sys::cudaStream_t;
 use nccl_safe::{
-    AbortCause, Comm, CommStatus, ObservedStream, OpInfo, OpObserver, WeakAbortHandle,
+    AbortCause, CheckError, Comm, CommStatus, ObservedStream, OpInfo, OpObserver, WeakAbortHandle,
 };
 
 use crate::error::{Error, Result};
 use crate::liveness::{EXCHANGE_WAIT, Exchanger, Liveness, PeerLoss};
 
+mod check;
 pub(crate) mod culprit;
 mod options;
 pub(crate) mod record;
 mod track;
 
-pub use crate::env::{FLIGHT_RECORDER_ENV, WATCHDOG_ENV, WATCHDOG_TIMEOUT_ENV};
+pub use crate::env::{CHECK_CALLS_ENV, FLIGHT_RECORDER_ENV, WATCHDOG_ENV, WATCHDOG_TIMEOUT_ENV};
+pub use check::CheckFailure;
 pub use culprit::{Call, Divergence, Field, Tail, analyze};
 pub use options::WatchdogOptions;
 use record::render;
@@ -102,6 +105,10 @@ struct Watch {
     began: Instant,
     state: Mutex<WatchState>,
     changed: Condvar,
+    /// Calls are checked across ranks before launch (`check.rs`).
+    check: bool,
+    /// Calls checked so far: the number the next check goes by.
+    checked: AtomicU64,
 }
 
 impl Watch {
@@ -267,6 +274,7 @@ impl OpObserver for Watch {
             count: info.count,
             dtype: info.dtype,
             peer: info.peer,
+            reduction: info.redop,
             state: if failed {
                 OpState::Untracked
             } else {
@@ -283,6 +291,14 @@ impl OpObserver for Watch {
             return;
         }
         st.tracker.issued(record, stream, &self.ctx, now);
+    }
+
+    fn checks_before(&self) -> bool {
+        self.check
+    }
+
+    fn before(&self, info: &OpInfo) -> std::result::Result<(), CheckError> {
+        self.check_call(info)
     }
 
     fn unfinished(&self) -> bool {
@@ -388,7 +404,9 @@ impl Watchdog {
     /// ([`FailureKind::Diverged`]); and answer the hub's requests for
     /// this rank's tails from the watched communicators.
     pub(crate) fn exchange_over(&self, liveness: &Liveness) {
-        *lock_liveness(&self.registry) = Some(liveness.exchanger());
+        let exchanger = liveness.exchanger();
+        exchanger.set_check_wait(self.registry.options.timeout);
+        *lock_liveness(&self.registry) = Some(exchanger);
         let registry = Arc::downgrade(&self.registry);
         liveness.set_tail_source(Arc::new(move |key: &str| {
             let registry = registry.upgrade()?;
@@ -423,8 +441,11 @@ impl Watchdog {
     /// any observer it had. The watch ends when `comm` is dropped.
     pub fn watch(&self, comm: &Comm, label: impl Into<String>) -> Watched {
         track::load_event_query(comm.stream().context());
+        let label = label.into();
         let watch = Arc::new(Watch {
-            label: label.into(),
+            check: check::checks(self.registry.options.check_calls, &label),
+            checked: AtomicU64::new(0),
+            label,
             registry: Arc::clone(&self.registry),
             abort: comm.abort_handle().downgrade(),
             ctx: Arc::clone(comm.stream().context()),

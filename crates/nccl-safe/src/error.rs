@@ -183,6 +183,18 @@ pub enum Error {
         op: &'static str,
     },
 
+    /// The communicator's observer refused the call before its launch
+    /// ([`crate::OpObserver::before`], such as nccl-dist's cross-rank call
+    /// check): nothing was launched and the communicator stays usable.
+    /// `source` is the observer's own error (downcast it).
+    #[error("{op}: refused before launch: {source}")]
+    CheckFailed {
+        /// The operation refused.
+        op: &'static str,
+        /// The observer's reason.
+        source: crate::observe::CheckError,
+    },
+
     /// The communicator was aborted (by [`crate::AbortHandle`], an
     /// [`crate::AbortSignal`] or after a failure) and can no longer be used.
     #[error("{op}: the communicator was aborted ({cause})")]

@@ -77,7 +77,7 @@ pub use error::{CUDA_OP, Error, Result, Role, UniqueIdError};
 pub use group::{GroupGuard, group, take_dropped_group_error};
 pub use library::Library;
 pub use memory::{NcclMemory, Registration, Window};
-pub use observe::{ObservedStream, OpInfo, OpObserver};
+pub use observe::{CheckError, ObservedStream, OpInfo, OpObserver};
 pub use ops::OnStream;
 pub use peer::{copy_peer, copy_peer_async};
 pub use reduce_op::{PreMulSum, ReduceOp, Reduction};

@@ -8,17 +8,29 @@
 //! work on the stream. Calls refused by validation, or by NCCL, are not
 //! reported, and neither are the calls of a group that failed or was only
 //! simulated.
+//!
+//! An observer may also check a call before it launches
+//! ([`OpObserver::before`], asked for with [`OpObserver::checks_before`]):
+//! it runs after validation and before the NCCL call, only for calls made
+//! outside a group and outside a stream capture, and its refusal comes back
+//! as [`crate::Error::CheckFailed`] with nothing launched. Inside a group
+//! one thread may drive several ranks' communicators, so a check that
+//! waits for the other ranks would deadlock there; calls inside a group or
+//! a capture are not checked. Without an observer that asks for it, the
+//! hot path pays one branch on a `Cell`.
 
 use std::any::Any;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
-use nccl_sys::{cudaStream_t, ncclDataType_t};
+use nccl_sys::{cudaStream_t, ncclDataType_t, ncclRedOp_t};
 
 /// One operation as NCCL received it: the NCCL function, its element count
-/// and type, and the peer or root it names (if any).
+/// and type, its reduction and the peer or root it names (if any). Only
+/// this crate makes one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct OpInfo {
     /// The NCCL function, such as `"ncclAllReduce"`.
     pub op: &'static str,
@@ -28,6 +40,11 @@ pub struct OpInfo {
     pub dtype: ncclDataType_t,
     /// The peer (send/recv) or root (broadcast, reduce, gather, scatter).
     pub peer: Option<usize>,
+    /// The reduction (all-reduce, reduce, reduce-scatter); `None` for the
+    /// others. A PreMulSum is a handle of its communicator (a value from
+    /// [`ncclRedOp_t::ncclNumOps`] on), whose number may differ between
+    /// ranks for the same reduction.
+    pub redop: Option<ncclRedOp_t>,
 }
 
 impl OpInfo {
@@ -37,6 +54,7 @@ impl OpInfo {
             count,
             dtype,
             peer: None,
+            redop: None,
         }
     }
 
@@ -44,7 +62,17 @@ impl OpInfo {
         self.peer = Some(peer);
         self
     }
+
+    pub(crate) fn redop(mut self, redop: ncclRedOp_t) -> OpInfo {
+        self.redop = Some(redop);
+        self
+    }
 }
+
+/// Why an observer refused a call before its launch
+/// ([`OpObserver::before`]): the observer's own error, which the caller
+/// gets back inside [`crate::Error::CheckFailed`] and can downcast.
+pub type CheckError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The CUDA stream an observed operation was put on: a stream that is
 /// live (not destroyed) for the duration of the [`OpObserver::issued`]
@@ -98,6 +126,28 @@ impl std::fmt::Debug for ObservedStream<'_> {
 pub trait OpObserver: Send + Sync {
     /// NCCL has put `info` on `stream`, which is live until this returns.
     fn issued(&self, info: &OpInfo, stream: ObservedStream<'_>);
+
+    /// Whether [`OpObserver::before`] does anything: read once, when the
+    /// observer is set ([`crate::Comm::set_observer`]), so an observer
+    /// that checks nothing costs the hot path one branch. `false` by
+    /// default.
+    fn checks_before(&self) -> bool {
+        false
+    }
+
+    /// A call is about to launch: `Err` refuses it, and the caller gets
+    /// [`crate::Error::CheckFailed`] with nothing launched (the
+    /// communicator stays usable). Runs on the issuing thread, after
+    /// validation, only when [`OpObserver::checks_before`] said so and the
+    /// call is made outside a group and outside a stream capture (a group
+    /// may drive several ranks from one thread: a check that waits for
+    /// the other ranks would deadlock there). It may block (for the other
+    /// ranks, say) but must be bounded, and must not call back into the
+    /// communicator. `Ok` by default.
+    fn before(&self, info: &OpInfo) -> Result<(), CheckError> {
+        let _ = info;
+        Ok(())
+    }
 
     /// Whether work it saw issued has not finished yet, as far as it knows
     /// (`false` when it does not track completion). A communicator's drop

@@ -15,6 +15,7 @@ use super::link::{Link, READ_CHUNK, Rx, lock};
 use super::wire::{MAX_FRAME, MIN_FRAME, Msg, ROSTER_CHUNK};
 use super::{LivenessError, LivenessOptions, LossCause, PeerLoss};
 
+mod check;
 mod exchange;
 mod handle;
 mod takeover;
@@ -90,7 +91,10 @@ struct Shared {
     host_ip: Mutex<Option<std::net::IpAddr>>,
     /// The flight-recorder exchange (idle until a timeout).
     exchange: Mutex<exchange::Exchange>,
+    /// Wakes the waiters of an exchange and of a call check.
     exchange_cv: Condvar,
+    /// The opt-in call check (idle unless it is on).
+    checks: Mutex<check::Checks>,
 }
 
 impl Shared {
@@ -116,6 +120,7 @@ impl Shared {
             host_ip: Mutex::new(None),
             exchange: Mutex::new(exchange::Exchange::default()),
             exchange_cv: Condvar::new(),
+            checks: Mutex::new(check::Checks::default()),
         }
     }
 
@@ -390,6 +395,8 @@ impl Shared {
             (false, Msg::Tail { key, calls }) => self.on_tail(link, &key, calls),
             (true, Msg::Ask { key }) => self.on_ask(link, key),
             (true, Msg::Verdict { key, divergence }) => self.on_verdict(key, divergence),
+            (false, Msg::Check { key, seq, call }) => self.on_check(link, &key, seq, call),
+            (true, Msg::Checked { key, seq, outcome }) => self.on_checked(key, seq, outcome),
             (true, Msg::Roster(entries)) => {
                 let mut roster = lock(&self.roster);
                 for (rank, addr) in entries {
@@ -548,12 +555,14 @@ fn run(shared: Arc<Shared>) {
             // Every close and the end of the drain wake the poll.
             stop_by.map_or(Duration::ZERO, |t| t.saturating_duration_since(now))
         } else {
-            // A gathering of flight-recorder tails ends at its deadline.
+            // A gathering of flight-recorder tails, and a call check, end
+            // at their deadlines.
             shared.finish_gather(true);
-            let until = match shared.gather_deadline() {
-                Some(d) => d.min(next_beat),
-                None => next_beat,
-            };
+            shared.expire_checks();
+            let until = [shared.gather_deadline(), shared.check_deadline()]
+                .into_iter()
+                .flatten()
+                .fold(next_beat, Instant::min);
             until.saturating_duration_since(Instant::now())
         };
         shared.links_into(&mut links);

@@ -10,13 +10,14 @@ use sha2::Sha256;
 use super::{LivenessError, PeerLoss};
 use crate::rendezvous::proto::{MAX_PAYLOAD, RendezvousError, decode_header, encode_frame};
 use crate::secret::Secret;
-use crate::watchdog::culprit::{Call, Divergence};
+use crate::watchdog::culprit::{Call, Checked, Divergence};
 
 mod body;
 mod exchange;
 pub(crate) use body::ROSTER_CHUNK;
 use body::{decode_addr, decode_loss, decode_roster, encode_loss, encode_roster, write_addr};
-use exchange::{decode_key, decode_tail, decode_verdict, encode_key, encode_tail, encode_verdict};
+use exchange::{decode_check, decode_checked, decode_key, decode_tail, decode_verdict};
+use exchange::{encode_check, encode_checked, encode_key, encode_tail, encode_verdict};
 
 /// Bytes of a MAC tag (HMAC-SHA256, untruncated).
 const TAG: usize = 32;
@@ -51,6 +52,8 @@ pub(crate) enum Kind {
     Tail = 24,
     Ask = 25,
     Verdict = 26,
+    Check = 27,
+    Checked = 28,
 }
 
 impl Kind {
@@ -67,6 +70,8 @@ impl Kind {
             24 => Kind::Tail,
             25 => Kind::Ask,
             26 => Kind::Verdict,
+            27 => Kind::Check,
+            28 => Kind::Checked,
             _ => return None,
         })
     }
@@ -75,10 +80,14 @@ impl Kind {
     fn allowed(self, dir: Dir) -> bool {
         match self {
             Kind::Heartbeat | Kind::Goodbye => true,
-            Kind::Attach | Kind::Report | Kind::Tail => dir == Dir::Up,
-            Kind::Attached | Kind::Lost | Kind::Roster | Kind::Left | Kind::Ask | Kind::Verdict => {
-                dir == Dir::Down
-            }
+            Kind::Attach | Kind::Report | Kind::Tail | Kind::Check => dir == Dir::Up,
+            Kind::Attached
+            | Kind::Lost
+            | Kind::Roster
+            | Kind::Left
+            | Kind::Ask
+            | Kind::Verdict
+            | Kind::Checked => dir == Dir::Down,
         }
     }
 }
@@ -130,6 +139,14 @@ pub(crate) enum Msg {
         /// The divergence.
         divergence: Option<Box<Divergence>>,
     },
+    /// Member: about to launch `call`, its `seq`-th checked call on `key`.
+    Check { key: String, seq: u64, call: Call },
+    /// Hub: what the check `seq` of `key` found.
+    Checked {
+        key: String,
+        seq: u64,
+        outcome: Checked,
+    },
 }
 
 impl Msg {
@@ -146,6 +163,8 @@ impl Msg {
             Msg::Tail { .. } => Kind::Tail,
             Msg::Ask { .. } => Kind::Ask,
             Msg::Verdict { .. } => Kind::Verdict,
+            Msg::Check { .. } => Kind::Check,
+            Msg::Checked { .. } => Kind::Checked,
         }
     }
 }
@@ -259,6 +278,8 @@ impl Sealer {
             Msg::Tail { key, calls } => encode_tail(key, calls, out),
             Msg::Ask { key } => encode_key(key, out),
             Msg::Verdict { key, divergence } => encode_verdict(key, divergence, out),
+            Msg::Check { key, seq, call } => encode_check(key, *seq, call, out),
+            Msg::Checked { key, seq, outcome } => encode_checked(key, *seq, outcome, out),
             Msg::Attach { listen: None } | Msg::Attached | Msg::Heartbeat | Msg::Goodbye => {}
         }
         let len = out.len() - HEADER + TAG;
@@ -362,6 +383,14 @@ impl Opener {
             Kind::Verdict => {
                 let (key, divergence) = decode_verdict(body, self.world)?;
                 Msg::Verdict { key, divergence }
+            }
+            Kind::Check => {
+                let (key, seq, call) = decode_check(body)?;
+                Msg::Check { key, seq, call }
+            }
+            Kind::Checked => {
+                let (key, seq, outcome) = decode_checked(body, self.world)?;
+                Msg::Checked { key, seq, outcome }
             }
         };
         if matches!(msg, Msg::Attached | Msg::Heartbeat | Msg::Goodbye) && !body.is_empty() {

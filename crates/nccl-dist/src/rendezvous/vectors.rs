@@ -139,13 +139,15 @@ fn the_reject_vectors_are_what_the_code_sends_and_reads() {
     }
 }
 
-/// An `ncclAllReduce` of `count` elements of `dtype`, as the vectors' calls.
-fn culprit_call(count: u64, dtype: usize) -> Call {
+/// An `ncclAllReduce` of `count` elements of `dtype` with the reduction
+/// `reduction`, as the vectors' calls.
+fn culprit_call(count: u64, dtype: usize, reduction: usize) -> Call {
     Call {
         op: "ncclAllReduce",
         count: count as usize,
         dtype: nccl_safe::nccl_sys::ncclDataType_t(dtype as u32),
         peer: None,
+        reduction: Some(nccl_safe::nccl_sys::ncclRedOp_t(reduction as u32)),
     }
 }
 
@@ -189,12 +191,21 @@ fn the_liveness_vectors_are_what_the_code_seals_and_opens() {
                 key: f["key"].as_str().unwrap().to_string(),
                 calls: vec![(
                     f["seq"].as_u64().unwrap(),
-                    culprit_call(f["count"].as_u64().unwrap(), num(&f["dtype"])),
+                    culprit_call(
+                        f["count"].as_u64().unwrap(),
+                        num(&f["dtype"]),
+                        num(&f["reduction"]),
+                    ),
                 )],
             },
             "Verdict" => {
-                let call =
-                    |count: &str| Some(culprit_call(f[count].as_u64().unwrap(), num(&f["dtype"])));
+                let call = |count: &str| {
+                    Some(culprit_call(
+                        f[count].as_u64().unwrap(),
+                        num(&f["dtype"]),
+                        num(&f["reduction"]),
+                    ))
+                };
                 assert_eq!(f["field"], "count");
                 Msg::Verdict {
                     key: f["key"].as_str().unwrap().to_string(),

@@ -4,15 +4,17 @@
 //! values and one function, no sockets and no GPU.
 //!
 //! Ranks agree on an operation when they issued the same NCCL function
-//! with the same count, element type and root. Point-to-point calls
-//! (`ncclSend`, `ncclRecv`) count as one kind of call and their peers are
-//! not compared (a send on one rank meets a receive on another). A rank
+//! with the same count, element type, reduction and root. Point-to-point
+//! calls (`ncclSend`, `ncclRecv`) count as one kind of call and their peers
+//! are not compared (a send on one rank meets a receive on another). A rank
 //! that has no record at a sequence number the others reached issued
-//! fewer operations: the order diverged there. The reduction is not in the
-//! flight recorder (NCCL's observer does not report it), so it is not
-//! compared.
+//! fewer operations: the order diverged there. Built-in reductions (sum,
+//! prod, max, min, avg) are compared exactly; a PreMulSum is a handle of
+//! each rank's communicator whose number may differ between ranks for the
+//! same reduction, so any two of them (values from `ncclNumOps` on) count
+//! as the same.
 
-use nccl_safe::nccl_sys::ncclDataType_t;
+use nccl_safe::nccl_sys::{ncclDataType_t, ncclRedOp_t};
 
 /// The most diverging ranks a [`Divergence`] lists (the rest are counted).
 const MAX_LISTED: usize = 8;
@@ -29,6 +31,27 @@ pub struct Call {
     pub dtype: ncclDataType_t,
     /// The root or peer, if the operation has one.
     pub peer: Option<usize>,
+    /// The reduction, for the reducing operations.
+    pub reduction: Option<ncclRedOp_t>,
+}
+
+/// Whether two reductions count as the same: built-ins exactly, any two
+/// PreMulSum handles (per-communicator numbers) alike.
+fn same_reduction(a: Option<ncclRedOp_t>, b: Option<ncclRedOp_t>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => a == b || (a.is_dynamic() && b.is_dynamic()),
+        (a, b) => a == b,
+    }
+}
+
+/// A reduction's name: NCCL's without its prefix, `PreMulSum` for a
+/// handle made at run time.
+fn reduction_name(op: ncclRedOp_t) -> String {
+    match op.name() {
+        _ if op.is_dynamic() => "PreMulSum".to_string(),
+        Some(name) => name.trim_start_matches("nccl").to_string(),
+        None => format!("reduction {}", op.0),
+    }
 }
 
 impl Call {
@@ -45,6 +68,8 @@ impl Call {
             Some(Field::Count)
         } else if self.dtype != other.dtype {
             Some(Field::Dtype)
+        } else if !same_reduction(self.reduction, other.reduction) {
+            Some(Field::Reduction)
         } else if !self.p2p() && self.peer != other.peer {
             Some(Field::Root)
         } else {
@@ -65,6 +90,9 @@ impl std::fmt::Display for Call {
             .trim_start_matches("ncclDataType_t(")
             .trim_end_matches(')');
         write!(f, "{}(count {}, {dtype}", self.op, self.count)?;
+        if let Some(op) = self.reduction {
+            write!(f, ", {}", reduction_name(op))?;
+        }
         match self.peer {
             Some(p) if self.p2p() => write!(f, ", peer {p})"),
             Some(p) => write!(f, ", root {p})"),
@@ -84,6 +112,8 @@ pub enum Field {
     Count,
     /// A different element type.
     Dtype,
+    /// A different reduction.
+    Reduction,
     /// A different root.
     Root,
     /// No operation at all where the others issued one (fewer operations,
@@ -97,6 +127,7 @@ impl std::fmt::Display for Field {
             Field::Op => "operation (order)",
             Field::Count => "count",
             Field::Dtype => "dtype",
+            Field::Reduction => "reduction",
             Field::Root => "root",
             Field::Missing => "order (a missing or extra operation)",
         })
@@ -173,6 +204,33 @@ impl std::fmt::Display for Divergence {
             write!(f, " (and {} more rank(s))", self.unlisted)?;
         }
         Ok(())
+    }
+}
+
+/// What the hub found for one call of the opt-in call check.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Checked {
+    /// Every live rank made the same call.
+    Agree,
+    /// The ranks disagree.
+    Diverged(Box<Divergence>),
+    /// These ranks (at most eight, lowest first) did not check in by the
+    /// hub's deadline, and this many more.
+    Missing(Vec<usize>, usize),
+}
+
+impl Checked {
+    /// The outcome when `calls` (one per rank that checked in, for check
+    /// `seq`) are all there is, `missing` the live ranks without one.
+    pub(crate) fn of(seq: u64, calls: &[(usize, Call)], mut missing: Vec<usize>) -> Checked {
+        if !missing.is_empty() {
+            missing.sort_unstable();
+            let unlisted = missing.len().saturating_sub(MAX_LISTED);
+            missing.truncate(MAX_LISTED);
+            return Checked::Missing(missing, unlisted);
+        }
+        let tails: Vec<Tail> = calls.iter().map(|(r, c)| (*r, vec![(seq, *c)])).collect();
+        analyze(&tails).map_or(Checked::Agree, |d| Checked::Diverged(Box::new(d)))
     }
 }
 
@@ -294,11 +352,14 @@ mod tests {
     use super::*;
 
     fn call(op: &'static str, count: usize, dtype: ncclDataType_t, peer: Option<usize>) -> Call {
+        let reduction = matches!(op, "ncclAllReduce" | "ncclReduce" | "ncclReduceScatter")
+            .then_some(ncclRedOp_t::ncclSum);
         Call {
             op,
             count,
             dtype,
             peer,
+            reduction,
         }
     }
 
@@ -361,6 +422,35 @@ mod tests {
         });
         let d = analyze(&t).unwrap();
         assert_eq!((d.field, d.culprit), (Field::Dtype, Some(0)));
+    }
+
+    #[test]
+    fn a_reduction_mismatch_is_found_and_premulsum_handles_are_alike() {
+        let with = |op: ncclRedOp_t| Call {
+            reduction: Some(op),
+            ..ar(64)
+        };
+        let t = tails(3, &[], |r| {
+            vec![with(if r == 1 {
+                ncclRedOp_t::ncclMax
+            } else {
+                ncclRedOp_t::ncclSum
+            })]
+        });
+        let d = analyze(&t).unwrap();
+        assert_eq!((d.field, d.culprit), (Field::Reduction, Some(1)));
+        assert!(d.to_string().contains("Max"), "{d}");
+        // Two ranks' PreMulSum handles differ in number, not in meaning.
+        let premul = |r: usize| vec![with(ncclRedOp_t(5 + r as u32))];
+        assert_eq!(analyze(&tails(3, &[], premul)), None);
+        // A dtype difference is named before the reduction.
+        let t = tails(2, &[], |r| {
+            vec![Call {
+                dtype: ncclDataType_t(r as u32),
+                ..with(ncclRedOp_t(r as u32))
+            }]
+        });
+        assert_eq!(analyze(&t).unwrap().field, Field::Dtype);
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::env::{FLIGHT_RECORDER_ENV, WATCHDOG_ENV, WATCHDOG_TIMEOUT_ENV};
+use crate::env::{CHECK_CALLS_ENV, FLIGHT_RECORDER_ENV, WATCHDOG_ENV, WATCHDOG_TIMEOUT_ENV};
 use crate::error::{Error, Result};
 
 /// How a [`Watchdog`](super::Watchdog) behaves.
@@ -13,6 +13,7 @@ pub struct WatchdogOptions {
     pub(super) history: usize,
     pub(super) poll: Duration,
     pub(super) print: bool,
+    pub(super) check_calls: bool,
 }
 
 impl Default for WatchdogOptions {
@@ -30,6 +31,7 @@ impl WatchdogOptions {
             history: 64,
             poll: Duration::from_millis(2),
             print: true,
+            check_calls: false,
         }
     }
 
@@ -60,6 +62,14 @@ impl WatchdogOptions {
         self
     }
 
+    /// Whether every call on the world's communicator is compared across
+    /// the ranks before launch (off by default; see
+    /// [`WorldOptions::check_calls`](crate::WorldOptions::check_calls)).
+    pub fn check_calls(mut self, on: bool) -> Self {
+        self.check_calls = on;
+        self
+    }
+
     /// The configured timeout.
     pub fn get_timeout(&self) -> Duration {
         self.timeout
@@ -68,7 +78,8 @@ impl WatchdogOptions {
     /// Reads `NCCL_RS_WATCHDOG` (`1`/`on`/`true` or `0`/`off`/`false`;
     /// on when unset), the timeout from `NCCL_RS_WATCHDOG_TIMEOUT`, else
     /// `NCCL_RS_TIMEOUT` (seconds, fractional, at least 0.001), else 300 s,
-    /// and `NCCL_RS_FLIGHT_RECORDER` (entries). `Ok(None)` only when the
+    /// `NCCL_RS_FLIGHT_RECORDER` (entries) and `NCCL_RS_CHECK_CALLS`
+    /// (`1` turns the call check on; off when unset). `Ok(None)` only when the
     /// watchdog is turned off; a value that does not parse is an error,
     /// never ignored.
     pub fn from_env() -> Result<Option<WatchdogOptions>> {
@@ -78,22 +89,14 @@ impl WatchdogOptions {
     /// As [`WatchdogOptions::from_env`], reading variables from `lookup`.
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Option<WatchdogOptions>> {
         let bad = |name: &'static str, reason: String| Error::InvalidArgument { op: name, reason };
-        let on = match lookup(WATCHDOG_ENV).as_deref().map(str::trim) {
-            // On by default.
-            None | Some("") => true,
-            Some("1" | "on" | "true" | "yes") => true,
-            Some("0" | "off" | "false" | "no") => false,
-            Some(other) => {
-                return Err(bad(
-                    WATCHDOG_ENV,
-                    format!("{other:?} is not 1/on/true or 0/off/false"),
-                ));
-            }
-        };
-        if !on {
+        // On by default.
+        if !crate::env::switch(&lookup, WATCHDOG_ENV)?.unwrap_or(true) {
             return Ok(None);
         }
         let mut options = WatchdogOptions::new();
+        if let Some(on) = crate::env::switch(&lookup, CHECK_CALLS_ENV)? {
+            options = options.check_calls(on);
+        }
         if let Some(t) = crate::env::op_timeout(&lookup)? {
             options = options.timeout(t);
         }
@@ -147,5 +150,11 @@ mod tests {
         }
         assert!(WatchdogOptions::from_lookup(env(&[("NCCL_RS_FLIGHT_RECORDER", "0")])).is_err());
         assert!(WatchdogOptions::from_lookup(env(&[("NCCL_RS_WATCHDOG", "perhaps")])).is_err());
+        let checking = WatchdogOptions::from_lookup(env(&[("NCCL_RS_CHECK_CALLS", "1")]));
+        assert_eq!(
+            checking.unwrap(),
+            Some(WatchdogOptions::new().check_calls(true))
+        );
+        assert!(WatchdogOptions::from_lookup(env(&[("NCCL_RS_CHECK_CALLS", "2")])).is_err());
     }
 }

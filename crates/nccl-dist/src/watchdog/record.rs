@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use nccl_safe::nccl_sys::ncclDataType_t;
+use nccl_safe::nccl_sys::{ncclDataType_t, ncclRedOp_t};
 
 use super::culprit::{Call, Divergence};
 use crate::liveness::PeerLoss;
@@ -39,6 +39,8 @@ pub struct OpRecord {
     pub dtype: ncclDataType_t,
     /// The peer or root, if the operation has one.
     pub peer: Option<usize>,
+    /// The reduction, for the reducing operations.
+    pub reduction: Option<ncclRedOp_t>,
     /// Where it stands.
     pub state: OpState,
     /// When it was issued, counted from when the watch began.
@@ -56,6 +58,7 @@ impl OpRecord {
             count: self.count,
             dtype: self.dtype,
             peer: self.peer,
+            reduction: self.reduction,
         }
     }
 }
@@ -181,6 +184,7 @@ mod tests {
             count: 1024,
             dtype: ncclDataType_t::ncclFloat32,
             peer: None,
+            reduction: Some(ncclRedOp_t::ncclSum),
             state: OpState::TimedOut,
             issued_at: Duration::from_millis(12),
             took: None,

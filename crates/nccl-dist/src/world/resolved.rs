@@ -43,6 +43,10 @@ impl Resolved {
                     }
                 }),
             }
+            .map(|w| match options.check_calls {
+                Some(on) => w.check_calls(on),
+                None => w,
+            })
         };
         let liveness = match &options.liveness {
             Some(l) => l.clone(),

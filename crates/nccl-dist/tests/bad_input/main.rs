@@ -189,6 +189,10 @@ const NOTHING_TO_REFUSE: &[(&str, &str)] = &[
     ),
     ("OpObserver::unfinished", "a query an observer answers"),
     (
+        "OpObserver::before checks_before",
+        "hooks an observer implements; a refusal is the observer's own error",
+    ),
+    (
         "Comm::borrowed_stream",
         "unsafe: the caller vouches that the raw stream is live on the communicator's context",
     ),
@@ -225,7 +229,7 @@ const NOTHING_TO_REFUSE: &[(&str, &str)] = &[
         "every kind and payload encode (the reader enforces the cap)",
     ),
     (
-        "WatchdogOptions::new timeout history poll_interval print_on_failure get_timeout options",
+        "WatchdogOptions::new timeout history poll_interval print_on_failure get_timeout options check_calls",
         "builders clamp to their minimum",
     ),
     (
@@ -238,6 +242,14 @@ const NOTHING_TO_REFUSE: &[(&str, &str)] = &[
     ),
     ("Failure::render_history", "accessor"),
     ("OpRecord::call", "accessor"),
+    (
+        "CheckFailure::of divergence",
+        "accessors; of() answers None for any other error",
+    ),
+    (
+        "WorldOptions::check_calls",
+        "a switch: both values are valid",
+    ),
     (
         "nccl_dist::analyze",
         "pure: any set of flight-recorder tails has an answer (None when they agree)",

@@ -109,6 +109,7 @@ impl Comm {
             compute_capability,
             force_send_recv: Cell::new(false),
             observer: RefCell::new(None),
+            checks_before: Cell::new(false),
             borrowed: RefCell::new(None),
             _not_sync: PhantomData,
         })

@@ -69,6 +69,9 @@ pub struct Comm {
     pub(in crate::comm) compute_capability: (i32, i32),
     pub(in crate::comm) force_send_recv: Cell<bool>,
     pub(crate) observer: RefCell<Option<Arc<dyn OpObserver>>>,
+    /// The observer asks to check calls before launch
+    /// ([`OpObserver::checks_before`]), read when it is set.
+    pub(crate) checks_before: Cell<bool>,
     /// The last stream handed to [`Comm::borrowed_stream`], wrapped.
     pub(in crate::comm) borrowed: RefCell<Option<Arc<CudaStream>>>,
     pub(in crate::comm) _not_sync: PhantomData<Cell<()>>,
@@ -348,6 +351,8 @@ impl Comm {
     /// Sets (or with `None` removes) the [`OpObserver`] that sees every
     /// operation issued on this communicator from now on.
     pub fn set_observer(&self, observer: Option<Arc<dyn OpObserver>>) {
+        self.checks_before
+            .set(observer.as_ref().is_some_and(|o| o.checks_before()));
         *self.observer.borrow_mut() = observer;
     }
 

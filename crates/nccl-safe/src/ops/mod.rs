@@ -373,6 +373,24 @@ impl<'s, 'a> OnStream<'s, 'a> {
         }
     }
 
+    /// The observer's check of `op` before its launch (see
+    /// [`crate::OpObserver::before`]): only outside a group and a capture.
+    #[cold]
+    fn before(&self, op: &op::Op) -> Result<()> {
+        if self.hold.is_some() || self.capture.is_some() || is_allowed() {
+            return Ok(());
+        }
+        let observer = self.comm.observer.borrow();
+        let Some(observer) = observer.as_ref() else {
+            return Ok(());
+        };
+        let info = op.info();
+        without_capture(|| observer.before(&info)).map_err(|source| Error::CheckFailed {
+            op: info.op,
+            source,
+        })
+    }
+
     /// Reports an accepted call on `stream` to the observer: now, or, for
     /// a call issued into a group, at that group's outermost end (the
     /// group's `hold` keeps it, with the stream borrowed for as long).

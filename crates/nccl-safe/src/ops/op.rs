@@ -105,16 +105,15 @@ impl Op {
     }
 
     /// What its observers are told.
-    fn info(&self) -> OpInfo {
+    pub(crate) fn info(&self) -> OpInfo {
         let info = OpInfo::new(self.name, self.count, self.dtype);
         match self.kind {
-            Kind::AllReduce | Kind::ReduceScatter | Kind::AllGather | Kind::AllToAll => info,
-            Kind::Reduce
-            | Kind::Broadcast
-            | Kind::Gather
-            | Kind::Scatter
-            | Kind::Send
-            | Kind::Recv => info.peer(self.peer),
+            Kind::AllReduce | Kind::ReduceScatter => info.redop(self.reduction),
+            Kind::Reduce => info.redop(self.reduction).peer(self.peer),
+            Kind::AllGather | Kind::AllToAll => info,
+            Kind::Broadcast | Kind::Gather | Kind::Scatter | Kind::Send | Kind::Recv => {
+                info.peer(self.peer)
+            }
         }
     }
 
@@ -177,6 +176,13 @@ impl<'a> OnStream<'_, 'a> {
         accesses: impl IntoIterator<Item = Access<'a>>,
     ) -> Result<()> {
         let _span = op.span().entered();
+        // One branch on a `Cell` unless the observer checks calls.
+        if self.comm.checks_before.get()
+            && let Err(e) = self.before(&op)
+        {
+            self.settle(accesses);
+            return Err(e);
+        }
         let enqueued = match op.kind {
             Kind::AllToAll if self.comm.uses_send_recv(Feature::NativeAllToAll) => {
                 let counts = vec![op.count; self.comm.size()];

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use super::{Role, Shared};
 use crate::liveness::link::{Link, lock};
 use crate::liveness::wire::Msg;
-use crate::watchdog::culprit::{Call, Divergence, Tail, analyze};
+use crate::watchdog::culprit::{Call, Checked, Divergence, Tail, analyze};
 
 /// Where a rank's tails come from when the hub asks: the watchdog's
 /// flight recorder of the communicator with that key.
@@ -32,6 +32,30 @@ impl Exchanger {
         within: Duration,
     ) -> Option<Box<Divergence>> {
         self.0.upgrade()?.exchange(key, tail, within)
+    }
+
+    /// This rank is about to launch `call`, its `seq`-th checked call on
+    /// the communicator `key`: what the hub found, within `within`
+    /// (`Some(Agree)` without a channel to check over; `None` when no
+    /// outcome came in time).
+    pub(crate) fn check(
+        &self,
+        key: &str,
+        seq: u64,
+        call: Call,
+        within: Duration,
+    ) -> Option<Checked> {
+        match self.0.upgrade() {
+            Some(shared) => shared.check(key, seq, call, within),
+            None => Some(Checked::Agree),
+        }
+    }
+
+    /// How long the hub waits for every rank of a check.
+    pub(crate) fn set_check_wait(&self, wait: Duration) {
+        if let Some(shared) = self.0.upgrade() {
+            shared.set_check_wait(wait);
+        }
     }
 }
 
@@ -242,6 +266,7 @@ mod tests {
             count,
             dtype: ncclDataType_t::ncclFloat32,
             peer: None,
+            reduction: Some(nccl_safe::nccl_sys::ncclRedOp_t::ncclSum),
         }
     }
 

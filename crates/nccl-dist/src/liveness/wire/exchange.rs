@@ -1,11 +1,12 @@
-//! The bodies of the flight-recorder exchange (`Tail`, `Ask`, `Verdict`):
-//! a communicator's key, calls, and the divergence the hub found. Every
-//! field has a fixed width and every list a bound, so each fits one frame.
+//! The bodies of the flight-recorder exchange (`Tail`, `Ask`, `Verdict`)
+//! and of the call check (`Check`, `Checked`): a communicator's key,
+//! calls, and the divergence the hub found. Every field has a fixed width
+//! and every list a bound, so each fits one frame.
 
-use nccl_safe::nccl_sys::ncclDataType_t;
+use nccl_safe::nccl_sys::{ncclDataType_t, ncclRedOp_t};
 
 use crate::liveness::LivenessError;
-use crate::watchdog::culprit::{Call, Divergence, Field};
+use crate::watchdog::culprit::{Call, Checked, Divergence, Field};
 
 /// The most calls a `Tail` carries (the newest of the flight recorder).
 pub(crate) const TAIL_MAX: usize = 32;
@@ -15,6 +16,8 @@ pub(crate) const KEY_MAX: usize = 64;
 const LISTED_MAX: usize = 8;
 /// "None" for a rank, a root or a peer.
 const NONE: u32 = u32::MAX;
+/// "No reduction" (an operation that does not reduce).
+const NO_REDUCTION: u8 = u8::MAX;
 
 /// The NCCL functions the flight recorder names, by wire code.
 const OPS: [&str; 9] = [
@@ -98,12 +101,18 @@ impl Reader<'_> {
         let count = usize::try_from(self.u64()?)
             .map_err(|_| LivenessError::Malformed("a count too large for this host"))?;
         let dtype = ncclDataType_t(self.u8()?.into());
+        let reduction = match self.u8()? {
+            NO_REDUCTION => None,
+            c if u32::from(c) <= ncclRedOp_t::ncclNumOps.0 => Some(ncclRedOp_t(c.into())),
+            _ => return Err(LivenessError::Malformed("an unknown reduction code")),
+        };
         let peer = self.opt()?;
         Ok(Call {
             op,
             count,
             dtype,
             peer,
+            reduction,
         })
     }
 
@@ -137,11 +146,17 @@ pub(super) fn decode_key(body: &[u8]) -> Result<String, LivenessError> {
     Ok(key)
 }
 
-/// `op u8 ‖ count u64 ‖ dtype u8 ‖ peer u32` (peer `u32::MAX`: none).
-fn encode_call(c: &Call, out: &mut Vec<u8>) {
+/// `op u8 ‖ count u64 ‖ dtype u8 ‖ reduction u8 ‖ peer u32` (peer
+/// `u32::MAX`: none; reduction 0 to 4 the built-ins, 5 any PreMulSum
+/// handle, 255 none).
+pub(super) fn encode_call(c: &Call, out: &mut Vec<u8>) {
     out.push(op_code(c.op));
     out.extend_from_slice(&(c.count as u64).to_be_bytes());
     out.push(c.dtype.0 as u8);
+    out.push(match c.reduction {
+        None => NO_REDUCTION,
+        Some(r) => r.0.min(ncclRedOp_t::ncclNumOps.0) as u8,
+    });
     opt(c.peer, out);
 }
 
@@ -211,6 +226,7 @@ fn field_code(f: Field) -> u8 {
         Field::Dtype => 2,
         Field::Root => 3,
         Field::Missing => 4,
+        Field::Reduction => 5,
     }
 }
 
@@ -221,6 +237,7 @@ fn field_of(code: u8) -> Result<Field, LivenessError> {
         2 => Field::Dtype,
         3 => Field::Root,
         4 => Field::Missing,
+        5 => Field::Reduction,
         _ => return Err(LivenessError::Malformed("an unknown divergence field")),
     })
 }
@@ -236,6 +253,11 @@ pub(super) fn encode_verdict(key: &str, d: &Option<Box<Divergence>>, out: &mut V
         return;
     };
     out.push(1);
+    encode_divergence(d, out);
+}
+
+/// The part of a verdict after its `found` flag.
+fn encode_divergence(d: &Divergence, out: &mut Vec<u8>) {
     out.extend_from_slice(&d.seq.to_be_bytes());
     out.push(field_code(d.field));
     opt(d.culprit, out);
@@ -266,15 +288,25 @@ pub(super) fn decode_verdict(body: &[u8], world: usize) -> Result<Verdict, Liven
         r.end()?;
         return Ok((key, None));
     }
-    let in_world = |rank: Option<usize>| match rank {
+    let d = decode_divergence(&mut r, world)?;
+    r.end()?;
+    Ok((key, Some(Box::new(d))))
+}
+
+fn in_world(rank: Option<usize>, world: usize) -> Result<Option<usize>, LivenessError> {
+    match rank {
         Some(rank) if rank >= world => Err(LivenessError::RankOutOfRange { rank, world }),
         _ => Ok(rank),
-    };
+    }
+}
+
+fn decode_divergence(r: &mut Reader<'_>, world: usize) -> Result<Divergence, LivenessError> {
+    let in_world = |rank: Option<usize>| in_world(rank, world);
     let seq = r.u64()?;
     let field = field_of(r.u8()?)?;
     let culprit = in_world(r.opt()?)?;
     let majority = match r.opt()? {
-        Some(n) => Some((decode_maybe(&mut r)?, n)),
+        Some(n) => Some((decode_maybe(r)?, n)),
         None => None,
     };
     let n = r.u8()? as usize;
@@ -284,27 +316,87 @@ pub(super) fn decode_verdict(body: &[u8], world: usize) -> Result<Verdict, Liven
     let mut others = Vec::with_capacity(n);
     for _ in 0..n {
         let rank = in_world(r.opt()?)?.ok_or(SHORT)?;
-        others.push((rank, decode_maybe(&mut r)?));
+        others.push((rank, decode_maybe(r)?));
     }
     let unlisted = r.u32()? as usize;
+    Ok(Divergence {
+        seq,
+        field,
+        culprit,
+        majority,
+        others,
+        unlisted,
+    })
+}
+
+/// `key ‖ seq u64 ‖ call`.
+pub(super) fn encode_check(key: &str, seq: u64, call: &Call, out: &mut Vec<u8>) {
+    encode_key(key, out);
+    out.extend_from_slice(&seq.to_be_bytes());
+    encode_call(call, out);
+}
+
+pub(super) fn decode_check(body: &[u8]) -> Result<(String, u64, Call), LivenessError> {
+    let mut r = Reader(body);
+    let (key, seq, call) = (r.key()?, r.u64()?, r.call()?);
     r.end()?;
-    Ok((
-        key,
-        Some(Box::new(Divergence {
-            seq,
-            field,
-            culprit,
-            majority,
-            others,
-            unlisted,
-        })),
-    ))
+    Ok((key, seq, call))
+}
+
+/// `key ‖ seq u64 ‖ outcome u8`, then for 1 a divergence (as in a
+/// verdict), for 2 `n u8 ‖ rank u32 * n ‖ unlisted u32`.
+pub(super) fn encode_checked(key: &str, seq: u64, outcome: &Checked, out: &mut Vec<u8>) {
+    encode_key(key, out);
+    out.extend_from_slice(&seq.to_be_bytes());
+    match outcome {
+        Checked::Agree => out.push(0),
+        Checked::Diverged(d) => {
+            out.push(1);
+            encode_divergence(d, out);
+        }
+        Checked::Missing(ranks, unlisted) => {
+            out.push(2);
+            let listed = &ranks[..ranks.len().min(LISTED_MAX)];
+            out.push(listed.len() as u8);
+            for rank in listed {
+                opt(Some(*rank), out);
+            }
+            let unlisted = unlisted + (ranks.len() - listed.len());
+            out.extend_from_slice(&(unlisted as u32).to_be_bytes());
+        }
+    }
+}
+
+/// A check's outcome: key, seq and what the hub found.
+pub(super) type CheckOutcome = (String, u64, Checked);
+
+pub(super) fn decode_checked(body: &[u8], world: usize) -> Result<CheckOutcome, LivenessError> {
+    let mut r = Reader(body);
+    let (key, seq) = (r.key()?, r.u64()?);
+    let outcome = match r.u8()? {
+        0 => Checked::Agree,
+        1 => Checked::Diverged(Box::new(decode_divergence(&mut r, world)?)),
+        2 => {
+            let n = r.u8()? as usize;
+            if n > LISTED_MAX {
+                return Err(LivenessError::Malformed("a check listing too many ranks"));
+            }
+            let mut ranks = Vec::with_capacity(n);
+            for _ in 0..n {
+                ranks.push(in_world(r.opt()?, world)?.ok_or(SHORT)?);
+            }
+            Checked::Missing(ranks, r.u32()? as usize)
+        }
+        _ => return Err(LivenessError::Malformed("an unknown check outcome")),
+    };
+    r.end()?;
+    Ok((key, seq, outcome))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::watchdog::culprit::analyze;
+    use crate::watchdog::culprit::{Tail, analyze};
 
     fn call(op: &'static str, count: usize, peer: Option<usize>) -> Call {
         Call {
@@ -312,6 +404,7 @@ mod tests {
             count,
             dtype: ncclDataType_t::ncclBfloat16,
             peer,
+            reduction: (op == "ncclReduce").then_some(ncclRedOp_t::ncclNumOps),
         }
     }
 
@@ -372,5 +465,46 @@ mod tests {
             assert!(decode_verdict(&out[..out.len() - 1], 20).is_err());
         }
         assert!(decode_key(&[65, b'a']).is_err());
+    }
+
+    #[test]
+    fn checks_and_their_outcomes_round_trip() {
+        let premul = Call {
+            reduction: Some(ncclRedOp_t(77)),
+            ..call("ncclAllReduce", 3, None)
+        };
+        let mut out = Vec::new();
+        encode_check("world", 12, &premul, &mut out);
+        let (key, seq, got) = decode_check(&out).unwrap();
+        // Every PreMulSum handle travels as the first dynamic value.
+        let expect = Call {
+            reduction: Some(ncclRedOp_t::ncclNumOps),
+            ..premul
+        };
+        assert_eq!((key.as_str(), seq, got), ("world", 12, expect));
+        assert!(decode_check(&out[..out.len() - 1]).is_err());
+        let mut bad = out.clone();
+        let at = bad.len() - 5;
+        bad[at] = 9;
+        assert!(decode_check(&bad).is_err(), "an unknown reduction code");
+
+        let tails: Vec<Tail> = (0..3)
+            .map(|r| (r, vec![(4, call(OPS[r], 1, None))]))
+            .collect();
+        let diverged = Checked::Diverged(Box::new(analyze(&tails).unwrap()));
+        let missing = Checked::Missing((0..12).collect(), 3);
+        for outcome in [Checked::Agree, diverged, missing] {
+            let mut out = Vec::new();
+            encode_checked("world", 4, &outcome, &mut out);
+            let (key, seq, got) = decode_checked(&out, 16).unwrap();
+            let want = match &outcome {
+                Checked::Missing(ranks, n) => Checked::Missing(ranks[..LISTED_MAX].to_vec(), n + 4),
+                o => o.clone(),
+            };
+            assert_eq!((key.as_str(), seq, got), ("world", 4, want));
+            assert!(decode_checked(&out[..out.len() - 1], 16).is_err());
+            let far = matches!(outcome, Checked::Missing(..));
+            assert_eq!(decode_checked(&out, 5).is_err(), far);
+        }
     }
 }

@@ -1,0 +1,444 @@
+//! The opt-in call check: before a call on a checked communicator, every
+//! rank sends it to the hub (`Check`), the hub collects one call per live
+//! rank for that key and sequence number, compares them and sends every
+//! member the outcome (`Checked`). Bounded everywhere: a rank waits at most
+//! its timeout, the hub gives up on a check at its deadline and naming the
+//! ranks that did not come, and it holds at most [`MAX_PENDING`] checks.
+//! Nothing here runs, locks or allocates unless the check is on.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::{Role, Shared};
+use crate::liveness::link::{Link, lock};
+use crate::liveness::wire::Msg;
+use crate::watchdog::culprit::{Call, Checked};
+
+/// Unfinished checks the hub holds at once (a peer cannot make it store
+/// more; one past that is answered at once as not checked in by the rest).
+const MAX_PENDING: usize = 16;
+/// Outcomes kept for a waiter that has not taken its own yet.
+const MAX_RESULTS: usize = 8;
+/// The hub's share of the check wait before it gives up on the ranks that
+/// did not check in (the rest carries the outcome back).
+const HUB_SHARE: f64 = 0.9;
+/// How long the hub waits for every rank when nobody told it (the
+/// default operation timeout).
+const DEFAULT_WAIT: Duration = Duration::from_secs(300);
+
+/// One check the hub is collecting.
+struct Pending {
+    key: String,
+    seq: u64,
+    deadline: Instant,
+    calls: Vec<(usize, Call)>,
+}
+
+/// Call-check state of one rank.
+pub(super) struct Checks {
+    pending: Vec<Pending>,
+    results: Vec<(String, u64, Checked)>,
+    /// How long the hub waits for every rank of a check.
+    wait: Duration,
+}
+
+impl Default for Checks {
+    fn default() -> Self {
+        Checks {
+            pending: Vec::new(),
+            results: Vec::new(),
+            wait: DEFAULT_WAIT,
+        }
+    }
+}
+
+impl Shared {
+    /// How long the hub waits for every rank of a check (the operation
+    /// timeout; [`HUB_SHARE`] of it).
+    pub(super) fn set_check_wait(&self, wait: Duration) {
+        lock(&self.checks).wait = wait;
+    }
+
+    /// The hub: adds `rank`'s `call` to the check `seq` of `key`, and
+    /// finishes the check once every live rank is in.
+    fn add_check(&self, key: &str, seq: u64, rank: usize, call: Call) {
+        let done = {
+            let mut checks = lock(&self.checks);
+            let wait = checks.wait;
+            let at = checks
+                .pending
+                .iter()
+                .position(|p| p.key == key && p.seq == seq);
+            let at = match at {
+                Some(at) => at,
+                None if checks.pending.len() >= MAX_PENDING => {
+                    drop(checks);
+                    let others = (0..self.world).filter(|r| *r != rank).collect();
+                    let outcome = Checked::of(seq, &[], others);
+                    return self.deliver(key.to_string(), seq, outcome, Some(rank));
+                }
+                None => {
+                    checks.pending.push(Pending {
+                        key: key.to_string(),
+                        seq,
+                        deadline: Instant::now() + wait.mul_f64(HUB_SHARE),
+                        calls: Vec::with_capacity(self.world),
+                    });
+                    checks.pending.len() - 1
+                }
+            };
+            let p = &mut checks.pending[at];
+            if !p.calls.iter().any(|(r, _)| *r == rank) {
+                p.calls.push((rank, call));
+            }
+            let missing = self.missing(p);
+            missing
+                .is_empty()
+                .then(|| checks.pending.remove(at))
+                .map(|p| (p.key, p.seq, Checked::of(p.seq, &p.calls, missing)))
+        };
+        if let Some((key, seq, outcome)) = done {
+            self.deliver(key, seq, outcome, None);
+        }
+    }
+
+    /// The live ranks that have not checked in to `p`.
+    fn missing(&self, p: &Pending) -> Vec<usize> {
+        (0..self.world)
+            .filter(|r| {
+                !p.calls.iter().any(|(c, _)| c == r) && !self.is_lost(*r) && !self.is_gone(*r)
+            })
+            .collect()
+    }
+
+    /// The hub: sends `outcome` to every member (or only to `only`) and
+    /// keeps it for this rank's own waiter.
+    fn deliver(&self, key: String, seq: u64, outcome: Checked, only: Option<usize>) {
+        for link in self.links() {
+            if !link.to_hub && only.is_none_or(|r| r == link.peer) {
+                link.send(&Msg::Checked {
+                    key: key.clone(),
+                    seq,
+                    outcome: outcome.clone(),
+                });
+            }
+        }
+        if only.is_none_or(|r| Some(r) == self.rank) {
+            self.on_checked(key, seq, outcome);
+        }
+    }
+
+    /// The hub: ends the checks whose deadline passed, naming the ranks
+    /// that did not check in.
+    pub(super) fn expire_checks(&self) {
+        let now = Instant::now();
+        let expired: Vec<(String, u64, Checked)> = {
+            let mut checks = lock(&self.checks);
+            if checks.pending.iter().all(|p| p.deadline > now) {
+                return;
+            }
+            let (gone, kept): (Vec<Pending>, Vec<Pending>) = std::mem::take(&mut checks.pending)
+                .into_iter()
+                .partition(|p| p.deadline <= now);
+            checks.pending = kept;
+            gone.into_iter()
+                .map(|p| {
+                    let missing = self.missing(&p);
+                    (p.key, p.seq, Checked::of(p.seq, &p.calls, missing))
+                })
+                .collect()
+        };
+        for (key, seq, outcome) in expired {
+            self.deliver(key, seq, outcome, None);
+        }
+    }
+
+    /// The earliest deadline of the hub's checks (caps the thread's wait).
+    pub(super) fn check_deadline(&self) -> Option<Instant> {
+        lock(&self.checks).pending.iter().map(|p| p.deadline).min()
+    }
+
+    /// A member's check came in.
+    pub(super) fn on_check(&self, link: &Arc<Link>, key: &str, seq: u64, call: Call) {
+        self.add_check(key, seq, link.peer, call);
+        self.wake();
+    }
+
+    /// The outcome of a check came in (or, on the hub, was found).
+    pub(super) fn on_checked(&self, key: String, seq: u64, outcome: Checked) {
+        let mut checks = lock(&self.checks);
+        if checks.results.len() >= MAX_RESULTS {
+            checks.results.remove(0);
+        }
+        checks.results.push((key, seq, outcome));
+        drop(checks);
+        self.exchange_cv.notify_all();
+    }
+
+    /// This rank is about to launch `call`, its `seq`-th checked call on
+    /// `key`: the outcome within `within`, `Some(Agree)` with no channel
+    /// to check over, `None` when no outcome came in time.
+    pub(super) fn check(
+        &self,
+        key: &str,
+        seq: u64,
+        call: Call,
+        within: Duration,
+    ) -> Option<Checked> {
+        let until = Instant::now() + within;
+        match self.role {
+            Role::Hub => {
+                self.add_check(key, seq, self.rank.unwrap_or(0), call);
+                self.wake();
+            }
+            Role::Member => {
+                let Some(hub) = self.links().into_iter().find(|l| l.to_hub) else {
+                    return Some(Checked::Agree);
+                };
+                hub.send(&Msg::Check {
+                    key: key.to_string(),
+                    seq,
+                    call,
+                });
+            }
+            Role::InProcess | Role::Off => return Some(Checked::Agree),
+        }
+        let mut checks = lock(&self.checks);
+        loop {
+            if let Some(i) = checks
+                .results
+                .iter()
+                .position(|(k, s, _)| k == key && *s == seq)
+            {
+                return Some(checks.results.remove(i).2);
+            }
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            checks = self
+                .exchange_cv
+                .wait_timeout(checks, left)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|p| p.into_inner().0);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::TcpListener;
+
+    use nccl_safe::UniqueId;
+    use nccl_safe::nccl_sys::{ncclDataType_t, ncclRedOp_t};
+
+    use super::*;
+    use crate::liveness::{Exchanger, Liveness, LivenessOptions};
+    use crate::rendezvous::{join_live, serve_live};
+    use crate::secret::Secret;
+    use crate::watchdog::culprit::Field;
+
+    /// `world` ranks over loopback sockets, rank 0 the hub.
+    fn channel(world: usize) -> Vec<Liveness> {
+        let secret = Secret::from_bytes(b"a secret for the call check".to_vec(), "test").unwrap();
+        let options = LivenessOptions::new();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let id = UniqueId::from_bytes([9; UniqueId::BYTES]);
+        let t = Duration::from_secs(10);
+        let members: Vec<_> = (1..world)
+            .map(|rank| {
+                let (secret, options) = (secret.clone(), options.clone());
+                std::thread::spawn(move || {
+                    join_live(addr, rank, world, &secret, t, &options)
+                        .unwrap()
+                        .1
+                })
+            })
+            .collect();
+        let (hub, refused) = serve_live(&listener, world, &secret, &id, t, &options).unwrap();
+        assert!(refused.is_empty());
+        let mut ranks = vec![hub];
+        ranks.extend(members.into_iter().map(|m| m.join().unwrap()));
+        ranks
+    }
+
+    fn ar(count: usize) -> Call {
+        Call {
+            op: "ncclAllReduce",
+            count,
+            dtype: ncclDataType_t::ncclFloat32,
+            peer: None,
+            reduction: Some(ncclRedOp_t::ncclSum),
+        }
+    }
+
+    /// Every rank checks `call(rank)` as check `seq`; their outcomes.
+    fn check_all(
+        ranks: &[Liveness],
+        seq: u64,
+        call: impl Fn(usize) -> Option<Call>,
+        within: Duration,
+    ) -> Vec<Option<Checked>> {
+        let waiters: Vec<_> = ranks
+            .iter()
+            .enumerate()
+            .map(|(r, l)| (l.exchanger(), call(r)))
+            .map(|(ex, call): (Exchanger, Option<Call>)| {
+                std::thread::spawn(move || call.map(|c| ex.check("world", seq, c, within)))
+            })
+            .collect();
+        waiters
+            .into_iter()
+            .filter_map(|w| w.join().unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn every_rank_gets_the_same_divergence_before_launch() {
+        let int32 = Call {
+            dtype: ncclDataType_t::ncclInt32,
+            ..ar(64)
+        };
+        let max = Call {
+            reduction: Some(ncclRedOp_t::ncclMax),
+            ..ar(64)
+        };
+        let bcast = |root| Call {
+            op: "ncclBroadcast",
+            peer: Some(root),
+            reduction: None,
+            ..ar(64)
+        };
+        let cases: [(Call, Call, Field); 5] = [
+            (ar(64), ar(65), Field::Count),
+            (ar(64), int32, Field::Dtype),
+            (ar(64), max, Field::Reduction),
+            (bcast(0), bcast(1), Field::Root),
+            (ar(64), bcast(0), Field::Op),
+        ];
+        for world in [2, 3, 4] {
+            let ranks = channel(world);
+            for (seq, (common, odd, field)) in cases.iter().enumerate() {
+                let seq = seq as u64;
+                let started = Instant::now();
+                let outcomes = check_all(
+                    &ranks,
+                    seq,
+                    |r| Some(if r == world - 1 { *odd } else { *common }),
+                    Duration::from_secs(5),
+                );
+                assert!(started.elapsed() < Duration::from_secs(2));
+                assert_eq!(outcomes.len(), world);
+                let Some(Checked::Diverged(d)) = &outcomes[0] else {
+                    panic!("{world} ranks, {field}: {:?}", outcomes[0]);
+                };
+                assert_eq!((d.seq, d.field), (seq, *field), "{world} ranks");
+                // With two ranks there is no majority: both side by side.
+                let culprit = (world > 2).then_some(world - 1);
+                assert_eq!(d.culprit, culprit, "{d}");
+                assert!(outcomes.iter().all(|o| *o == outcomes[0]), "{outcomes:?}");
+            }
+            // PreMulSum handles of different numbers are the same call.
+            let premul = |r: usize| {
+                Some(Call {
+                    reduction: Some(ncclRedOp_t(5 + r as u32)),
+                    ..ar(8)
+                })
+            };
+            let outcomes = check_all(&ranks, 99, premul, Duration::from_secs(5));
+            assert!(outcomes.iter().all(|o| *o == Some(Checked::Agree)));
+            for l in &ranks {
+                l.leave();
+            }
+        }
+    }
+
+    #[test]
+    fn a_rank_that_never_checks_in_is_named_within_the_timeout() {
+        let ranks = channel(3);
+        let wait = Duration::from_millis(400);
+        ranks[0].exchanger().set_check_wait(wait);
+        let started = Instant::now();
+        let outcomes = check_all(&ranks, 0, |r| (r != 2).then(|| ar(8)), wait * 3);
+        let took = started.elapsed();
+        assert!(took < wait * 2, "{took:?}");
+        assert_eq!(outcomes.len(), 2);
+        for o in &outcomes {
+            assert_eq!(*o, Some(Checked::Missing(vec![2], 0)));
+        }
+        // A member whose hub never answers waits its own time, no more.
+        let started = Instant::now();
+        let quiet = ranks[1].exchanger();
+        let lone = std::thread::spawn(move || quiet.check("world", 7, ar(8), wait / 4));
+        assert_eq!(lone.join().unwrap(), None);
+        assert!(started.elapsed() < wait * 2);
+        for l in &ranks {
+            l.leave();
+        }
+    }
+
+    #[test]
+    fn the_hub_holds_a_bounded_number_of_checks() {
+        let ranks = channel(2);
+        let ex = ranks[1].exchanger();
+        let hub = ranks[0].exchanger();
+        // The member runs ahead: each check waits a moment, unanswered,
+        // and stays pending on the hub.
+        for seq in 0..MAX_PENDING as u64 {
+            assert_eq!(
+                ex.check("world", seq, ar(1), Duration::from_millis(5)),
+                None
+            );
+        }
+        let past = ex.check("world", 1000, ar(1), Duration::from_secs(5));
+        assert_eq!(past, Some(Checked::Missing(vec![0], 0)));
+        let pending = hub.0.upgrade().map(|s| lock(&s.checks).pending.len());
+        assert_eq!(pending, Some(MAX_PENDING));
+        for l in &ranks {
+            l.leave();
+        }
+    }
+
+    #[test]
+    fn threads_of_one_process_pass_at_once() {
+        let live = Liveness::in_process(4);
+        let outcome = live.exchanger().check("world", 0, ar(1), Duration::ZERO);
+        assert_eq!(outcome, Some(Checked::Agree));
+    }
+
+    /// The cost of one check, round trip to the hub and back, with every
+    /// rank a thread over loopback (the figure in the docs). Prints the
+    /// median per call.
+    #[test]
+    fn the_cost_of_a_check_is_measured() {
+        for world in [2, 3, 4] {
+            let ranks = channel(world);
+            let rounds = 400u64;
+            let runs: Vec<_> = ranks
+                .iter()
+                .map(|l| {
+                    let ex = l.exchanger();
+                    std::thread::spawn(move || {
+                        let mut took: Vec<Duration> = (0..rounds)
+                            .map(|seq| {
+                                let t = Instant::now();
+                                let o = ex.check("world", seq, ar(1), Duration::from_secs(5));
+                                assert_eq!(o, Some(Checked::Agree));
+                                t.elapsed()
+                            })
+                            .collect();
+                        took.sort_unstable();
+                        took[took.len() / 2]
+                    })
+                })
+                .collect();
+            let medians: Vec<Duration> = runs.into_iter().map(|r| r.join().unwrap()).collect();
+            let worst = medians.iter().max().copied().unwrap_or_default();
+            println!("call check, {world} ranks over loopback: median {worst:.1?} per call");
+            for l in &ranks {
+                l.leave();
+            }
+        }
+    }
+}
