@@ -92,6 +92,8 @@ struct Case {
     end: End,
     modes: &'static [Mode],
     limit: Option<Duration>,
+    /// Variables the case's processes get.
+    env: &'static [(&'static str, &'static str)],
 }
 
 const PROCESSES: &[Mode] = &[Mode::Processes];
@@ -105,6 +107,19 @@ const fn case(name: &'static str, victim: Pick, end: End, modes: &'static [Mode]
         end,
         modes,
         limit: None,
+        env: &[],
+    }
+}
+
+/// The call check on (`WorldOptions::check_calls`).
+const CHECK_CALLS: &[(&str, &str)] = &[("NCCL_RS_CHECK_CALLS", "1")];
+
+/// A mismatch case with the call check on: a process per rank (a world of
+/// threads has no channel to compare calls over).
+const fn checked(name: &'static str, victim: Pick) -> Case {
+    Case {
+        env: CHECK_CALLS,
+        ..case(name, victim, End::Passes, PROCESSES)
     }
 }
 
@@ -129,6 +144,11 @@ const CASES: &[Case] = &[
     case("c2_mismatched_dtype", Pick::Last, End::Passes, BOTH),
     case("c3_mismatched_order", Pick::First, End::Passes, BOTH),
     case("c4_mismatched_root", Pick::Last, End::Passes, BOTH),
+    checked("k1_checked_count", Pick::First),
+    checked("k2_checked_dtype_same_width", Pick::Last),
+    checked("k3_checked_order", Pick::First),
+    checked("k4_checked_root", Pick::Last),
+    checked("k5_checked_reduction", Pick::Last),
     case("d_abort_from_another_thread", Pick::Last, End::Passes, BOTH),
     case("e_drop_with_work_in_flight", Pick::First, End::Passes, BOTH),
     case(
@@ -255,6 +275,7 @@ fn start(
         .env("NCCL_RS_FAULT_OUT", results)
         .env("NCCL_RS_FAULT_VICTIM", &victim)
         .env("NCCL_RS_FAULT_MODE", mode.name())
+        .envs(case.env.iter().copied())
         .stdout(log.try_clone()?)
         .stderr(log.try_clone()?);
         Ok(cmd)

@@ -148,7 +148,7 @@ impl Watch {
         // Never wait behind a blocking NCCL call on another thread: look
         // again at the next poll.
         match handle.try_status() {
-            Some(Ok(CommStatus::Failed(e))) => self.fail(FailureKind::AsyncError(e.to_string())),
+            Some(Ok(CommStatus::Failed(e))) => self.fail_async(e.to_string()),
             Some(Err(nccl_safe::Error::Aborted { cause, .. })) if self.lock().unfinished() => {
                 let kind = match cause {
                     AbortCause::PeerLost { rank, detail } => {
@@ -185,6 +185,19 @@ impl Watch {
         };
         let liveness = lock_liveness(&self.registry).clone()?;
         liveness.exchange(&key, tail, EXCHANGE_WAIT)
+    }
+
+    /// NCCL reported an error: where the ranks diverge when the flight
+    /// recorders say so (a mismatch NCCL noticed), else the plain error.
+    fn fail_async(&self, error: String) {
+        if self.lock().failure.is_some() {
+            return;
+        }
+        let kind = match self.diverged() {
+            Some(divergence) => FailureKind::Mismatch { error, divergence },
+            None => FailureKind::AsyncError(error),
+        };
+        self.fail(kind);
     }
 
     fn fail(&self, kind: FailureKind) {
@@ -244,7 +257,9 @@ impl Watch {
                     op: failure.op,
                     seq: Some(failure.seq),
                 },
-                FailureKind::AsyncError(e) => AbortCause::AsyncError(e.clone()),
+                FailureKind::AsyncError(e) | FailureKind::Mismatch { error: e, .. } => {
+                    AbortCause::AsyncError(e.clone())
+                }
                 FailureKind::Aborted => AbortCause::Requested,
             };
             handle.request_abort(cause);
@@ -625,6 +640,21 @@ pub fn explain(comm: &Comm, err: nccl_safe::Error) -> Error {
     match watched.as_ref().and_then(Watched::failure) {
         Some(failure) => from_failure(failure),
         None => match err {
+            // NCCL's own error for the work waited for (a truncated
+            // message): as the watchdog would report it at its next look,
+            // with the flight recorders' verdict when they diverge.
+            nccl_safe::Error::Nccl {
+                op: "synchronize", ..
+            } if watched.is_some() => {
+                let w = watched.as_ref().map(|w| &w.watch);
+                if let Some(w) = w {
+                    w.fail_async(err.to_string());
+                }
+                match w.and_then(|w| w.lock().failure.clone()) {
+                    Some(failure) => from_failure(failure),
+                    None => Error::Nccl(err),
+                }
+            }
             nccl_safe::Error::Aborted {
                 op,
                 cause: AbortCause::PeerLost { rank, detail },

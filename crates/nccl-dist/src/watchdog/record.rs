@@ -88,6 +88,15 @@ pub enum FailureKind {
         /// Where the ranks disagree.
         divergence: Box<Divergence>,
     },
+    /// NCCL reported an error on the communicator (a message truncated: a
+    /// mismatch NCCL noticed), and the ranks' flight recorders, exchanged
+    /// as after a timeout, show where they disagree.
+    Mismatch {
+        /// NCCL's error.
+        error: String,
+        /// Where the ranks disagree.
+        divergence: Box<Divergence>,
+    },
 }
 
 /// A watched communicator's failure: which communicator, which operation,
@@ -114,6 +123,9 @@ impl std::fmt::Display for Failure {
         let what = match &self.kind {
             FailureKind::Timeout { deadline } => format!("timed out (deadline {deadline:?})"),
             FailureKind::AsyncError(e) => format!("failed: {e}"),
+            FailureKind::Mismatch { error, divergence } => {
+                format!("failed because {divergence} (NCCL: {error})")
+            }
             FailureKind::Aborted => "was aborted".to_string(),
             FailureKind::PeerLost(loss) => format!("stopped: {loss}"),
             FailureKind::Diverged {

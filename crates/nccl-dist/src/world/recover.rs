@@ -107,8 +107,13 @@ impl World {
                 "the ranks of this world are threads of one process: make a new world for the survivors",
             ));
         }
-        let survivors = settled(&liveness, self.launch.world_size, self.launch.rank, options.timeout)
-            .ok_or_else(|| refuse("no rank of this world was lost"))?;
+        let survivors = settled(
+            &liveness,
+            self.launch.world_size,
+            self.launch.rank,
+            options.timeout,
+        )
+        .ok_or_else(|| refuse("no rank of this world was lost"))?;
         let _span = tracing::debug_span!(
             "nccl.world_recover",
             rank = self.launch.rank,
@@ -125,7 +130,9 @@ impl World {
                 liveness
                     .address_of(survivors.leader())
                     .map(|a| a.ip())
-                    .ok_or_else(|| refuse("the liveness roster has no address for the new leader"))?,
+                    .ok_or_else(|| {
+                        refuse("the liveness roster has no address for the new leader")
+                    })?,
             )
         };
         let host = leader_ip.map_or_else(|| self.launch.master_addr.clone(), |ip| ip.to_string());
@@ -166,14 +173,7 @@ impl World {
             )?;
             (id, Some(live))
         };
-        let world = World::form(
-            &id,
-            launch,
-            device,
-            resolved,
-            new_liveness,
-            Shape::Split,
-        )?;
+        let world = World::form(&id, launch, device, resolved, new_liveness, Shape::Split)?;
         // The old world (its aborted communicators, its channel) goes
         // only now: its goodbye is not a loss to anyone.
         drop(self);

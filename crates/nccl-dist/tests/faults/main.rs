@@ -31,6 +31,7 @@
 //!
 //! Ignored by default: they need GPUs and the harness.
 
+mod checked;
 mod hardware;
 mod loss;
 mod stuck;
@@ -315,6 +316,8 @@ pub(crate) fn kind(e: &Error) -> String {
                 FailureKind::AsyncError(e) => format!("async error {e}"),
                 FailureKind::Aborted => "aborted".to_string(),
                 FailureKind::PeerLost(l) => format!("peer {} lost", l.rank),
+                FailureKind::Diverged { .. } => "timeout, ranks diverged".to_string(),
+                FailureKind::Mismatch { .. } => "NCCL error, ranks diverged".to_string(),
                 _ => "other".to_string(),
             };
             format!("Watchdog: {what} of {} #{}", f.op, f.seq)

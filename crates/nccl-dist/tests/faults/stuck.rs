@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use nccl_dist::nccl_safe::{self, AbortCause, GroupGuard, ReduceOp};
-use nccl_dist::{Error, FailureKind, Field, Launch, World};
+use nccl_dist::{Divergence, Error, FailureKind, Field, Launch, World};
 
 use crate::hardware::{gpu_used_mib, host_barrier, open_fds, threads};
 use crate::{
@@ -15,7 +15,7 @@ use crate::{
 };
 
 /// Elements of the mismatch cases' collectives.
-const N: usize = 1 << 20;
+pub(crate) const N: usize = 1 << 20;
 
 /// The mismatch cases: `warm` runs on every rank (the operations both
 /// sides of the mismatch use, so that no blocking enqueue waits in NCCL's
@@ -66,17 +66,26 @@ fn mismatch(
     r.note("kernel", "ok")
 }
 
-/// Whether `e` is a verdict that names the victim and `field`: the
-/// victim as the culprit against a majority, or (two ranks, no majority)
-/// among the calls listed side by side. Recorded for the table.
+/// Whether `e` is a verdict that names the victim and `field`: after a
+/// timeout ([`FailureKind::Diverged`]) or an error NCCL noticed
+/// ([`FailureKind::Mismatch`]).
 fn names_the_culprit(r: &mut Rank, e: &Error, field: Field) -> TestResult {
     let divergence = match e {
         Error::Watchdog(f) => match &f.kind {
-            FailureKind::Diverged { divergence, .. } => divergence,
+            FailureKind::Diverged { divergence, .. } | FailureKind::Mismatch { divergence, .. } => {
+                divergence
+            }
             _ => return Err(format!("the error names no culprit: {e}").into()),
         },
         _ => return Err(format!("the error names no culprit: {e}").into()),
     };
+    names(r, divergence, field)
+}
+
+/// Whether `divergence` names the victim and `field`: the victim as the
+/// culprit against a majority, or (two ranks, no majority) among the
+/// calls listed side by side. Recorded for the table.
+pub(crate) fn names(r: &mut Rank, divergence: &Divergence, field: Field) -> TestResult {
     let victim = r.victim()?;
     r.note(
         "culprit",
@@ -105,7 +114,7 @@ fn names_the_culprit(r: &mut Rank, e: &Error, field: Field) -> TestResult {
 /// An all-reduce of `n` zeros of `T` whose buffer outlives the call:
 /// after a mismatch NCCL may still use it until the communicator is gone,
 /// so it is leaked.
-fn leaked_all_reduce<T>(world: &World, n: usize) -> Result<(), Error>
+pub(crate) fn leaked_all_reduce<T>(world: &World, n: usize) -> Result<(), Error>
 where
     T: nccl_safe::NcclType
         + nccl_safe::cudarc::driver::ValidAsZeroBits
@@ -164,7 +173,7 @@ fn c2_mismatched_dtype() {
 }
 
 /// A broadcast of `N` zeros from `root`, its buffer leaked as above.
-fn leaked_broadcast(world: &World, root: usize) -> Result<(), Error> {
+pub(crate) fn leaked_broadcast(world: &World, root: usize) -> Result<(), Error> {
     let mut buf = world.comm().stream().alloc_zeros::<f32>(N).map_err(cuda)?;
     let issued = world.comm().broadcast_in_place(&mut buf, root);
     std::mem::forget(buf);
