@@ -62,6 +62,7 @@ use crate::liveness::{EXCHANGE_WAIT, Exchanger, Liveness, PeerLoss};
 
 mod check;
 pub(crate) mod culprit;
+mod explain;
 mod options;
 pub(crate) mod record;
 mod track;
@@ -69,6 +70,8 @@ mod track;
 pub use crate::env::{CHECK_CALLS_ENV, FLIGHT_RECORDER_ENV, WATCHDOG_ENV, WATCHDOG_TIMEOUT_ENV};
 pub use check::CheckFailure;
 pub use culprit::{Call, Divergence, Field, Tail, analyze};
+pub(crate) use explain::from_failure;
+pub use explain::{explain, synchronize};
 pub use options::WatchdogOptions;
 use record::render;
 pub use record::{Failure, FailureKind, OpRecord, OpState};
@@ -619,71 +622,6 @@ impl Watched {
                 return Ok(());
             }
         }
-    }
-}
-
-/// Waits for the work queued so far on `stream` ([`Comm::synchronize`]:
-/// bounded by the communicator's timeout, checking NCCL's async error). On
-/// a watched communicator, a failure the watchdog handled comes back as
-/// [`Error::Watchdog`], naming the operation and its sequence number.
-pub fn synchronize(comm: &Comm, stream: &CudaStream) -> Result<()> {
-    comm.synchronize(stream).map_err(|e| explain(comm, e))
-}
-
-/// An error from an operation on `comm` (its enqueue or a wait), as the
-/// watchdog's [`Failure`] when the watchdog has acted on `comm`; otherwise
-/// unchanged. An enqueue that NCCL keeps in progress (a peer that never
-/// joins the connection setup) ends in `Aborted` when the watchdog aborts;
-/// this names the operation that timed out instead.
-pub fn explain(comm: &Comm, err: nccl_safe::Error) -> Error {
-    let watched = Watched::of(comm);
-    match watched.as_ref().and_then(Watched::failure) {
-        Some(failure) => from_failure(failure),
-        None => match err {
-            // NCCL's own error for the work waited for (a truncated
-            // message): as the watchdog would report it at its next look,
-            // with the flight recorders' verdict when they diverge.
-            nccl_safe::Error::Nccl {
-                op: "synchronize", ..
-            } if watched.is_some() => {
-                let w = watched.as_ref().map(|w| &w.watch);
-                if let Some(w) = w {
-                    w.fail_async(err.to_string());
-                }
-                match w.and_then(|w| w.lock().failure.clone()) {
-                    Some(failure) => from_failure(failure),
-                    None => Error::Nccl(err),
-                }
-            }
-            nccl_safe::Error::Aborted {
-                op,
-                cause: AbortCause::PeerLost { rank, detail },
-            } => {
-                let history = watched.map(|w| w.history()).unwrap_or_default();
-                let seq = history.last().map_or(0, |r| r.seq);
-                crate::error::peer_lost(
-                    crate::error::loss_of(rank, detail),
-                    format!("rank {}", comm.rank()),
-                    op,
-                    seq,
-                    history,
-                )
-            }
-            other => Error::Nccl(other),
-        },
-    }
-}
-
-/// A watchdog failure as this crate's error: [`Error::PeerLost`] when a
-/// peer was lost, else [`Error::Watchdog`].
-pub(crate) fn from_failure(failure: Failure) -> Error {
-    match &failure.kind {
-        FailureKind::PeerLost(loss) => Error::PeerLost(Box::new(crate::error::PeerLost {
-            rank: loss.rank,
-            loss: loss.clone(),
-            failure,
-        })),
-        _ => Error::Watchdog(Box::new(failure)),
     }
 }
 

@@ -22,6 +22,24 @@ pub(crate) type TailSource = Arc<dyn Fn(&str) -> Option<Vec<(u64, Call)>> + Send
 pub(crate) struct Exchanger(pub(super) Weak<Shared>);
 
 impl Exchanger {
+    /// The first loss this rank knows of, waiting at most `within` for
+    /// one (NCCL may see a dead peer's closed socket a moment before the
+    /// channel names it). `None` without a channel or a loss.
+    pub(crate) fn await_loss(&self, within: Duration) -> Option<crate::liveness::PeerLoss> {
+        let until = Instant::now() + within;
+        loop {
+            let shared = self.0.upgrade()?;
+            if let Some(loss) = lock(&shared.state).losses.first().cloned() {
+                return Some(loss);
+            }
+            drop(shared);
+            if Instant::now() >= until {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// This rank timed out on the communicator `key`: sends `tail` to the
     /// hub and waits (at most `within`) for where the ranks diverge.
     /// `None` without a channel, in time, or a divergence.

@@ -1,0 +1,102 @@
+//! Errors as the watchdog saw them: [`synchronize`] and [`explain`] turn
+//! an error from an operation or a wait on a watched communicator into the
+//! watchdog's account of it (its failure, a lost peer, the ranks'
+//! divergence).
+
+use std::time::Duration;
+
+use nccl_safe::cudarc::driver::CudaStream;
+use nccl_safe::{AbortCause, Comm};
+
+use super::{Failure, FailureKind, Watch, Watched, lock_liveness};
+use crate::error::{Error, Result};
+
+/// Waits for the work queued so far on `stream` ([`Comm::synchronize`]:
+/// bounded by the communicator's timeout, checking NCCL's async error). On
+/// a watched communicator, a failure the watchdog handled comes back as
+/// [`Error::Watchdog`], naming the operation and its sequence number.
+pub fn synchronize(comm: &Comm, stream: &CudaStream) -> Result<()> {
+    comm.synchronize(stream).map_err(|e| explain(comm, e))
+}
+
+/// An error from an operation on `comm` (its enqueue or a wait), as the
+/// watchdog's [`Failure`] when the watchdog has acted on `comm`; otherwise
+/// unchanged. An enqueue that NCCL keeps in progress (a peer that never
+/// joins the connection setup) ends in `Aborted` when the watchdog aborts;
+/// this names the operation that timed out instead.
+pub fn explain(comm: &Comm, err: nccl_safe::Error) -> Error {
+    let watched = Watched::of(comm);
+    match watched.as_ref().and_then(Watched::failure) {
+        Some(failure) => from_failure(failure),
+        None => match err {
+            // NCCL's own error for the work waited for (a truncated
+            // message): as the watchdog would report it at its next look,
+            // with the flight recorders' verdict when they diverge.
+            nccl_safe::Error::Nccl { op, code, .. }
+                if watched.is_some() && (op == "synchronize" || peer_error(code)) =>
+            {
+                let w = watched.as_ref().map(|w| &w.watch);
+                if let Some(w) = w {
+                    w.fail_nccl(err.to_string(), peer_error(code));
+                }
+                match w.and_then(|w| w.lock().failure.clone()) {
+                    Some(failure) => from_failure(failure),
+                    None => Error::Nccl(err),
+                }
+            }
+            nccl_safe::Error::Aborted {
+                op,
+                cause: AbortCause::PeerLost { rank, detail },
+            } => {
+                let history = watched.map(|w| w.history()).unwrap_or_default();
+                let seq = history.last().map_or(0, |r| r.seq);
+                crate::error::peer_lost(
+                    crate::error::loss_of(rank, detail),
+                    format!("rank {}", comm.rank()),
+                    op,
+                    seq,
+                    history,
+                )
+            }
+            other => Error::Nccl(other),
+        },
+    }
+}
+
+/// A watchdog failure as this crate's error: [`Error::PeerLost`] when a
+/// peer was lost, else [`Error::Watchdog`].
+/// How long an NCCL error that a dead peer gives waits for the liveness
+/// channel to name the peer (it does within milliseconds of a death).
+const LOSS_GRACE: Duration = Duration::from_secs(1);
+
+/// Whether NCCL's `code` is one a dead peer's closed connection gives.
+fn peer_error(code: nccl_safe::nccl_sys::ncclResult_t) -> bool {
+    use nccl_safe::nccl_sys::ncclResult_t as R;
+    matches!(code, R::ncclRemoteError | R::ncclSystemError)
+}
+
+pub(crate) fn from_failure(failure: Failure) -> Error {
+    match &failure.kind {
+        FailureKind::PeerLost(loss) => Error::PeerLost(Box::new(crate::error::PeerLost {
+            rank: loss.rank,
+            loss: loss.clone(),
+            failure,
+        })),
+        _ => Error::Watchdog(Box::new(failure)),
+    }
+}
+
+impl Watch {
+    /// NCCL's error came back from a call or a wait: a lost peer when the
+    /// liveness channel names one within [`LOSS_GRACE`] (`peer`: the error
+    /// is one a dead peer's closed connection gives), else as
+    /// [`Watch::fail_async`].
+    fn fail_nccl(&self, error: String, peer: bool) {
+        let liveness = lock_liveness(&self.registry).clone();
+        if peer && let Some(loss) = liveness.and_then(|l| l.await_loss(LOSS_GRACE)) {
+            self.fail(FailureKind::PeerLost(loss));
+            return;
+        }
+        self.fail_async(error);
+    }
+}
