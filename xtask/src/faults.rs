@@ -145,6 +145,18 @@ const CASES: &[Case] = &[
         PROCESSES,
     ),
     case("b_sigstop_then_rebuild", Pick::Last, End::Stops, PROCESSES),
+    case(
+        "n_recover_and_rejoin",
+        Pick::Last,
+        End::KillsItself,
+        PROCESSES,
+    ),
+    case(
+        "n0_recover_and_rejoin_after_rank0",
+        Pick::First,
+        End::KillsItself,
+        PROCESSES,
+    ),
     case("c1_mismatched_count", Pick::First, End::Passes, BOTH),
     case("c2_mismatched_dtype", Pick::Last, End::Passes, BOTH),
     case("c3_mismatched_order", Pick::First, End::Passes, BOTH),

@@ -11,7 +11,7 @@ use super::World;
 use super::options::WorldOptions;
 use super::resolved::{Resolved, Shape};
 use crate::error::{Error, Result};
-use crate::launch::Launch;
+use crate::launch::{Launch, Launcher};
 use crate::liveness::Liveness;
 use crate::rendezvous;
 
@@ -141,6 +141,7 @@ impl World {
             world_size: survivors.ranks.len(),
             master_addr: host.clone(),
             master_port: port,
+            launcher: Launcher::Explicit,
             ..self.launch.clone()
         };
         let device = self.comm.device();
@@ -178,6 +179,87 @@ impl World {
         // only now: its goodbye is not a loss to anyone.
         drop(self);
         Ok(world)
+    }
+}
+
+impl World {
+    /// Lets `count` new ranks in (replacements for lost ones, after
+    /// [`World::recover`]): a new world of `size() + count` ranks, this
+    /// world's ranks first with their numbers, the newcomers after them.
+    ///
+    /// Every rank of this world calls it with the options its world was
+    /// made with; its rank 0 (after a recovery, the lowest rank that
+    /// lived) serves the rendezvous at this world's address and port
+    /// ([`World::newcomer_launch`] says which), and the others join it. Each
+    /// newcomer calls [`World::init_with`] with the launch
+    /// [`World::newcomer_launch`] gives for it (handed over by whoever
+    /// starts it) and the same secret. The new world has its own liveness
+    /// channel and watchdog; this world is given up once it is made.
+    /// Bounded by the options' rendezvous timeout; `count` 0 or a world
+    /// with one thread per GPU is [`Error::InvalidArgument`] before
+    /// anything happens.
+    pub fn admit(self, count: usize, options: &WorldOptions) -> Result<World> {
+        let refuse = |reason: &str| Error::InvalidArgument {
+            op: "World::admit",
+            reason: reason.to_string(),
+        };
+        if count == 0 {
+            return Err(refuse("no rank to admit (count 0)"));
+        }
+        if self
+            .presence
+            .liveness
+            .as_ref()
+            .is_some_and(|l| l.rank().is_none())
+        {
+            return Err(refuse(
+                "the ranks of this world are threads of one process: make a new world",
+            ));
+        }
+        let size = self
+            .launch
+            .world_size
+            .checked_add(count)
+            .ok_or_else(|| refuse("the new world's size overflows"))?;
+        let launch = Launch {
+            world_size: size,
+            master_port: options.rendezvous_port(&self.launch)?,
+            launcher: Launcher::Explicit,
+            ..self.launch.clone()
+        };
+        let device = self.comm.device();
+        let world = World::init_with(launch, &options.clone().device(device))?;
+        drop(self);
+        Ok(world)
+    }
+
+    /// The launch of newcomer `index` (from 0) of `count` that
+    /// [`World::admit`] with `options` lets in: rank `size() + index` of
+    /// `size() + count`, at this world's rendezvous address and port. Its
+    /// local rank is `index` (set the device with [`WorldOptions::device`]
+    /// where that is not its GPU). `index >= count` is
+    /// [`Error::InvalidArgument`].
+    pub fn newcomer_launch(
+        &self,
+        index: usize,
+        count: usize,
+        options: &WorldOptions,
+    ) -> Result<Launch> {
+        if index >= count {
+            return Err(Error::InvalidArgument {
+                op: "World::newcomer_launch",
+                reason: format!("newcomer {index} of {count}"),
+            });
+        }
+        let size = self.launch.world_size + count;
+        Ok(Launch::explicit(
+            self.launch.world_size + index,
+            size,
+            index,
+            count,
+            self.launch.master_addr.clone(),
+            options.rendezvous_port(&self.launch)?,
+        )?)
     }
 }
 

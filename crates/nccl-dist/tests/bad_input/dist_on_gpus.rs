@@ -46,7 +46,27 @@ pub fn rows(n: usize, gpus: usize) {
     assert_eq!((alone.rank(), alone.size(), alone.device()), (0, 1, 0));
     assert_eq!(alone.launch().launcher, nccl_dist::Launcher::Explicit);
     assert!(alone.liveness().is_none());
-    drop(alone);
+    case(
+        "World::newcomer_launch",
+        "index (not below count)",
+        alone.newcomer_launch(1, 1, &WorldOptions::new()),
+        |e| matches!(e, Error::InvalidArgument { .. }),
+    );
+    // Recovery needs a liveness channel and a loss; an admission a count.
+    case(
+        "World::recover",
+        "state (no liveness channel)",
+        alone.recover(&WorldOptions::new()),
+        |e| matches!(e, Error::InvalidArgument { .. }),
+    );
+    let again = UniqueId::new().expect("UniqueId::new");
+    let alone = World::from_unique_id(&again, 0, 1, &WorldOptions::new()).expect("from_unique_id");
+    case(
+        "World::admit",
+        "count (0)",
+        alone.admit(0, &WorldOptions::new()),
+        |e| matches!(e, Error::InvalidArgument { .. }),
+    );
     case(
         "World::nvlink_order",
         "device (more than exist)",

@@ -34,6 +34,7 @@
 mod checked;
 mod hardware;
 mod loss;
+mod rejoin;
 mod stuck;
 
 use std::error::Error as StdError;
@@ -72,7 +73,7 @@ pub(crate) enum Mode {
     Threads,
 }
 
-fn env(name: &str) -> TestResult<String> {
+pub(crate) fn env(name: &str) -> TestResult<String> {
     std::env::var(name).map_err(|_| {
         format!("{name} is not set: run this through `cargo xtask gpu-test --faults`").into()
     })
