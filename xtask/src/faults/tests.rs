@@ -2,6 +2,7 @@
 //! sizes, report names, the table, and the harness against a stand-in
 //! binary.
 
+use super::cases::*;
 use super::*;
 
 #[test]
