@@ -30,8 +30,8 @@ use crate::Result;
 use crate::hosts::Hosts;
 
 mod cases;
-use cases::{CASES, Case, End, SHARED_LOSS_BOUND_MS};
 use crate::launch::{job, rank_env};
+use cases::{CASES, Case, End, SHARED_LOSS_BOUND_MS};
 
 /// How a case is started.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -583,6 +583,13 @@ pub fn run(binary: &Path, gpus: usize, o: &Options) -> Result<()> {
                 .iter()
                 .filter(|m| o.modes.contains(m))
                 .filter(|m| o.hosts.is_none() || **m == Mode::Processes);
+            if n < case.min_world {
+                eprintln!(
+                    "xtask: {} skipped in a world of {n} (it needs {})",
+                    case.name, case.min_world
+                );
+                continue;
+            }
             for &mode in modes {
                 runs.push((n, case, test, mode));
             }

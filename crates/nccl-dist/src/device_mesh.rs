@@ -211,6 +211,49 @@ impl DeviceMesh {
         self.position
     }
 
+    /// The recovery policy after the world ranks `lost` were lost: every
+    /// replica along `axis` (data parallelism) that lost a rank is dropped
+    /// whole ([`MeshShape::without_replicas`]), so the replicas left keep
+    /// their other axes intact. Gives the smaller mesh's shape and the
+    /// world ranks that keep a place, in its position order: hand those
+    /// to [`World::recover_keeping`] (which numbers the new world's ranks
+    /// so) and build the new mesh with [`DeviceMesh::new`] (rank order)
+    /// from the shape's [`MeshShape::axes`]. A rank outside the world is
+    /// [`MeshError::RankOutOfRange`].
+    ///
+    /// ```no_run
+    /// use nccl_dist::{DeviceMesh, World, WorldOptions};
+    ///
+    /// let options = WorldOptions::new();
+    /// let world = World::init_with(nccl_dist::Launch::detect()?, &options)?;
+    /// let mesh = DeviceMesh::new(&world, &[("dp", 2), ("tp", 2)])?;
+    /// // ... a step fails with Error::PeerLost ...
+    /// let (shape, keep) = mesh.without_replicas("dp", &world.lost_ranks())?;
+    /// drop(mesh);
+    /// match world.recover_keeping(&keep, &options)? {
+    ///     Some(world) => {
+    ///         let mesh = DeviceMesh::new(&world, &shape.axes())?;
+    ///         // ... go on with the smaller mesh ...
+    ///     }
+    ///     None => { /* this rank's replica was dropped: a spare now */ }
+    /// }
+    /// # Ok::<(), nccl_dist::Error>(())
+    /// ```
+    pub fn without_replicas(&self, axis: &str, lost: &[usize]) -> Result<(MeshShape, Vec<usize>)> {
+        let size = self.ranks.len();
+        let positions = lost
+            .iter()
+            .map(|&w| {
+                self.ranks
+                    .iter()
+                    .position(|&r| r == w)
+                    .ok_or(MeshError::RankOutOfRange { rank: w, size })
+            })
+            .collect::<std::result::Result<Vec<usize>, MeshError>>()?;
+        let (shape, keep) = self.shape.without_replicas(axis, &positions)?;
+        Ok((shape, keep.into_iter().map(|p| self.ranks[p]).collect()))
+    }
+
     /// The world rank at `coord`, if it is inside the mesh.
     pub fn world_rank_of(&self, coord: &[usize]) -> Option<usize> {
         self.shape.rank_of(coord).map(|p| self.ranks[p])

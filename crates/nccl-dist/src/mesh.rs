@@ -43,6 +43,9 @@ pub enum MeshError {
     /// Axes to flatten must be adjacent and in mesh order.
     #[error("axes {0:?} are not adjacent in mesh order")]
     NotContiguous(Vec<String>),
+    /// Every index of the replica axis lost a rank: no replica is left.
+    #[error("every replica along mesh axis {0:?} lost a rank")]
+    NoReplicaLeft(String),
     /// A rank outside the mesh.
     #[error("rank {rank} is outside a mesh of {size} ranks")]
     RankOutOfRange {
@@ -115,6 +118,12 @@ impl MeshShape {
     /// Number of ranks.
     pub fn size(&self) -> usize {
         self.axes.iter().map(|(_, s)| s).product()
+    }
+
+    /// The axes with their sizes, outermost first (what
+    /// [`crate::DeviceMesh::new`] takes).
+    pub fn axes(&self) -> Vec<(&str, usize)> {
+        self.axes.iter().map(|(n, s)| (n.as_str(), *s)).collect()
     }
 
     /// Axis names, outermost first.
@@ -220,6 +229,43 @@ impl MeshShape {
         Ok(MeshShape {
             axes: idx.into_iter().map(|i| self.axes[i].clone()).collect(),
         })
+    }
+
+    /// The recovery policy for a mesh that lost the positions `lost`:
+    /// every index of `axis` (the replica axis, data parallelism) whose
+    /// slice holds a lost position is dropped whole, so the replicas left
+    /// keep every other axis (their tensor- and pipeline-parallel groups)
+    /// intact and the model's sharding does not change. Gives the smaller
+    /// shape and the old positions that keep a place, in the new shape's
+    /// row-major order. A (dp=2, tp=2) mesh that lost position 3 becomes
+    /// (dp=1, tp=2) of positions 0 and 1.
+    ///
+    /// [`MeshError::NoReplicaLeft`] when every replica lost a position;
+    /// an unknown axis or a position outside the mesh is its own error.
+    pub fn without_replicas(
+        &self,
+        axis: &str,
+        lost: &[usize],
+    ) -> Result<(MeshShape, Vec<usize>), MeshError> {
+        let i = self.index(axis)?;
+        let size = self.size();
+        let mut dropped = vec![false; self.axes[i].1];
+        for &p in lost {
+            dropped[self.coordinate(p)?[i]] = true;
+        }
+        let left = dropped.iter().filter(|d| !**d).count();
+        if left == 0 {
+            return Err(MeshError::NoReplicaLeft(axis.to_string()));
+        }
+        let mut axes = self.axes.clone();
+        axes[i].1 = left;
+        let mut keep = Vec::with_capacity(size / self.axes[i].1 * left);
+        for p in 0..size {
+            if !dropped[self.coordinate(p)?[i]] {
+                keep.push(p);
+            }
+        }
+        Ok((MeshShape { axes }, keep))
     }
 
     /// The shape with the adjacent `axes` (in mesh order) merged into one
@@ -375,6 +421,35 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_replica_that_lost_a_rank_is_dropped_whole() {
+        let m = MeshShape::new(&[("dp", 2), ("tp", 2)], 4).unwrap();
+        let (shape, keep) = m.without_replicas("dp", &[3]).unwrap();
+        assert_eq!(shape.to_string(), "(dp=1, tp=2)");
+        assert_eq!(keep, vec![0, 1]);
+        // The replica axis need not come first; two losses in one replica
+        // drop it once; the kept positions stay in row-major order.
+        let m = MeshShape::new(&[("tp", 2), ("dp", 3)], 6).unwrap();
+        let (shape, keep) = m.without_replicas("dp", &[1, 4]).unwrap();
+        assert_eq!(shape.to_string(), "(tp=2, dp=2)");
+        assert_eq!(keep, vec![0, 2, 3, 5]);
+        assert_eq!(
+            MeshShape::new(&[("dp", 2), ("tp", 2)], 4)
+                .unwrap()
+                .without_replicas("dp", &[0, 3])
+                .unwrap_err(),
+            MeshError::NoReplicaLeft("dp".into())
+        );
+        assert!(matches!(
+            m.without_replicas("pp", &[0]).unwrap_err(),
+            MeshError::UnknownAxis(_)
+        ));
+        assert!(matches!(
+            m.without_replicas("dp", &[6]).unwrap_err(),
+            MeshError::RankOutOfRange { .. }
+        ));
     }
 
     #[test]

@@ -50,6 +50,8 @@ pub(super) struct Case {
     pub(super) end: End,
     pub(super) modes: &'static [Mode],
     pub(super) limit: Option<Duration>,
+    /// The smallest world it runs in (smaller ones skip it).
+    pub(super) min_world: usize,
     /// Variables the case's processes get.
     pub(super) env: &'static [(&'static str, &'static str)],
 }
@@ -65,6 +67,7 @@ const fn case(name: &'static str, victim: Pick, end: End, modes: &'static [Mode]
         end,
         modes,
         limit: None,
+        min_world: 2,
         env: &[],
     }
 }
@@ -109,6 +112,15 @@ pub(super) const CASES: &[Case] = &[
         End::KillsItself,
         PROCESSES,
     ),
+    Case {
+        min_world: 4,
+        ..case(
+            "m_mesh_drops_the_replica_that_lost_a_rank",
+            Pick::Last,
+            End::KillsItself,
+            PROCESSES,
+        )
+    },
     case(
         "n0_recover_and_rejoin_after_rank0",
         Pick::First,
@@ -164,4 +176,3 @@ pub(super) const CASES: &[Case] = &[
         )
     },
 ];
-

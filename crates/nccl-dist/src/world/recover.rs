@@ -93,8 +93,71 @@ impl World {
     /// # Ok::<(), Error>(())
     /// ```
     pub fn recover(self, options: &WorldOptions) -> Result<World> {
+        let (liveness, survivors) = self.settle("World::recover", options)?;
+        self.rebuild(&liveness, survivors, options)
+    }
+
+    /// As [`World::recover`], with the new world's ranks chosen: `keep`
+    /// lists the old ranks that make it, in the order of their new ranks
+    /// (rank `keep[0]` serves the rendezvous). A rank not in `keep` gets
+    /// `Ok(None)` and its world is given up; nothing waits for it. For a
+    /// mesh, [`crate::DeviceMesh::without_replicas`] gives `keep` by the
+    /// policy of dropping the replicas that lost a rank.
+    ///
+    /// `keep` empty, with a rank twice, a rank outside the world or one
+    /// that was lost is [`Error::InvalidArgument`] before anything
+    /// happens (on every rank alike, as every rank checks the same list),
+    /// as are the cases [`World::recover`] refuses.
+    pub fn recover_keeping(self, keep: &[usize], options: &WorldOptions) -> Result<Option<World>> {
+        const OP: &str = "World::recover_keeping";
+        let (liveness, _) = self.settle(OP, options)?;
+        let size = self.launch.world_size;
+        let bad = keep.iter().enumerate().find_map(|(i, &r)| {
+            if r >= size {
+                Some(format!("rank {r} is outside a world of {size}"))
+            } else if keep[..i].contains(&r) {
+                Some(format!("rank {r} is listed twice"))
+            } else if liveness.is_lost(r) {
+                Some(format!("rank {r} was lost"))
+            } else {
+                None
+            }
+        });
+        let reason = match (keep.is_empty(), bad) {
+            (true, _) => Some("no rank to keep".to_string()),
+            (false, bad) => bad,
+        };
+        if let Some(reason) = reason {
+            return Err(Error::InvalidArgument { op: OP, reason });
+        }
+        match keep.iter().position(|&r| r == self.launch.rank) {
+            None => Ok(None),
+            Some(me) => {
+                let survivors = Survivors {
+                    ranks: keep.to_vec(),
+                    me,
+                };
+                self.rebuild(&liveness, survivors, options).map(Some)
+            }
+        }
+    }
+
+    /// The ranks this world's liveness channel counts as lost, in order
+    /// (none without a channel).
+    pub fn lost_ranks(&self) -> Vec<usize> {
+        let Some(liveness) = &self.presence.liveness else {
+            return Vec::new();
+        };
+        (0..self.launch.world_size)
+            .filter(|&r| liveness.is_lost(r))
+            .collect()
+    }
+
+    /// Checks that this world can recover and waits for its losses to
+    /// settle: its channel and the survivors as it counts them.
+    fn settle(&self, op: &'static str, options: &WorldOptions) -> Result<(Liveness, Survivors)> {
         let refuse = |reason: &str| Error::InvalidArgument {
-            op: "World::recover",
+            op,
             reason: reason.to_string(),
         };
         let Some(liveness) = self.presence.liveness.clone() else {
@@ -114,6 +177,21 @@ impl World {
             options.timeout,
         )
         .ok_or_else(|| refuse("no rank of this world was lost"))?;
+        Ok((liveness, survivors))
+    }
+
+    /// The new world of `survivors`, through a rendezvous that its first
+    /// rank serves.
+    fn rebuild(
+        self,
+        liveness: &Liveness,
+        survivors: Survivors,
+        options: &WorldOptions,
+    ) -> Result<World> {
+        let refuse = |reason: &str| Error::InvalidArgument {
+            op: "World::recover",
+            reason: reason.to_string(),
+        };
         let _span = tracing::debug_span!(
             "nccl.world_recover",
             rank = self.launch.rank,

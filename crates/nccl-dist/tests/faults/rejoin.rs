@@ -1,4 +1,5 @@
-//! Recovery in place: the victim is SIGKILLed; the survivors name it,
+//! Recovery in place (and, for a mesh, the policy of dropping the replica
+//! that lost a rank): the victim is SIGKILLed; the survivors name it,
 //! make a world of their own with `World::recover` (served by the lowest
 //! live rank: rank 1 when rank 0 died) and check a bit-exact all-reduce
 //! on it; then the new rank 0 starts a replacement process, every
@@ -10,12 +11,18 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use nccl_dist::nccl_safe::ReduceOp;
-use nccl_dist::{Launch, World};
+use nccl_dist::{DeviceMesh, HostCollectives, Launch, World};
 
 use crate::{
     OP_TIMEOUT, Rank, TestResult, checked_all_reduce, cuda, die, env, expect_peer_lost,
     kernel_runs, options, run_process,
 };
+
+/// The options of every world here, with a rendezvous deadline short
+/// enough that a recovery which cannot finish fails within the case.
+fn recovery() -> nccl_dist::WorldOptions {
+    options().timeout(Duration::from_secs(30))
+}
 
 /// Set in the replacement's environment (its value: the GPU to use).
 const REPLACEMENT: &str = "NCCL_RS_FAULT_REPLACEMENT";
@@ -25,7 +32,12 @@ const REPLACEMENT: &str = "NCCL_RS_FAULT_REPLACEMENT";
 fn replacement(device: &str) {
     let outcome = (|| -> TestResult {
         let launch = Launch::detect()?;
-        let world = World::init_with(launch, &options().device(device.parse()?))?;
+        println!(
+            "[replacement] joining as rank {} of {} at {}:{} ({:?})",
+            launch.rank, launch.world_size, launch.master_addr, launch.master_port, launch.launcher
+        );
+        let world = World::init_with(launch, &recovery().device(device.parse()?))?;
+        println!("[replacement] in the world");
         checked_all_reduce(&world, 1 << 20)?;
         println!(
             "[replacement] rank {} of {}: checked all-reduce ok",
@@ -102,7 +114,7 @@ fn recover_and_rejoin(r: &mut Rank) -> TestResult {
     r.note("kernel", "ok")?;
     let started = Instant::now();
     let was = r.rank;
-    let world = world.recover(&options())?;
+    let world = world.recover(&recovery())?;
     checked_all_reduce(&world, 1 << 20)?;
     r.note("rebuilt_ms", started.elapsed().as_millis())?;
     r.note(
@@ -117,15 +129,25 @@ fn recover_and_rejoin(r: &mut Rank) -> TestResult {
     let child = match world.rank() {
         0 => Some(start_replacement(
             r,
-            &world.newcomer_launch(0, 1, &options())?,
+            &world.newcomer_launch(0, 1, &recovery())?,
         )?),
         _ => None,
     };
-    let grown = world.admit(1, &options());
+    let grown = world.admit(1, &recovery());
     // The replacement ends by itself once the grown world is made (or
     // cannot be): wait for it before judging.
     let replaced = child.map(|c| wait_replacement(c, Instant::now() + 2 * OP_TIMEOUT));
-    let world = grown?;
+    let world = match grown {
+        Ok(world) => world,
+        Err(e) => {
+            let theirs = match &replaced {
+                Some(Err(r)) => format!("; the replacement: {r}"),
+                Some(Ok(())) => "; the replacement passed".to_string(),
+                None => String::new(),
+            };
+            return Err(format!("admitting the replacement failed: {e}{theirs}").into());
+        }
+    };
     checked_all_reduce(&world, 1 << 20)?;
     if let Some(replaced) = replaced {
         replaced?;
@@ -166,4 +188,67 @@ fn n0_recover_and_rejoin_after_rank0() {
         return replacement(&device);
     }
     run_process("n0_recover_and_rejoin_after_rank0", recover_and_rejoin);
+}
+
+/// (m) A 2x2 (dp, tp) mesh loses its last rank: the survivors name it,
+/// the policy drops the data-parallel replica that lost it
+/// (`DeviceMesh::without_replicas`), the ranks of the other replica make
+/// a world and a (dp=1, tp=2) mesh of their own (`World::recover_keeping`)
+/// and all-reduce along tp bit-exact; the survivor of the dropped replica
+/// is told it has no place (`None`). Needs 4 ranks.
+#[test]
+#[ignore]
+fn m_mesh_drops_the_replica_that_lost_a_rank() {
+    run_process("m_mesh_drops_the_replica_that_lost_a_rank", |r| {
+        let world = r.world()?;
+        if world.size() != 4 {
+            return Err(format!("the mesh case needs 4 ranks, not {}", world.size()).into());
+        }
+        let mesh = DeviceMesh::new(&world, &[("dp", 2), ("tp", 2)])?;
+        checked_all_reduce(&world, 1 << 20)?;
+        let mut probe = [1.0f32; 256];
+        mesh.axis("tp")?
+            .all_reduce_host(&mut probe, ReduceOp::Sum)?;
+        if r.is_victim() {
+            die(r.out(), r.case, r.rank, "SIGKILL inside a 2x2 mesh");
+        }
+        let comm = world.comm();
+        let mut buf = comm.stream().alloc_zeros::<f32>(1 << 20).map_err(cuda)?;
+        let since = Instant::now();
+        let waited = comm
+            .all_reduce_in_place(&mut buf, ReduceOp::Sum)
+            .map_err(|e| world.explain(e))
+            .and_then(|()| nccl_dist::synchronize(comm, comm.stream()));
+        expect_peer_lost(r, waited, since)?;
+        drop(buf);
+        let (shape, keep) = mesh.without_replicas("dp", &world.lost_ranks())?;
+        drop(mesh);
+        r.note("policy", format!("{shape}, keeping ranks {keep:?}"))?;
+        let started = Instant::now();
+        let was = r.rank;
+        let Some(world) = world.recover_keeping(&keep, &recovery())? else {
+            return r.note(
+                "recovered",
+                format!("rank {was}: its replica was dropped (spare)"),
+            );
+        };
+        let mesh = DeviceMesh::new(&world, &shape.axes())?;
+        let mut values = [(world.rank() + 1) as f32; 1024];
+        mesh.axis("tp")?
+            .all_reduce_host(&mut values, ReduceOp::Sum)?;
+        let members = mesh.shape().group_members(mesh.position(), &["tp"])?;
+        let expected: f32 = members.iter().map(|&p| (p + 1) as f32).sum();
+        if values.iter().any(|&v| v != expected) {
+            return Err(format!("tp all-reduce gave {} instead of {expected}", values[0]).into());
+        }
+        r.note("rebuilt_ms", started.elapsed().as_millis())?;
+        r.note(
+            "recovered",
+            format!(
+                "rank {was} is rank {} of a {} mesh; tp all-reduce exact",
+                world.rank(),
+                mesh.shape()
+            ),
+        )
+    });
 }
