@@ -39,6 +39,12 @@ fn replacement(device: &str) {
         let world = World::init_with(launch, &recovery().device(device.parse()?))?;
         println!("[replacement] in the world");
         checked_all_reduce(&world, 1 << 20)?;
+        // The survivors' all-reduce into their old buffer.
+        let comm = world.comm();
+        let mut buf = comm.stream().alloc_zeros::<f32>(1 << 20).map_err(cuda)?;
+        comm.all_reduce_in_place(&mut buf, ReduceOp::Sum)
+            .map_err(|e| world.explain(e))?;
+        nccl_dist::synchronize(comm, comm.stream())?;
         println!(
             "[replacement] rank {} of {}: checked all-reduce ok",
             world.rank(),
@@ -134,13 +140,15 @@ fn recover_and_rejoin(r: &mut Rank) -> TestResult {
         _ => None,
     };
     let grown = world.admit(1, &recovery());
-    // The replacement ends by itself once the grown world is made (or
-    // cannot be): wait for it before judging.
-    let replaced = child.map(|c| wait_replacement(c, Instant::now() + 2 * OP_TIMEOUT));
+    // The replacement runs the same checked all-reduce as the survivors,
+    // then ends: wait for it once they have run theirs (or, when the
+    // grown world could not be made, at once).
+    let wait =
+        |child: Option<Child>| child.map(|c| wait_replacement(c, Instant::now() + 2 * OP_TIMEOUT));
     let world = match grown {
         Ok(world) => world,
         Err(e) => {
-            let theirs = match &replaced {
+            let theirs = match wait(child) {
                 Some(Err(r)) => format!("; the replacement: {r}"),
                 Some(Ok(())) => "; the replacement passed".to_string(),
                 None => String::new(),
@@ -149,14 +157,14 @@ fn recover_and_rejoin(r: &mut Rank) -> TestResult {
         }
     };
     checked_all_reduce(&world, 1 << 20)?;
-    if let Some(replaced) = replaced {
-        replaced?;
-    }
     // The buffer made before the loss still works on the grown world.
     let comm = world.comm();
     comm.all_reduce_in_place(&mut buf, ReduceOp::Sum)
         .map_err(|e| world.explain(e))?;
     nccl_dist::synchronize(comm, comm.stream())?;
+    if let Some(replaced) = wait(child) {
+        replaced?;
+    }
     r.note(
         "rejoined",
         format!(
