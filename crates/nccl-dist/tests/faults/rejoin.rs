@@ -198,25 +198,77 @@ fn n0_recover_and_rejoin_after_rank0() {
     run_process("n0_recover_and_rejoin_after_rank0", recover_and_rejoin);
 }
 
-/// (m) A 2x2 (dp, tp) mesh loses its last rank: the survivors name it,
+/// Every rank of a 2x2 (dp, tp) mesh all-reduces `rank + 1` along tp
+/// (host values, bit-exact against the group's members).
+fn mesh_2x2_tp_exact(world: &World) -> TestResult<DeviceMesh> {
+    let mesh = DeviceMesh::new(world, &[("dp", 2), ("tp", 2)])?;
+    tp_exact(world, &mesh)?;
+    Ok(mesh)
+}
+
+/// `rank + 1` all-reduced along `mesh`'s tp axis, checked bit-exact.
+fn tp_exact(world: &World, mesh: &DeviceMesh) -> TestResult {
+    let mut values = [(world.rank() + 1) as f32; 1024];
+    mesh.axis("tp")?
+        .all_reduce_host(&mut values, ReduceOp::Sum)?;
+    let members = mesh.shape().group_members(mesh.position(), &["tp"])?;
+    let expected: f32 = members.iter().map(|&p| (p + 1) as f32).sum();
+    if values.iter().any(|&v| v != expected) {
+        return Err(format!("tp all-reduce gave {} instead of {expected}", values[0]).into());
+    }
+    Ok(())
+}
+
+/// Where the kept world's rank 0 says it is about to admit newcomers.
+fn admit_file(r: &Rank) -> std::path::PathBuf {
+    r.out().join(format!("{}.admit", r.case))
+}
+
+/// Waits for `path` to exist, until `deadline`.
+fn wait_for(path: &std::path::Path, deadline: Instant) -> TestResult {
+    while !path.exists() {
+        if Instant::now() > deadline {
+            return Err(format!("{} did not appear in time", path.display()).into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+/// The launch a dropped replica's survivor (a spare) rejoins with, as
+/// newcomer 0 of 2 after the kept world of 2: that world's rank 0 is the
+/// old rank 0, at the job's rendezvous address and port.
+fn spare_launch() -> TestResult<Launch> {
+    let detected = Launch::detect()?;
+    let port = match std::env::var("NCCL_RS_PORT") {
+        Ok(p) => p.parse()?,
+        Err(_) => detected.master_port,
+    };
+    Ok(Launch::explicit(2, 4, 0, 1, detected.master_addr, port)?)
+}
+
+/// (m) A 2x2 (dp, tp) mesh loses its last rank. The survivors name it;
 /// the policy drops the data-parallel replica that lost it
-/// (`DeviceMesh::without_replicas`), the ranks of the other replica make
+/// (`DeviceMesh::without_replicas`); the ranks of the other replica make
 /// a world and a (dp=1, tp=2) mesh of their own (`World::recover_keeping`)
-/// and all-reduce along tp bit-exact; the survivor of the dropped replica
-/// is told it has no place (`None`). Needs 4 ranks.
+/// and all-reduce along tp bit-exact, while the survivor of the dropped
+/// replica is told it has no place (`None`). Then the kept world admits
+/// two newcomers (`World::admit`): that spare and a replacement for the
+/// dead rank, started by the kept world's rank 0; the 2x2 mesh is made
+/// again and all-reduces along tp bit-exact on all four. Needs 4 ranks.
 #[test]
 #[ignore]
 fn m_mesh_drops_the_replica_that_lost_a_rank() {
+    if let Ok(device) = env(REPLACEMENT) {
+        return mesh_replacement(&device);
+    }
     run_process("m_mesh_drops_the_replica_that_lost_a_rank", |r| {
         let world = r.world()?;
         if world.size() != 4 {
             return Err(format!("the mesh case needs 4 ranks, not {}", world.size()).into());
         }
-        let mesh = DeviceMesh::new(&world, &[("dp", 2), ("tp", 2)])?;
+        let mesh = mesh_2x2_tp_exact(&world)?;
         checked_all_reduce(&world, 1 << 20)?;
-        let mut probe = [1.0f32; 256];
-        mesh.axis("tp")?
-            .all_reduce_host(&mut probe, ReduceOp::Sum)?;
         if r.is_victim() {
             die(r.out(), r.case, r.rank, "SIGKILL inside a 2x2 mesh");
         }
@@ -235,20 +287,24 @@ fn m_mesh_drops_the_replica_that_lost_a_rank() {
         let started = Instant::now();
         let was = r.rank;
         let Some(world) = world.recover_keeping(&keep, &recovery())? else {
+            // A spare: it rejoins once the kept world admits newcomers
+            // (told so by its rank 0, as an orchestrator would: before
+            // that, the same port serves the kept world's own rendezvous,
+            // which would refuse a rank of a world of 4 for good).
+            wait_for(&admit_file(r), Instant::now() + 3 * OP_TIMEOUT)?;
+            let world = World::init_with(spare_launch()?, &recovery().device(r.device))?;
+            mesh_2x2_tp_exact(&world)?;
             return r.note(
                 "recovered",
-                format!("rank {was}: its replica was dropped (spare)"),
+                format!(
+                    "rank {was}: its replica was dropped (spare); rejoined as rank {} of {}",
+                    world.rank(),
+                    world.size()
+                ),
             );
         };
         let mesh = DeviceMesh::new(&world, &shape.axes())?;
-        let mut values = [(world.rank() + 1) as f32; 1024];
-        mesh.axis("tp")?
-            .all_reduce_host(&mut values, ReduceOp::Sum)?;
-        let members = mesh.shape().group_members(mesh.position(), &["tp"])?;
-        let expected: f32 = members.iter().map(|&p| (p + 1) as f32).sum();
-        if values.iter().any(|&v| v != expected) {
-            return Err(format!("tp all-reduce gave {} instead of {expected}", values[0]).into());
-        }
+        tp_exact(&world, &mesh)?;
         r.note("rebuilt_ms", started.elapsed().as_millis())?;
         r.note(
             "recovered",
@@ -257,6 +313,46 @@ fn m_mesh_drops_the_replica_that_lost_a_rank() {
                 world.rank(),
                 mesh.shape()
             ),
+        )?;
+        drop(mesh);
+        let child = match world.rank() {
+            0 => Some(start_replacement(
+                r,
+                &world.newcomer_launch(1, 2, &recovery())?,
+            )?),
+            _ => None,
+        };
+        if world.rank() == 0 {
+            std::fs::write(admit_file(r), b"")?;
+        }
+        let world = world.admit(2, &recovery())?;
+        mesh_2x2_tp_exact(&world)?;
+        if let Some(c) = child {
+            wait_replacement(c, Instant::now() + 2 * OP_TIMEOUT)?;
+        }
+        r.note(
+            "rejoined",
+            format!(
+                "a (dp=2, tp=2) mesh again with the spare and a replacement: tp all-reduce exact on {} ranks",
+                world.size()
+            ),
         )
     });
+}
+
+/// The mesh case's replacement: newcomer 1 of the kept world's two, then
+/// the same 2x2 mesh and tp all-reduce as the others.
+fn mesh_replacement(device: &str) {
+    let outcome = (|| -> TestResult {
+        let world = World::init_with(Launch::detect()?, &recovery().device(device.parse()?))?;
+        mesh_2x2_tp_exact(&world)?;
+        println!(
+            "[replacement] rank {} of the 2x2 mesh: tp all-reduce exact",
+            world.rank()
+        );
+        Ok(())
+    })();
+    if let Err(e) = outcome {
+        panic!("replacement: {e}");
+    }
 }

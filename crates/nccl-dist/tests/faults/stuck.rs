@@ -27,7 +27,8 @@ pub(crate) const N: usize = 1 << 20;
 /// exchange ([`FailureKind::Diverged`]) naming the victim and `field`.
 /// NCCL exchanges no counts or types, so a mismatch may also complete
 /// (with meaningless data): on 2 H200s a count or dtype mismatch of 1M
-/// against 2M elements completed at once on both ranks. That is recorded
+/// against 2M elements completed at once on both ranks (c1 now uses 1M
+/// against 64M, and c2 16M elements, to make a hang likelier). That is recorded
 /// as such; the check before launch (`..._checked` cases) catches those.
 fn mismatch(
     r: &mut Rank,
@@ -133,7 +134,9 @@ fn together(world: &World, op: impl FnOnce(&World) -> Result<(), Error>) -> Test
     Ok(())
 }
 
-/// (c1) The victim all-reduces N elements, the others 2N.
+/// (c1) The victim all-reduces N elements, the others 64N (more steps
+/// of NCCL's loop than the victim's, so that the others wait for data that
+/// never comes).
 #[test]
 #[ignore]
 fn c1_mismatched_count() {
@@ -144,14 +147,14 @@ fn c1_mismatched_count() {
             Field::Count,
             |w| {
                 together(w, |w| leaked_all_reduce::<f32>(w, N))?;
-                together(w, |w| leaked_all_reduce::<f32>(w, 2 * N))
+                together(w, |w| leaked_all_reduce::<f32>(w, 64 * N))
             },
-            |w, odd| leaked_all_reduce::<f32>(w, if odd { N } else { 2 * N }),
+            |w, odd| leaked_all_reduce::<f32>(w, if odd { N } else { 64 * N }),
         )
     });
 }
 
-/// (c2) The victim all-reduces f32, the others f64, same count.
+/// (c2) The victim all-reduces f32, the others f64, same count (16N).
 #[test]
 #[ignore]
 fn c2_mismatched_dtype() {
@@ -161,12 +164,12 @@ fn c2_mismatched_dtype() {
             world,
             Field::Dtype,
             |w| {
-                together(w, |w| leaked_all_reduce::<f32>(w, N))?;
-                together(w, |w| leaked_all_reduce::<f64>(w, N))
+                together(w, |w| leaked_all_reduce::<f32>(w, 16 * N))?;
+                together(w, |w| leaked_all_reduce::<f64>(w, 16 * N))
             },
             |w, odd| match odd {
-                true => leaked_all_reduce::<f32>(w, N),
-                false => leaked_all_reduce::<f64>(w, N),
+                true => leaked_all_reduce::<f32>(w, 16 * N),
+                false => leaked_all_reduce::<f64>(w, 16 * N),
             },
         )
     });
