@@ -292,8 +292,8 @@ pub fn transports(dir: &Path, prefix: &str) -> BTreeMap<String, usize> {
     seen
 }
 
-/// The transport of one NCCL connection line ("Channel 00/0 : 1[0] ->
-/// 0[0] [receive] via NET/Socket/0"), without the device index.
+/// The transport of one NCCL connection line (`Channel 00/0 : 1[0] ->
+/// 0[0] [receive] via NET/Socket/0`), without the device index.
 fn transport_of(line: &str) -> Option<String> {
     if !line.contains("Channel") {
         return None;
