@@ -63,8 +63,6 @@ pub fn explain(comm: &Comm, err: nccl_safe::Error) -> Error {
     }
 }
 
-/// A watchdog failure as this crate's error: [`Error::PeerLost`] when a
-/// peer was lost, else [`Error::Watchdog`].
 /// How long an NCCL error that a dead peer gives waits for the liveness
 /// channel to name the peer (it does within milliseconds of a death).
 const LOSS_GRACE: Duration = Duration::from_secs(1);
@@ -75,6 +73,8 @@ fn peer_error(code: nccl_safe::nccl_sys::ncclResult_t) -> bool {
     matches!(code, R::ncclRemoteError | R::ncclSystemError)
 }
 
+/// A watchdog failure as this crate's error: [`Error::PeerLost`] when a
+/// peer was lost, else [`Error::Watchdog`].
 pub(crate) fn from_failure(failure: Failure) -> Error {
     match &failure.kind {
         FailureKind::PeerLost(loss) => Error::PeerLost(Box::new(crate::error::PeerLost {

@@ -200,9 +200,24 @@ impl Shared {
         lock(&self.exchange).gather.as_ref().map(|g| g.deadline)
     }
 
-    /// A member's tail came in.
+    /// A member's tail came in. When the verdict for `key` is already
+    /// here (the member asks after the others got theirs), it goes back
+    /// to that member at once.
     pub(super) fn on_tail(&self, link: &Arc<Link>, key: &str, calls: Vec<(u64, Call)>) {
-        self.gather(key, link.peer, Some(calls), WAIT);
+        let known = lock(&self.exchange)
+            .verdicts
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, d)| d.clone());
+        match known {
+            Some(divergence) => {
+                link.send(&Msg::Verdict {
+                    key: key.to_string(),
+                    divergence,
+                });
+            }
+            None => self.gather(key, link.peer, Some(calls), WAIT),
+        }
     }
 
     /// The hub asks for this rank's tail of `key`.
@@ -233,15 +248,26 @@ impl Shared {
         tail: Vec<(u64, Call)>,
         within: Duration,
     ) -> Option<Box<Divergence>> {
-        let until = Instant::now() + within;
+        let mut until = Instant::now() + within;
         match self.role {
             Role::Hub => self.gather(key, 0, Some(tail), within),
             Role::Member => {
-                let hub = self.links().into_iter().find(|l| l.to_hub)?;
-                hub.send(&Msg::Tail {
-                    key: key.to_string(),
-                    calls: tail,
-                });
+                let sent = self
+                    .links()
+                    .into_iter()
+                    .find(|l| l.to_hub)
+                    .is_some_and(|hub| {
+                        hub.send(&Msg::Tail {
+                            key: key.to_string(),
+                            calls: tail,
+                        })
+                    });
+                if !sent {
+                    // The hub is gone (it left once it had its own verdict,
+                    // or was lost): a verdict it sent before still counts,
+                    // and no other will come.
+                    until = Instant::now();
+                }
             }
             Role::InProcess | Role::Off => return None,
         }
@@ -363,5 +389,99 @@ mod tests {
         for l in &ranks {
             l.leave();
         }
+    }
+
+    /// Two ranks whose waits both fail (NCCL saw the mismatch on each):
+    /// both ask, at once or one a moment after the other, and both get
+    /// the verdict.
+    #[test]
+    fn both_ranks_that_ask_get_the_verdict() {
+        for delay_ms in [0u64, 200] {
+            let world = 2;
+            let secret =
+                Secret::from_bytes(b"a secret for the exchange test".to_vec(), "test").unwrap();
+            let options = LivenessOptions::new();
+            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = listener.local_addr().unwrap();
+            let id = UniqueId::from_bytes([7; UniqueId::BYTES]);
+            let t = Duration::from_secs(10);
+            let (s2, o2) = (secret.clone(), options.clone());
+            let member =
+                std::thread::spawn(move || join_live(addr, 1, world, &s2, t, &o2).unwrap().1);
+            let (hub, _) = serve_live(&listener, world, &secret, &id, t, &options).unwrap();
+            let ranks = [hub, member.join().unwrap()];
+            let tail = |rank: usize| -> Vec<(u64, Call)> {
+                (0..4)
+                    .map(|s| (s, ar(if s == 3 && rank == 1 { 64 } else { 1 })))
+                    .collect()
+            };
+            for (rank, l) in ranks.iter().enumerate() {
+                l.set_tail_source(Arc::new(move |key: &str| {
+                    (key == "world").then(|| tail(rank))
+                }));
+            }
+            // Two threads per rank ask (the watchdog's and the waiter's).
+            let asks: Vec<_> = ranks
+                .iter()
+                .enumerate()
+                .chain(ranks.iter().enumerate())
+                .map(|(rank, l)| {
+                    let ex = l.exchanger();
+                    std::thread::spawn(move || {
+                        std::thread::sleep(Duration::from_millis(delay_ms * rank as u64));
+                        ex.exchange("world", tail(rank), WAIT)
+                    })
+                })
+                .collect();
+            for (i, a) in asks.into_iter().enumerate() {
+                let rank = i % world;
+                let d = a.join().unwrap();
+                assert!(
+                    d.is_some(),
+                    "rank {rank} got no verdict (delay {delay_ms} ms)"
+                );
+                assert_eq!(d.unwrap().field, Field::Count);
+            }
+            for l in &ranks {
+                l.leave();
+            }
+        }
+    }
+
+    /// The hub gets its verdict and leaves (its rank is done); the member
+    /// asks only then: the verdict the hub sent it before still counts.
+    #[test]
+    fn a_member_that_asks_after_the_hub_left_keeps_the_verdict() {
+        let world = 2;
+        let secret =
+            Secret::from_bytes(b"a secret for the exchange test".to_vec(), "test").unwrap();
+        let options = LivenessOptions::new();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let id = UniqueId::from_bytes([7; UniqueId::BYTES]);
+        let t = Duration::from_secs(10);
+        let (s2, o2) = (secret.clone(), options.clone());
+        let member = std::thread::spawn(move || join_live(addr, 1, world, &s2, t, &o2).unwrap().1);
+        let (hub, _) = serve_live(&listener, world, &secret, &id, t, &options).unwrap();
+        let member = member.join().unwrap();
+        let tail = |rank: usize| -> Vec<(u64, Call)> {
+            (0..4)
+                .map(|s| (s, ar(if s == 3 && rank == 1 { 64 } else { 1 })))
+                .collect()
+        };
+        for (rank, l) in [&hub, &member].into_iter().enumerate() {
+            l.set_tail_source(Arc::new(move |key: &str| {
+                (key == "world").then(|| tail(rank))
+            }));
+        }
+        let d = hub.exchanger().exchange("world", tail(0), WAIT);
+        assert_eq!(d.map(|d| d.field), Some(Field::Count));
+        hub.leave();
+        std::thread::sleep(Duration::from_millis(200));
+        let started = Instant::now();
+        let d = member.exchanger().exchange("world", tail(1), WAIT);
+        assert_eq!(d.map(|d| d.field), Some(Field::Count));
+        assert!(started.elapsed() < WAIT);
+        member.leave();
     }
 }
