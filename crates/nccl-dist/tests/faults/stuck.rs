@@ -398,7 +398,7 @@ fn r_fifty_abort_rebuild_cycles() {
         let started = Instant::now();
         for cycle in 1..=50 {
             let launch = Launch::explicit(r.rank, r.size, r.rank, r.size, "127.0.0.1", port)?;
-            let world = World::init_with(launch, &options())?;
+            let world = World::init_with(launch, &options().device(r.device))?;
             checked_all_reduce(&world, 1 << 20)?;
             world.into_comm().abort()?;
             if [1, 10, 25, 50].contains(&cycle) {
