@@ -3,13 +3,14 @@
 //! watchdog's account of it (its failure, a lost peer, the ranks'
 //! divergence).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nccl_safe::cudarc::driver::CudaStream;
 use nccl_safe::{AbortCause, Comm};
 
 use super::{Failure, FailureKind, Watch, Watched, lock_liveness};
 use crate::error::{Error, Result};
+use crate::liveness::EXCHANGE_WAIT;
 
 /// Waits for the work queued so far on `stream` ([`Comm::synchronize`]:
 /// bounded by the communicator's timeout, checking NCCL's async error). On
@@ -40,6 +41,20 @@ pub fn explain(comm: &Comm, err: nccl_safe::Error) -> Error {
                     w.fail_nccl(err.to_string(), peer_error(code));
                 }
                 match w.and_then(|w| w.lock().failure.clone()) {
+                    Some(failure) => from_failure(failure),
+                    None => Error::Nccl(err),
+                }
+            }
+            // The communicator's own deadline is the watchdog's: it acts
+            // on the same timeout at its next look, and then asks the other
+            // ranks for their flight records. Its account (the diverging
+            // rank and field, or the plain timeout) is the better error.
+            nccl_safe::Error::Timeout { .. } if watched.is_some() => {
+                let failure = watched.as_ref().and_then(|w| {
+                    let within = EXCHANGE_WAIT + w.watch.registry.options.poll * 4;
+                    w.watch.await_failure(within)
+                });
+                match failure {
                     Some(failure) => from_failure(failure),
                     None => Error::Nccl(err),
                 }
@@ -98,5 +113,26 @@ impl Watch {
             return;
         }
         self.fail_async(error);
+    }
+
+    /// The failure once the watchdog has recorded one, waiting at most
+    /// `within` for it.
+    fn await_failure(&self, within: Duration) -> Option<Failure> {
+        let until = Instant::now() + within;
+        let mut st = self.lock();
+        loop {
+            if let Some(failure) = &st.failure {
+                return Some(failure.clone());
+            }
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            st = self
+                .changed
+                .wait_timeout(st, left)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|p| p.into_inner().0);
+        }
     }
 }
