@@ -59,6 +59,14 @@ pub fn rows(n: usize, gpus: usize) {
         alone.recover(&WorldOptions::new()),
         |e| matches!(e, Error::InvalidArgument { .. }),
     );
+    let keeper = UniqueId::new().expect("UniqueId::new");
+    let alone = World::from_unique_id(&keeper, 0, 1, &WorldOptions::new()).expect("from_unique_id");
+    case(
+        "World::recover_keeping",
+        "state (no liveness channel)",
+        alone.recover_keeping(&[0], &WorldOptions::new()),
+        |e| matches!(e, Error::InvalidArgument { .. }),
+    );
     let again = UniqueId::new().expect("UniqueId::new");
     let alone = World::from_unique_id(&again, 0, 1, &WorldOptions::new()).expect("from_unique_id");
     case(
@@ -97,6 +105,18 @@ pub fn rows(n: usize, gpus: usize) {
     let mbuf = m.comm().stream().alloc_zeros::<f32>(16).unwrap();
     let mut mout = m.comm().stream().alloc_zeros::<f32>(16).unwrap();
     let unknown = |e: &Error| matches!(e, Error::Mesh(MeshError::UnknownAxis(_)));
+    case(
+        "DeviceMesh::without_replicas",
+        "name (no such axis)",
+        m.without_replicas("tp", &[0]),
+        unknown,
+    );
+    case(
+        "DeviceMesh::without_replicas",
+        "rank (outside the world)",
+        m.without_replicas("dp", &[n]),
+        |e| matches!(e, Error::Mesh(MeshError::RankOutOfRange { .. })),
+    );
     case(
         "DeviceMesh::axis",
         "name",

@@ -115,7 +115,7 @@ const NOTHING_TO_REFUSE: &[(&str, &str)] = &[
         "nccl_dist::device_order positions_on_host",
         "pure functions of a topology / order; every input is valid",
     ),
-    ("MeshShape::size names", "accessor"),
+    ("MeshShape::size names axes", "accessor"),
     (
         "MeshShape::rank_of",
         "None for a coordinate outside the mesh, not an error",
@@ -134,7 +134,7 @@ const NOTHING_TO_REFUSE: &[(&str, &str)] = &[
     ),
     ("CommEvent::block is_done", "accessor / orders a stream"),
     (
-        "World::comm into_comm rank size local_rank device launch watchdog",
+        "World::comm into_comm rank size local_rank device launch watchdog lost_ranks",
         "accessor",
     ),
     (

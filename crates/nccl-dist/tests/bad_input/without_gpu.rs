@@ -277,6 +277,25 @@ pub fn dist_rows(id: UniqueId) {
         MeshShape::new(&[("dp", 2), ("tp", 2)], 8),
         |e| matches!(e, MeshError::ShapeMismatch { .. }),
     );
+    let square = MeshShape::new(&[("dp", 2), ("tp", 2)], 4).expect("a 2x2 shape");
+    case(
+        "MeshShape::without_replicas",
+        "name (no such axis)",
+        square.without_replicas("pp", &[0]),
+        |e| matches!(e, MeshError::UnknownAxis(_)),
+    );
+    case(
+        "MeshShape::without_replicas",
+        "rank (outside the mesh)",
+        square.without_replicas("dp", &[4]),
+        |e| matches!(e, MeshError::RankOutOfRange { .. }),
+    );
+    case(
+        "MeshShape::without_replicas",
+        "state (every replica lost a rank)",
+        square.without_replicas("dp", &[0, 2]),
+        |e| matches!(e, MeshError::NoReplicaLeft(_)),
+    );
     case(
         "MeshShape::new",
         "format (empty)",

@@ -11,6 +11,7 @@ use nccl_dist::nccl_safe::ReduceOp;
 use nccl_dist::{DeviceMesh, Error, Launch, World};
 
 use crate::hardware::nccl_loaded;
+use crate::rejoin::{recover_checked, reuse};
 use crate::{
     LOSS_BOUND, OP_TIMEOUT, Rank, TestResult, checked_all_reduce, cuda, die, enqueue_all_reduces,
     expect_error, expect_peer_lost, kernel_runs, options, recover, run_process, run_threads,
@@ -49,26 +50,10 @@ fn sigkill_mid_all_reduce(r: &mut Rank) -> TestResult {
     kernel_runs(r.device)?;
     r.note("kernel", "ok")?;
     // The library's recovery: a world over the survivors, served by the
-    // lowest live rank (rank 1 when rank 0 was the victim).
-    let started = Instant::now();
-    let was = r.rank;
-    let world = world.recover(&options())?;
-    checked_all_reduce(&world, 1 << 20)?;
-    r.note("rebuilt_ms", started.elapsed().as_millis())?;
-    r.note(
-        "recovered",
-        format!(
-            "World::recover: {} ranks, rank {was} is now {}",
-            world.size(),
-            world.rank()
-        ),
-    )?;
-    // The buffer made before the loss is still good: the new world
-    // all-reduces into it.
-    let comm = world.comm();
-    comm.all_reduce_in_place(&mut buf, ReduceOp::Sum)
-        .map_err(|e| world.explain(e))?;
-    nccl_dist::synchronize(comm, comm.stream())?;
+    // lowest live rank (rank 1 when rank 0 was the victim); the buffer
+    // made before the loss all-reduces on it.
+    let world = recover_checked(r, world)?;
+    reuse(&world, &mut buf)?;
     drop(buf);
     Ok(())
 }

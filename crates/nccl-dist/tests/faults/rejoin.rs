@@ -11,6 +11,7 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use nccl_dist::nccl_safe::ReduceOp;
+use nccl_dist::nccl_safe::cudarc::driver::CudaSlice;
 use nccl_dist::{DeviceMesh, HostCollectives, Launch, World};
 
 use crate::{
@@ -20,7 +21,7 @@ use crate::{
 
 /// The options of every world here, with a rendezvous deadline short
 /// enough that a recovery which cannot finish fails within the case.
-fn recovery() -> nccl_dist::WorldOptions {
+pub(crate) fn recovery() -> nccl_dist::WorldOptions {
     options().timeout(Duration::from_secs(30))
 }
 
@@ -40,11 +41,12 @@ fn replacement(device: &str) {
         println!("[replacement] in the world");
         checked_all_reduce(&world, 1 << 20)?;
         // The survivors' all-reduce into their old buffer.
-        let comm = world.comm();
-        let mut buf = comm.stream().alloc_zeros::<f32>(1 << 20).map_err(cuda)?;
-        comm.all_reduce_in_place(&mut buf, ReduceOp::Sum)
-            .map_err(|e| world.explain(e))?;
-        nccl_dist::synchronize(comm, comm.stream())?;
+        let mut buf = world
+            .comm()
+            .stream()
+            .alloc_zeros::<f32>(1 << 20)
+            .map_err(cuda)?;
+        reuse(&world, &mut buf)?;
         println!(
             "[replacement] rank {} of {}: checked all-reduce ok",
             world.rank(),
@@ -97,16 +99,17 @@ fn wait_replacement(mut child: Child, deadline: Instant) -> TestResult {
     }
 }
 
-fn recover_and_rejoin(r: &mut Rank) -> TestResult {
-    let world = r.world()?;
-    checked_all_reduce(&world, 1 << 20)?;
+/// The victim SIGKILLs itself (`how`); every survivor's all-reduce on
+/// `world` must end in `PeerLost` naming it within the bound, and a
+/// kernel must still run on its GPU. Gives the survivor's buffer of that
+/// all-reduce, which recovery must leave usable.
+pub(crate) fn lose_the_victim(
+    r: &mut Rank,
+    world: &World,
+    how: &str,
+) -> TestResult<CudaSlice<f32>> {
     if r.is_victim() {
-        die(
-            r.out(),
-            r.case,
-            r.rank,
-            "SIGKILL after a checked all-reduce",
-        );
+        die(r.out(), r.case, r.rank, how);
     }
     let comm = world.comm();
     let mut buf = comm.stream().alloc_zeros::<f32>(1 << 20).map_err(cuda)?;
@@ -118,6 +121,12 @@ fn recover_and_rejoin(r: &mut Rank) -> TestResult {
     expect_peer_lost(r, waited, since)?;
     kernel_runs(r.device)?;
     r.note("kernel", "ok")?;
+    Ok(buf)
+}
+
+/// The survivors' `World::recover` (served by the lowest live rank), a
+/// checked all-reduce on the new world, and what it took.
+pub(crate) fn recover_checked(r: &mut Rank, world: World) -> TestResult<World> {
     let started = Instant::now();
     let was = r.rank;
     let world = world.recover(&recovery())?;
@@ -131,6 +140,24 @@ fn recover_and_rejoin(r: &mut Rank) -> TestResult {
             world.rank()
         ),
     )?;
+    Ok(world)
+}
+
+/// An all-reduce into `buf`, made before the loss, on `world`, made
+/// after it: the buffer is still good.
+pub(crate) fn reuse(world: &World, buf: &mut CudaSlice<f32>) -> TestResult {
+    let comm = world.comm();
+    comm.all_reduce_in_place(buf, ReduceOp::Sum)
+        .map_err(|e| world.explain(e))?;
+    nccl_dist::synchronize(comm, comm.stream())?;
+    Ok(())
+}
+
+fn recover_and_rejoin(r: &mut Rank) -> TestResult {
+    let world = r.world()?;
+    checked_all_reduce(&world, 1 << 20)?;
+    let mut buf = lose_the_victim(r, &world, "SIGKILL after a checked all-reduce")?;
+    let world = recover_checked(r, world)?;
     let started = Instant::now();
     let child = match world.rank() {
         0 => Some(start_replacement(
@@ -158,10 +185,7 @@ fn recover_and_rejoin(r: &mut Rank) -> TestResult {
     };
     checked_all_reduce(&world, 1 << 20)?;
     // The buffer made before the loss still works on the grown world.
-    let comm = world.comm();
-    comm.all_reduce_in_place(&mut buf, ReduceOp::Sum)
-        .map_err(|e| world.explain(e))?;
-    nccl_dist::synchronize(comm, comm.stream())?;
+    reuse(&world, &mut buf)?;
     if let Some(replaced) = wait(child) {
         replaced?;
     }
@@ -269,18 +293,7 @@ fn m_mesh_drops_the_replica_that_lost_a_rank() {
         }
         let mesh = mesh_2x2_tp_exact(&world)?;
         checked_all_reduce(&world, 1 << 20)?;
-        if r.is_victim() {
-            die(r.out(), r.case, r.rank, "SIGKILL inside a 2x2 mesh");
-        }
-        let comm = world.comm();
-        let mut buf = comm.stream().alloc_zeros::<f32>(1 << 20).map_err(cuda)?;
-        let since = Instant::now();
-        let waited = comm
-            .all_reduce_in_place(&mut buf, ReduceOp::Sum)
-            .map_err(|e| world.explain(e))
-            .and_then(|()| nccl_dist::synchronize(comm, comm.stream()));
-        expect_peer_lost(r, waited, since)?;
-        drop(buf);
+        drop(lose_the_victim(r, &world, "SIGKILL inside a 2x2 mesh")?);
         let (shape, keep) = mesh.without_replicas("dp", &world.lost_ranks())?;
         drop(mesh);
         r.note("policy", format!("{shape}, keeping ranks {keep:?}"))?;
