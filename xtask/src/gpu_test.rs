@@ -412,6 +412,8 @@ fn run_one(
     let (mut ports, secret) = job()?;
     if hosts.is_some() {
         ports = crate::hosts::ports()?;
+        // NCCL's logs of an earlier run of this cell must not count.
+        crate::hosts::remove_logs(&nccl_log(log))?;
     }
     let id_file = log.with_extension("id");
     let _ = std::fs::remove_file(&id_file);

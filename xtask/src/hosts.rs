@@ -269,6 +269,24 @@ pub fn ports() -> Result<(u16, u16)> {
     Ok((rendezvous, other))
 }
 
+/// Removes the logs an earlier run left at `pattern` (a path whose file
+/// name ends in `%p`, NCCL's pid).
+pub fn remove_logs(pattern: &Path) -> Result<()> {
+    let (Some(dir), Some(name)) = (pattern.parent(), pattern.file_name()) else {
+        return Ok(());
+    };
+    let prefix = name.to_string_lossy().trim_end_matches("%p").to_string();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Ok(());
+    };
+    for entry in entries.flatten() {
+        if entry.file_name().to_string_lossy().starts_with(&prefix) {
+            std::fs::remove_file(entry.path())?;
+        }
+    }
+    Ok(())
+}
+
 /// The transports NCCL's set-up logs under `dir` whose names start with
 /// `prefix` report, by name (`NET/Socket`, `P2P/CUMEM`, `SHM/direct`) with
 /// how many connections each carried.

@@ -70,8 +70,8 @@ mod track;
 pub use crate::env::{CHECK_CALLS_ENV, FLIGHT_RECORDER_ENV, WATCHDOG_ENV, WATCHDOG_TIMEOUT_ENV};
 pub use check::CheckFailure;
 pub use culprit::{Call, Divergence, Field, Tail, analyze};
-pub(crate) use explain::from_failure;
 pub use explain::{explain, synchronize};
+pub(crate) use explain::{explain_known, from_failure};
 pub use options::WatchdogOptions;
 use record::render;
 pub use record::{Failure, FailureKind, OpRecord, OpState};
@@ -196,7 +196,13 @@ impl Watch {
         if self.lock().failure.is_some() {
             return;
         }
-        let kind = match self.diverged() {
+        // Only a disagreement on a call every rank made: after an error
+        // (unlike a timeout) the ranks may just be at different points of
+        // the same program, one enqueue ahead of another.
+        let kind = match self
+            .diverged()
+            .filter(|d| d.field != culprit::Field::Missing)
+        {
             Some(divergence) => FailureKind::Mismatch { error, divergence },
             None => FailureKind::AsyncError(error),
         };

@@ -655,9 +655,13 @@ impl World {
 
     /// An error of an operation on this world's communicators, as the
     /// watchdog or the liveness channel explain it ([`Error::PeerLost`]
-    /// when a peer was lost).
+    /// when a peer was lost). It only reads what they know: for an error
+    /// of the world's own communicator, [`crate::explain`] (and
+    /// [`crate::synchronize`]) also hand a fresh NCCL error or timeout to
+    /// the watchdog, which then names the diverging rank where the flight
+    /// records show one.
     pub fn explain(&self, err: nccl_safe::Error) -> Error {
-        match crate::watchdog::explain(&self.comm, err) {
+        match crate::watchdog::explain_known(&self.comm, err) {
             Error::Nccl(e) => lost_or(&self.signal, e),
             other => other,
         }

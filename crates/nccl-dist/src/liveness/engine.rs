@@ -93,6 +93,9 @@ struct Shared {
     exchange: Mutex<exchange::Exchange>,
     /// Wakes the waiters of an exchange and of a call check.
     exchange_cv: Condvar,
+    /// Wakes a rank waiting for a call check's outcome (its own, as it
+    /// waits on `checks`, not `exchange`).
+    check_cv: Condvar,
     /// The opt-in call check (idle unless it is on).
     checks: Mutex<check::Checks>,
 }
@@ -120,6 +123,7 @@ impl Shared {
             host_ip: Mutex::new(None),
             exchange: Mutex::new(exchange::Exchange::default()),
             exchange_cv: Condvar::new(),
+            check_cv: Condvar::new(),
             checks: Mutex::new(check::Checks::default()),
         }
     }
@@ -212,6 +216,8 @@ impl Shared {
         let Some(hooks) = self.record(loss) else {
             return;
         };
+        // A rank waiting for a call check stops waiting for the lost one.
+        self.check_cv.notify_all();
         for link in self.links() {
             if from.is_some_and(|f| Arc::ptr_eq(f, &link)) {
                 continue;

@@ -22,43 +22,48 @@ pub fn synchronize(comm: &Comm, stream: &CudaStream) -> Result<()> {
 
 /// An error from an operation on `comm` (its enqueue or a wait), as the
 /// watchdog's [`Failure`] when the watchdog has acted on `comm`; otherwise
-/// unchanged. An enqueue that NCCL keeps in progress (a peer that never
+/// unchanged. Where the watchdog has not acted yet, an NCCL error of a
+/// wait (or one a dead peer's closed connection gives) is handed to it at
+/// once (it names a lost peer, or the ranks' divergence, when the
+/// liveness channel and the flight records show one), and a communicator
+/// timeout waits, at most the flight-record exchange's 1 s and four
+/// polls, for its account of the same timeout. An enqueue that NCCL keeps in progress (a peer that never
 /// joins the connection setup) ends in `Aborted` when the watchdog aborts;
 /// this names the operation that timed out instead.
 pub fn explain(comm: &Comm, err: nccl_safe::Error) -> Error {
     let watched = Watched::of(comm);
+    let Some(w) = watched.as_ref().filter(|w| w.failure().is_none()) else {
+        return explain_known(comm, err);
+    };
+    match &err {
+        // NCCL's own error for the work waited for (a truncated
+        // message): as the watchdog would report it at its next look,
+        // with the flight recorders' verdict when they diverge.
+        nccl_safe::Error::Nccl { op, code, .. } if *op == "synchronize" || peer_error(*code) => {
+            w.watch.fail_nccl(err.to_string(), peer_error(*code));
+        }
+        // The communicator's own deadline is the watchdog's: it acts on
+        // the same timeout at its next look, and then asks the other ranks
+        // for their flight records. Its account (the diverging rank and
+        // field, or the plain timeout) is the better error.
+        nccl_safe::Error::Timeout { .. } => {
+            let within = EXCHANGE_WAIT + w.watch.registry.options.poll * 4;
+            w.watch.await_failure(within);
+        }
+        _ => {}
+    }
+    explain_known(comm, err)
+}
+
+/// [`explain`] without acting: the watchdog's failure of `comm` when it
+/// has one, a lost peer when the abort names one, else `err` as it is.
+/// For an error that may come from another communicator than `comm` (a
+/// world's mesh axes): it never records a failure on `comm`.
+pub(crate) fn explain_known(comm: &Comm, err: nccl_safe::Error) -> Error {
+    let watched = Watched::of(comm);
     match watched.as_ref().and_then(Watched::failure) {
         Some(failure) => from_failure(failure),
         None => match err {
-            // NCCL's own error for the work waited for (a truncated
-            // message): as the watchdog would report it at its next look,
-            // with the flight recorders' verdict when they diverge.
-            nccl_safe::Error::Nccl { op, code, .. }
-                if watched.is_some() && (op == "synchronize" || peer_error(code)) =>
-            {
-                let w = watched.as_ref().map(|w| &w.watch);
-                if let Some(w) = w {
-                    w.fail_nccl(err.to_string(), peer_error(code));
-                }
-                match w.and_then(|w| w.lock().failure.clone()) {
-                    Some(failure) => from_failure(failure),
-                    None => Error::Nccl(err),
-                }
-            }
-            // The communicator's own deadline is the watchdog's: it acts
-            // on the same timeout at its next look, and then asks the other
-            // ranks for their flight records. Its account (the diverging
-            // rank and field, or the plain timeout) is the better error.
-            nccl_safe::Error::Timeout { .. } if watched.is_some() => {
-                let failure = watched.as_ref().and_then(|w| {
-                    let within = EXCHANGE_WAIT + w.watch.registry.options.poll * 4;
-                    w.watch.await_failure(within)
-                });
-                match failure {
-                    Some(failure) => from_failure(failure),
-                    None => Error::Nccl(err),
-                }
-            }
             nccl_safe::Error::Aborted {
                 op,
                 cause: AbortCause::PeerLost { rank, detail },

@@ -104,7 +104,16 @@ impl WorldOptions {
     /// [`CheckFailure`](crate::CheckFailure) (get it with
     /// [`CheckFailure::of`](crate::CheckFailure::of)) carrying the same
     /// [`Divergence`](crate::Divergence) report a timeout gives; ranks that
-    /// do not check in within the operation timeout are named instead.
+    /// do not check in within the watchdog's timeout (the operation
+    /// timeout unless the watchdog has its own) are named instead. Every
+    /// rank must turn it on alike: a rank that checks while the others do
+    /// not waits out that timeout on every call. A rank lost meanwhile
+    /// ends the wait (the call then meets the communicator's abort, whose
+    /// error names the lost rank). A call refused on one rank only (by its
+    /// own validation: a short buffer, say) or skipped there (count 0)
+    /// is not numbered there, so the ranks' checks fall out of step: the
+    /// others are refused as missing that rank, and later checks compare
+    /// different calls; make a new world after such an error.
     /// Needs the watchdog (it is its observer) and the liveness channel of
     /// a process job (a world of threads, or one without liveness, passes
     /// every check); only the world's communicator is checked, not those

@@ -19,6 +19,10 @@ use crate::rendezvous;
 /// to it to stop changing) before it counts the survivors.
 const SETTLE: Duration = Duration::from_millis(300);
 
+/// How long a rank that knows of no loss waits for one before it says
+/// that nothing was lost (the channel names a dead rank within 2 s).
+const FIRST_LOSS: Duration = Duration::from_secs(2);
+
 /// Who takes part in a recovery, as this rank sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Survivors {
@@ -73,11 +77,14 @@ impl World {
     /// count differently (a second rank died during the recovery) are
     /// refused by the rendezvous with a typed error, within the options'
     /// rendezvous timeout. A world without a liveness channel (liveness
-    /// off, a file rendezvous, [`World::from_unique_id`]), or in which no
-    /// rank was lost, is [`Error::InvalidArgument`] before anything
-    /// happens; so is a world with one thread per GPU (its survivors are
-    /// threads of this process: make a new world with
-    /// [`World::spawn_local_with_options`]).
+    /// off, a file rendezvous, [`World::from_unique_id`]) is
+    /// [`Error::InvalidArgument`] before anything happens, and so is a
+    /// world with one thread per GPU (its survivors are threads of this
+    /// process: make a new world with
+    /// [`World::spawn_local_with_options`]). A rank that knows of no loss
+    /// waits up to 2 s for its channel to name one (NCCL may fail a moment
+    /// before), then gets [`Error::InvalidArgument`] too, as does a rank
+    /// that the others count as lost.
     ///
     /// ```no_run
     /// use nccl_dist::nccl_safe::ReduceOp;
@@ -105,9 +112,11 @@ impl World {
     /// policy of dropping the replicas that lost a rank.
     ///
     /// `keep` empty, with a rank twice, a rank outside the world or one
-    /// that was lost is [`Error::InvalidArgument`] before anything
-    /// happens (on every rank alike, as every rank checks the same list),
-    /// as are the cases [`World::recover`] refuses.
+    /// this rank counts as lost is [`Error::InvalidArgument`], as are the
+    /// cases [`World::recover`] refuses. Every rank must pass the same
+    /// list: compute it after the losses settled (as
+    /// [`World::lost_ranks`] says), or ranks that disagree are refused by
+    /// the rendezvous within its timeout.
     pub fn recover_keeping(self, keep: &[usize], options: &WorldOptions) -> Result<Option<World>> {
         const OP: &str = "World::recover_keeping";
         let (liveness, _) = self.settle(OP, options)?;
@@ -143,7 +152,11 @@ impl World {
     }
 
     /// The ranks this world's liveness channel counts as lost, in order
-    /// (none without a channel).
+    /// (none without a channel): what this rank knows now. A rank that got
+    /// [`Error::PeerLost`] knows that loss; with several ranks lost at
+    /// once the ranks may count differently for a moment, so a list built
+    /// from this for [`World::recover_keeping`] is best built after a short
+    /// wait (the rendezvous refuses lists that differ).
     pub fn lost_ranks(&self) -> Vec<usize> {
         let Some(liveness) = &self.presence.liveness else {
             return Vec::new();
@@ -176,7 +189,7 @@ impl World {
             self.launch.rank,
             options.timeout,
         )
-        .ok_or_else(|| refuse("no rank of this world was lost"))?;
+        .map_err(refuse)?;
         Ok((liveness, survivors))
     }
 
@@ -227,7 +240,16 @@ impl World {
         let (id, new_liveness) = if survivors.ranks.len() == 1 {
             (UniqueId::new()?, None)
         } else if survivors.me == 0 {
-            let listener = bind(&host, port).map_err(rendezvous::RendezvousError::Io)?;
+            // Rank 0 binds its launch address as at the start; another
+            // leader binds every interface: the address in the roster is
+            // the one the others reach it by, which need not be local
+            // (members see a loopback entry rewritten to the host's).
+            let at = if survivors.leader() == 0 {
+                host.as_str()
+            } else {
+                ""
+            };
+            let listener = bind(at, port).map_err(rendezvous::RendezvousError::Io)?;
             let id = UniqueId::new()?;
             let (live, refused) = rendezvous::serve_live(
                 &listener,
@@ -315,7 +337,10 @@ impl World {
     /// [`World::admit`] with `options` lets in: rank `size() + index` of
     /// `size() + count`, at this world's rendezvous address and port. Its
     /// local rank is `index` (set the device with [`WorldOptions::device`]
-    /// where that is not its GPU). `index >= count` is
+    /// where that is not its GPU). Its `master_port` is the rendezvous
+    /// port itself: handed over in torchrun's variables, also set
+    /// `NCCL_RS_PORT` to it (under torchrun the rendezvous is otherwise
+    /// at `MASTER_PORT + 1`). `index >= count` is
     /// [`Error::InvalidArgument`].
     pub fn newcomer_launch(
         &self,
@@ -329,9 +354,16 @@ impl World {
                 reason: format!("newcomer {index} of {count}"),
             });
         }
-        let size = self.launch.world_size + count;
+        let size =
+            self.launch
+                .world_size
+                .checked_add(count)
+                .ok_or_else(|| Error::InvalidArgument {
+                    op: "World::newcomer_launch",
+                    reason: "the new world's size overflows".to_string(),
+                })?;
         Ok(Launch::explicit(
-            self.launch.world_size + index,
+            size - count + index,
             size,
             index,
             count,
@@ -355,13 +387,26 @@ fn bind(host: &str, port: u16) -> std::io::Result<TcpListener> {
 }
 
 /// The survivors once the losses this rank knows have not changed for
-/// [`SETTLE`] (at most `within`); `None` when nothing was lost.
-fn settled(liveness: &Liveness, world: usize, rank: usize, within: Duration) -> Option<Survivors> {
-    let until = Instant::now() + within;
+/// [`SETTLE`] (at most `within`). Where this rank knows of no loss it
+/// waits at most [`FIRST_LOSS`] for one (a caller that saw NCCL fail a
+/// moment before the channel named the dead rank), then gives up: `Err`
+/// names which of "nothing lost" and "this rank itself counts as lost"
+/// it is.
+fn settled(
+    liveness: &Liveness,
+    world: usize,
+    rank: usize,
+    within: Duration,
+) -> std::result::Result<Survivors, &'static str> {
+    let started = Instant::now();
+    let until = started + within;
     let count = || Survivors::of(world, rank, |r| liveness.is_lost(r));
     let mut seen = count();
     let mut stable_since = Instant::now();
     while Instant::now() < until {
+        if seen.is_none() && started.elapsed() >= FIRST_LOSS {
+            break;
+        }
         std::thread::sleep(Duration::from_millis(20));
         let now = count();
         if now != seen {
@@ -371,7 +416,13 @@ fn settled(liveness: &Liveness, world: usize, rank: usize, within: Duration) -> 
             break;
         }
     }
-    seen
+    match seen {
+        Some(survivors) => Ok(survivors),
+        None if liveness.is_lost(rank) => {
+            Err("this rank itself counts as lost: the others went on without it")
+        }
+        None => Err("no rank of this world was lost"),
+    }
 }
 
 #[cfg(test)]

@@ -380,8 +380,9 @@ impl<'s, 'a> OnStream<'s, 'a> {
         if self.hold.is_some() || self.capture.is_some() || is_allowed() {
             return Ok(());
         }
-        let observer = self.comm.observer.borrow();
-        let Some(observer) = observer.as_ref() else {
+        // A clone, not the borrow: the check may wait (for the other
+        // ranks), and `set_observer` must not find the cell borrowed.
+        let Some(observer) = self.comm.observer.borrow().clone() else {
             return Ok(());
         };
         let info = op.info();

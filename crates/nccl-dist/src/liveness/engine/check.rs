@@ -129,17 +129,22 @@ impl Shared {
     }
 
     /// The hub: ends the checks whose deadline passed, naming the ranks
-    /// that did not check in.
+    /// that did not check in, and those that wait for no live rank any
+    /// more (the ones missing were lost or left since).
     pub(super) fn expire_checks(&self) {
         let now = Instant::now();
         let expired: Vec<(String, u64, Checked)> = {
             let mut checks = lock(&self.checks);
-            if checks.pending.iter().all(|p| p.deadline > now) {
+            if checks.pending.is_empty() {
+                return;
+            }
+            let over = |p: &Pending| p.deadline <= now || self.missing(p).is_empty();
+            if !checks.pending.iter().any(over) {
                 return;
             }
             let (gone, kept): (Vec<Pending>, Vec<Pending>) = std::mem::take(&mut checks.pending)
                 .into_iter()
-                .partition(|p| p.deadline <= now);
+                .partition(over);
             checks.pending = kept;
             gone.into_iter()
                 .map(|p| {
@@ -151,6 +156,11 @@ impl Shared {
         for (key, seq, outcome) in expired {
             self.deliver(key, seq, outcome, None);
         }
+    }
+
+    /// Whether this rank knows of a lost rank.
+    fn knows_a_loss(&self) -> bool {
+        !lock(&self.state).losses.is_empty()
     }
 
     /// The earliest deadline of the hub's checks (caps the thread's wait).
@@ -172,7 +182,7 @@ impl Shared {
         }
         checks.results.push((key, seq, outcome));
         drop(checks);
-        self.exchange_cv.notify_all();
+        self.check_cv.notify_all();
     }
 
     /// This rank is about to launch `call`, its `seq`-th checked call on
@@ -212,12 +222,19 @@ impl Shared {
             {
                 return Some(checks.results.remove(i).2);
             }
+            // A rank of the job was lost (the hub, say): no outcome may
+            // come, and the communicator is being aborted with the loss.
+            // The call goes on to meet that abort (its typed error names
+            // the lost rank) instead of waiting out the timeout here.
+            if self.knows_a_loss() {
+                return Some(Checked::Agree);
+            }
             let left = until.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return None;
             }
             checks = self
-                .exchange_cv
+                .check_cv
                 .wait_timeout(checks, left)
                 .map(|(g, _)| g)
                 .unwrap_or_else(|p| p.into_inner().0);
@@ -351,6 +368,43 @@ mod tests {
             for l in &ranks {
                 l.leave();
             }
+        }
+    }
+
+    /// A rank is lost while the others wait for it in a check: they stop
+    /// waiting at once (their calls go on to meet the abort the loss
+    /// brings), long before the check's own deadline.
+    #[test]
+    fn a_lost_rank_ends_the_wait_for_its_check() {
+        let ranks = channel(3);
+        let wait = Duration::from_secs(20);
+        ranks[0].exchanger().set_check_wait(wait);
+        let started = Instant::now();
+        let waiters: Vec<_> = ranks[..2]
+            .iter()
+            .map(|l| {
+                let ex = l.exchanger();
+                std::thread::spawn(move || ex.check("world", 0, ar(8), wait))
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(100));
+        ranks[2].report(crate::liveness::PeerLoss {
+            rank: 2,
+            cause: crate::liveness::LossCause::Panicked {
+                message: "a test".into(),
+            },
+            seen_by: 2,
+        });
+        for w in waiters {
+            assert_eq!(w.join().unwrap(), Some(Checked::Agree));
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+        for l in &ranks {
+            l.leave();
         }
     }
 
