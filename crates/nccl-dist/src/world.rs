@@ -656,7 +656,7 @@ impl World {
     /// An error of an operation on this world's communicators, as the
     /// watchdog or the liveness channel explain it ([`Error::PeerLost`]
     /// when a peer was lost). It only reads what they know: for an error
-    /// of the world's own communicator, [`crate::explain`] (and
+    /// of the world's own communicator, [`crate::watchdog::explain`] (and
     /// [`crate::synchronize`]) also hand a fresh NCCL error or timeout to
     /// the watchdog, which then names the diverging rank where the flight
     /// records show one.
