@@ -61,7 +61,7 @@ fn all_reduce_with(world: &World, op: ReduceOp) -> Result<(), Error> {
     let mut buf = world.comm().stream().alloc_zeros::<f32>(N).map_err(cuda)?;
     let issued = world.comm().all_reduce_in_place(&mut buf, op);
     std::mem::forget(buf);
-    issued.map_err(|e| world.explain(e))
+    issued.map_err(|e| crate::explained(world, e))
 }
 
 /// (k1) The victim all-reduces N elements, the others 2N.

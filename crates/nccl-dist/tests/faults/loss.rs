@@ -44,7 +44,7 @@ fn sigkill_mid_all_reduce(r: &mut Rank) -> TestResult {
         );
     }
     let waited = issued
-        .map_err(|e| world.explain(e))
+        .map_err(|e| crate::explained(&world, e))
         .and_then(|()| nccl_dist::synchronize(comm, comm.stream()));
     expect_peer_lost(r, waited, since)?;
     kernel_runs(r.device)?;
@@ -95,7 +95,7 @@ fn b_sigstop_then_rebuild() {
         let since = Instant::now();
         let waited = comm
             .all_reduce_in_place(&mut buf, ReduceOp::Sum)
-            .map_err(|e| world.explain(e))
+            .map_err(|e| crate::explained(&world, e))
             .and_then(|()| nccl_dist::synchronize(comm, comm.stream()));
         let e = expect_error(r, waited, since, OP_TIMEOUT + Duration::from_secs(2))?;
         let victim = r.victim()?;
@@ -257,7 +257,7 @@ fn h_thread_panics_mid_collective() {
             );
         }
         let waited = issued
-            .map_err(|e| world.explain(e))
+            .map_err(|e| crate::explained(&world, e))
             .and_then(|()| nccl_dist::synchronize(comm, comm.stream()));
         expect_peer_lost(r, waited, since)?;
         drop(buf);

@@ -253,6 +253,17 @@ impl Rank {
     }
 }
 
+/// An error of an operation on the world's own communicator, as the
+/// watchdog accounts for it ([`nccl_dist::watchdog::explain`]: a fresh
+/// NCCL error or timeout is handed to it), then as the world does (a
+/// lost peer named by the abort).
+pub(crate) fn explained(world: &World, e: nccl_safe::Error) -> Error {
+    match nccl_dist::watchdog::explain(world.comm(), e) {
+        Error::Nccl(inner) => world.explain(inner),
+        other => other,
+    }
+}
+
 /// One all-reduce of `n` elements, `rank + 1` each, checked bit-exact.
 /// Every rank running it also makes NCCL set up its connections for this
 /// size while everyone is there: a blocking enqueue that still had to set
@@ -263,7 +274,7 @@ pub(crate) fn checked_all_reduce(world: &World, n: usize) -> TestResult {
     let stream = comm.stream();
     let mut buf = stream.clone_htod(&vec![(comm.rank() + 1) as f32; n])?;
     comm.all_reduce_in_place(&mut buf, ReduceOp::Sum)
-        .map_err(|e| world.explain(e))?;
+        .map_err(|e| explained(world, e))?;
     nccl_dist::synchronize(comm, stream)?;
     let got = stream.clone_dtoh(&buf)?;
     let want = (comm.size() * (comm.size() + 1) / 2) as f32;

@@ -116,7 +116,7 @@ pub(crate) fn lose_the_victim(
     let since = Instant::now();
     let waited = comm
         .all_reduce_in_place(&mut buf, ReduceOp::Sum)
-        .map_err(|e| world.explain(e))
+        .map_err(|e| crate::explained(world, e))
         .and_then(|()| nccl_dist::synchronize(comm, comm.stream()));
     expect_peer_lost(r, waited, since)?;
     kernel_runs(r.device)?;
@@ -148,7 +148,7 @@ pub(crate) fn recover_checked(r: &mut Rank, world: World) -> TestResult<World> {
 pub(crate) fn reuse(world: &World, buf: &mut CudaSlice<f32>) -> TestResult {
     let comm = world.comm();
     comm.all_reduce_in_place(buf, ReduceOp::Sum)
-        .map_err(|e| world.explain(e))?;
+        .map_err(|e| crate::explained(world, e))?;
     nccl_dist::synchronize(comm, comm.stream())?;
     Ok(())
 }

@@ -46,7 +46,7 @@ fn mismatch(
         .and_then(|()| {
             let mut token = comm.stream().alloc_zeros::<i32>(1).map_err(cuda)?;
             comm.all_reduce_in_place(&mut token, ReduceOp::Sum)
-                .map_err(|e| world.explain(e))?;
+                .map_err(|e| crate::explained(&world, e))?;
             nccl_dist::synchronize(comm, comm.stream())
         });
     let limit = 2 * OP_TIMEOUT + Duration::from_secs(2);
@@ -124,7 +124,7 @@ where
     let mut buf = world.comm().stream().alloc_zeros::<T>(n).map_err(cuda)?;
     let issued = world.comm().all_reduce_in_place(&mut buf, ReduceOp::Sum);
     std::mem::forget(buf);
-    issued.map_err(|e| world.explain(e))
+    issued.map_err(|e| crate::explained(world, e))
 }
 
 /// Runs `op` on every rank and waits for it (the warm-up of a mismatch).
@@ -180,7 +180,7 @@ pub(crate) fn leaked_broadcast(world: &World, root: usize) -> Result<(), Error> 
     let mut buf = world.comm().stream().alloc_zeros::<f32>(N).map_err(cuda)?;
     let issued = world.comm().broadcast_in_place(&mut buf, root);
     std::mem::forget(buf);
-    issued.map_err(|e| world.explain(e))
+    issued.map_err(|e| crate::explained(world, e))
 }
 
 /// (c3) The victim runs an all-reduce then a broadcast; the others the
