@@ -110,6 +110,10 @@ pub const TARGET_MODES: &[&str] = &["threads", "processes"];
 ///   communicator with and without the watchdog's observer, interleaved.
 /// - `default_step_over_raw`: the largest over the step jobs (threads,
 ///   processes) of median default step / median raw step.
+/// - `await_minus_sync_small_us`: from the async phase, awaiting an 8 B
+///   all_reduce's completion future minus a blocking stream sync (its
+///   `await_small_us`, `sync_small_us`, `waker_cpu_share` and
+///   `requests_per_s_64_in_flight` are copied beside it, not targets).
 /// - `allocs_per_call_max`: the most heap allocations per call, counted
 ///   on every thread of the process during the timed calls, in any
 ///   measurement of any phase, and per NCCL call of the default step.
@@ -201,6 +205,19 @@ pub fn summary(docs: &BTreeMap<String, Value>) -> (Value, Vec<Target>) {
             })),
     );
     let any_results = docs.values().any(|d| results(d).next().is_some()) || !steps.is_empty();
+    // The async phase's own summary (one thread, every GPU): awaiting a
+    // small all_reduce against a blocking sync.
+    let awaited = docs
+        .iter()
+        .filter(|(name, _)| name.starts_with("async-"))
+        .map(|(name, d)| (name.as_str(), &d["summary"]))
+        .collect::<Vec<_>>();
+    let await_excess = worst(awaited.iter().map(|(name, sum)| {
+        (
+            f(sum, "await_minus_sync_small_us"),
+            format!("{name} all_reduce 8 B"),
+        )
+    }));
 
     let targets = vec![
         Target {
@@ -225,6 +242,13 @@ pub fn summary(docs: &BTreeMap<String, Value>) -> (Value, Vec<Target>) {
             phase: "latency",
         },
         Target {
+            key: "await_minus_sync_small_us",
+            value: measured(await_excess, !awaited.is_empty()),
+            limit: 5.0,
+            unit: "µs",
+            phase: "async",
+        },
+        Target {
             key: "allocs_per_call_max",
             value: measured(allocs, any_results),
             limit: 0.0,
@@ -242,6 +266,17 @@ pub fn summary(docs: &BTreeMap<String, Value>) -> (Value, Vec<Target>) {
         );
         flat.insert(format!("{}_target", t.key), json!(t.limit));
         flat.insert(format!("{}_met", t.key), json!(t.met()));
+    }
+    // What the async phase reports beside its target (not targets).
+    for key in [
+        "await_small_us",
+        "sync_small_us",
+        "waker_cpu_share",
+        "requests_per_s_64_in_flight",
+    ] {
+        if let Some((_, sum)) = awaited.first() {
+            flat.insert(key.into(), sum[key].clone());
+        }
     }
     flat.insert("targets_met".into(), json!(targets.iter().all(Target::met)));
     (Value::Object(flat), targets)
