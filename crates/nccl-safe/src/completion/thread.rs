@@ -57,6 +57,25 @@ pub(crate) fn register(entry: Arc<dyn Entry>) -> bool {
     true
 }
 
+/// One look at `entry` at `now`: whether to keep watching it. A panic in what
+/// the entry runs of its owner's (the executor's waker, the drop of the
+/// buffers) must not end this thread, which every other future waits on:
+/// it is caught, and what the entry owns is leaked (the device's use of
+/// it is not known here, and leaked memory is never used after free).
+fn step(entry: &Arc<dyn Entry>, now: Instant) -> bool {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| entry.step(now))) {
+        Ok(next) => next == Step::Keep,
+        Err(_) => {
+            std::mem::forget(Arc::clone(entry));
+            tracing::error!(
+                "nccl-completion: a waker or the drop of a completion's buffers panicked; \
+                 its buffers are leaked and the other completions go on"
+            );
+            false
+        }
+    }
+}
+
 /// The thread's loop.
 fn run() {
     // The registry is set right after this thread is spawned.
@@ -89,7 +108,7 @@ fn run() {
         let before = pending.len();
         // Released entries drop here: the buffers of a future that is
         // gone are freed on this thread, after the device is done.
-        pending.retain(|entry| entry.step(now) == Step::Keep);
+        pending.retain(|entry| step(entry, now));
         if pending.len() != before {
             active = now;
             pause = FIRST_PAUSE;
@@ -106,6 +125,44 @@ fn run() {
                 drop(registry.arrived.wait_timeout(incoming, pause));
             }
             pause = (pause * 2).min(MAX_PAUSE);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::*;
+
+    struct Panics;
+
+    impl Entry for Panics {
+        fn step(&self, _: Instant) -> Step {
+            panic!("a waker that panics (on purpose, in a test)");
+        }
+    }
+
+    struct Flag(Arc<AtomicBool>);
+
+    impl Entry for Flag {
+        fn step(&self, _: Instant) -> Step {
+            self.0.store(true, Ordering::SeqCst);
+            Step::Release
+        }
+    }
+
+    /// An entry that panics does not end the thread: one registered
+    /// after it is still looked at.
+    #[test]
+    fn a_panicking_entry_does_not_stop_the_others() {
+        assert!(register(Arc::new(Panics)));
+        let seen = Arc::new(AtomicBool::new(false));
+        assert!(register(Arc::new(Flag(Arc::clone(&seen)))));
+        let until = Instant::now() + Duration::from_secs(5);
+        while !seen.load(Ordering::SeqCst) {
+            assert!(Instant::now() < until, "the waker thread stopped");
+            std::thread::sleep(Duration::from_millis(5));
         }
     }
 }
