@@ -631,3 +631,42 @@ fn spawn(shared: &Arc<Shared>) -> std::io::Result<()> {
         .map(drop)
         .inspect_err(|_| *lock(&shared.ended) = true)
 }
+
+/// What the tests of the channel's parts share.
+#[cfg(test)]
+pub(super) mod testing {
+    use std::net::TcpListener;
+    use std::time::Duration;
+
+    use nccl_safe::UniqueId;
+
+    use crate::liveness::{Liveness, LivenessOptions};
+    use crate::rendezvous::{join_live, serve_live};
+    use crate::secret::Secret;
+
+    /// `world` ranks over loopback sockets, rank 0 the hub.
+    pub(crate) fn channel(world: usize) -> Vec<Liveness> {
+        let secret =
+            Secret::from_bytes(b"a secret for the channel tests".to_vec(), "test").unwrap();
+        let options = LivenessOptions::new();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let id = UniqueId::from_bytes([9; UniqueId::BYTES]);
+        let t = Duration::from_secs(10);
+        let members: Vec<_> = (1..world)
+            .map(|rank| {
+                let (secret, options) = (secret.clone(), options.clone());
+                std::thread::spawn(move || {
+                    join_live(addr, rank, world, &secret, t, &options)
+                        .unwrap()
+                        .1
+                })
+            })
+            .collect();
+        let (hub, refused) = serve_live(&listener, world, &secret, &id, t, &options).unwrap();
+        assert!(refused.is_empty());
+        let mut ranks = vec![hub];
+        ranks.extend(members.into_iter().map(|m| m.join().unwrap()));
+        ranks
+    }
+}

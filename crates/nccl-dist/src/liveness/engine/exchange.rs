@@ -293,15 +293,11 @@ impl Shared {
 
 #[cfg(test)]
 mod tests {
-    use std::net::TcpListener;
-
-    use nccl_safe::UniqueId;
     use nccl_safe::nccl_sys::ncclDataType_t;
 
     use super::*;
-    use crate::liveness::{Liveness, LivenessOptions};
-    use crate::rendezvous::{join_live, serve_live};
-    use crate::secret::Secret;
+    use crate::liveness::Liveness;
+    use crate::liveness::engine::testing::channel;
     use crate::watchdog::culprit::Field;
 
     fn ar(count: usize) -> Call {
@@ -319,28 +315,7 @@ mod tests {
     /// gets the same verdict within the wait.
     #[test]
     fn every_rank_gets_the_verdict_naming_the_culprit() {
-        let world = 3;
-        let secret =
-            Secret::from_bytes(b"a secret for the exchange test".to_vec(), "test").unwrap();
-        let options = LivenessOptions::new();
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        let id = UniqueId::from_bytes([7; UniqueId::BYTES]);
-        let t = Duration::from_secs(10);
-        let members: Vec<_> = (1..world)
-            .map(|rank| {
-                let (secret, options) = (secret.clone(), options.clone());
-                std::thread::spawn(move || {
-                    join_live(addr, rank, world, &secret, t, &options)
-                        .unwrap()
-                        .1
-                })
-            })
-            .collect();
-        let (hub, refused) = serve_live(&listener, world, &secret, &id, t, &options).unwrap();
-        assert!(refused.is_empty());
-        let mut ranks: Vec<Liveness> = vec![hub];
-        ranks.extend(members.into_iter().map(|m| m.join().unwrap()));
+        let ranks = channel(3);
         let tail = |rank: usize| -> Vec<(u64, Call)> {
             (0..6)
                 .map(|s| (s, ar(if s == 5 && rank == 2 { 2048 } else { 1024 })))
@@ -398,18 +373,7 @@ mod tests {
     fn both_ranks_that_ask_get_the_verdict() {
         for delay_ms in [0u64, 200] {
             let world = 2;
-            let secret =
-                Secret::from_bytes(b"a secret for the exchange test".to_vec(), "test").unwrap();
-            let options = LivenessOptions::new();
-            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-            let addr = listener.local_addr().unwrap();
-            let id = UniqueId::from_bytes([7; UniqueId::BYTES]);
-            let t = Duration::from_secs(10);
-            let (s2, o2) = (secret.clone(), options.clone());
-            let member =
-                std::thread::spawn(move || join_live(addr, 1, world, &s2, t, &o2).unwrap().1);
-            let (hub, _) = serve_live(&listener, world, &secret, &id, t, &options).unwrap();
-            let ranks = [hub, member.join().unwrap()];
+            let ranks = channel(world);
             let tail = |rank: usize| -> Vec<(u64, Call)> {
                 (0..4)
                     .map(|s| (s, ar(if s == 3 && rank == 1 { 64 } else { 1 })))
@@ -452,18 +416,7 @@ mod tests {
     /// asks only then: the verdict the hub sent it before still counts.
     #[test]
     fn a_member_that_asks_after_the_hub_left_keeps_the_verdict() {
-        let world = 2;
-        let secret =
-            Secret::from_bytes(b"a secret for the exchange test".to_vec(), "test").unwrap();
-        let options = LivenessOptions::new();
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        let id = UniqueId::from_bytes([7; UniqueId::BYTES]);
-        let t = Duration::from_secs(10);
-        let (s2, o2) = (secret.clone(), options.clone());
-        let member = std::thread::spawn(move || join_live(addr, 1, world, &s2, t, &o2).unwrap().1);
-        let (hub, _) = serve_live(&listener, world, &secret, &id, t, &options).unwrap();
-        let member = member.join().unwrap();
+        let [hub, member]: [Liveness; 2] = channel(2).try_into().unwrap();
         let tail = |rank: usize| -> Vec<(u64, Call)> {
             (0..4)
                 .map(|s| (s, ar(if s == 3 && rank == 1 { 64 } else { 1 })))
