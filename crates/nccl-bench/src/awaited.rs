@@ -1,23 +1,34 @@
 //! `--async`: what awaiting a collective costs. One thread drives every
 //! GPU (`Comm::init_all`, an 8 B all_reduce in a group). Measured, as
-//! medians over `-n` calls after `-w` warm-up calls:
+//! medians over `-n` calls after `-w` warm-up calls, the four ways taking
+//! turns within each call so that drift hits them alike:
 //!
 //! - `sync`: the all_reduce, then a blocking `cuStreamSynchronize` of
 //!   every stream;
-//! - `await`: the all_reduce, then a `Completion` per stream, waited for
-//!   (`Completion::wait` parks the thread until the waker thread wakes it,
-//!   as an executor's task would be);
+//! - `await`: the all_reduce, then a `Completion` per stream, `.await`ed
+//!   in a tokio current-thread runtime's `block_on` (the runtime parks
+//!   the thread until the waker thread wakes the task): the issue's case;
+//! - `wait`: the same, with `Completion::wait` (looks at the work for
+//!   50 µs, as a stream sync does, then parks);
+//! - `poll`: the same, with the futures polled back to back by this
+//!   thread (no waker thread, no park): what tracking itself costs;
+//! - `await_cold`: `await` after 2 ms of quiet, when the waker thread has
+//!   gone to sleep (over `-n / 10` calls);
 //! - the waker thread's CPU time over the `await` calls (from
 //!   `/proc/self/task/*/stat`, found by its name), as a share of the wall
 //!   time;
 //! - throughput with 64 requests in flight: 64 all_reduces submitted, then
-//!   their 64 completions awaited, repeated.
+//!   their 64 completions awaited in the runtime, repeated.
 //!
 //! The flat `summary` keys: `await_minus_sync_small_us` (target <= 5),
-//! `await_small_us`, `sync_small_us`, `waker_cpu_share`,
+//! `await_small_us`, `sync_small_us`, `wait_minus_sync_small_us`,
+//! `poll_minus_sync_small_us`, `await_cold_small_us`, `waker_cpu_share`,
 //! `requests_per_s_64_in_flight`.
 
-use std::time::Instant;
+use std::future::Future;
+use std::pin::pin;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
 
 use nccl_dist::nccl_safe::cudarc::driver::CudaSlice;
 use nccl_dist::nccl_safe::{Comm, Completion, Config, ReduceOp, group};
@@ -67,39 +78,97 @@ fn issue(comms: &[Comm], bufs: &mut [CudaSlice<f32>]) -> Result<()> {
     Ok(())
 }
 
+/// How one call's completions are waited for.
+#[derive(Clone, Copy)]
+enum Way {
+    Sync,
+    Await,
+    Wait,
+    Poll,
+}
+
+/// One call: the all_reduce on every GPU, then its end waited for `way`;
+/// the wall time in µs.
+fn one_call(
+    comms: &[Comm],
+    bufs: &mut [CudaSlice<f32>],
+    rt: &tokio::runtime::Runtime,
+    way: Way,
+) -> Result<f64> {
+    let t = Instant::now();
+    issue(comms, bufs)?;
+    match way {
+        Way::Sync => {
+            for c in comms {
+                c.stream().synchronize()?;
+            }
+        }
+        Way::Await => {
+            let pending = completions(comms);
+            rt.block_on(async {
+                for p in pending {
+                    p.await?;
+                }
+                Ok::<_, BoxError>(())
+            })?;
+        }
+        Way::Wait => {
+            for p in completions(comms) {
+                p.wait()?;
+            }
+        }
+        Way::Poll => {
+            let mut cx = Context::from_waker(Waker::noop());
+            for p in completions(comms) {
+                let mut p = pin!(p);
+                loop {
+                    match p.as_mut().poll(&mut cx) {
+                        Poll::Ready(r) => break r?,
+                        Poll::Pending => std::hint::spin_loop(),
+                    }
+                }
+            }
+        }
+    }
+    Ok(t.elapsed().as_secs_f64() * 1e6)
+}
+
+fn completions(comms: &[Comm]) -> Vec<Completion<()>> {
+    comms.iter().map(|c| c.completion(c.stream(), ())).collect()
+}
+
 /// Runs the phase and prints (and with `--json` writes) its figures.
 pub fn run(opts: &Opts) -> Result<()> {
     let devices = crate::devices(opts)?;
     let comms = Comm::init_all(&devices, &Config::new().timeout(opts.timeout))?;
+    let rt = tokio::runtime::Builder::new_current_thread().build()?;
     let mut bufs = comms
         .iter()
         .map(|c| c.stream().alloc_zeros::<f32>(2))
         .collect::<std::result::Result<Vec<_>, _>>()?;
-    let (mut sync_us, mut await_us) = (Vec::new(), Vec::new());
+    let ways = [Way::Sync, Way::Await, Way::Wait, Way::Poll];
+    let mut times: [Vec<f64>; 4] = Default::default();
     let mut cpu_s = 0.0;
     let mut await_wall_s = 0.0;
     for i in 0..opts.warmup + opts.iters {
-        let t = Instant::now();
-        issue(&comms, &mut bufs)?;
-        for c in &comms {
-            c.stream().synchronize()?;
+        for (k, way) in ways.iter().enumerate() {
+            let cpu0 = waker_cpu_s();
+            let us = one_call(&comms, &mut bufs, &rt, *way)?;
+            if i >= opts.warmup {
+                times[k].push(us);
+                if matches!(way, Way::Await) {
+                    cpu_s += waker_cpu_s() - cpu0;
+                    await_wall_s += us / 1e6;
+                }
+            }
         }
-        let sync = t.elapsed().as_secs_f64() * 1e6;
-        let cpu0 = waker_cpu_s();
-        let t = Instant::now();
-        issue(&comms, &mut bufs)?;
-        let pending: Vec<Completion<()>> =
-            comms.iter().map(|c| c.completion(c.stream(), ())).collect();
-        for p in pending {
-            p.wait()?;
-        }
-        let wall = t.elapsed().as_secs_f64();
-        if i >= opts.warmup {
-            sync_us.push(sync);
-            await_us.push(wall * 1e6);
-            cpu_s += waker_cpu_s() - cpu0;
-            await_wall_s += wall;
-        }
+    }
+    // After quiet: the waker thread asleep (it sleeps once nothing is in
+    // flight), so the registration wakes it first.
+    let mut cold = Vec::new();
+    for _ in 0..(opts.iters / 10).max(1) {
+        std::thread::sleep(Duration::from_millis(2));
+        cold.push(one_call(&comms, &mut bufs, &rt, Way::Await)?);
     }
     let mut requests = Vec::new();
     for _ in 0..IN_FLIGHT {
@@ -123,17 +192,20 @@ pub fn run(opts: &Opts) -> Result<()> {
                 .collect();
             pending.push(per_rank);
         }
-        for per_rank in pending {
-            requests.push(
-                per_rank
-                    .into_iter()
-                    .map(Completion::wait)
-                    .collect::<std::result::Result<Vec<_>, _>>()?,
-            );
-        }
+        rt.block_on(async {
+            for per_rank in pending {
+                let mut back = Vec::with_capacity(per_rank.len());
+                for c in per_rank {
+                    back.push(c.await?);
+                }
+                requests.push(back);
+            }
+            Ok::<_, BoxError>(())
+        })?;
     }
     let per_s = (rounds * IN_FLIGHT) as f64 / t.elapsed().as_secs_f64();
-    let (s, a) = (median(sync_us), median(await_us));
+    let [s, a, w, p] = times.map(median);
+    let cold = median(cold);
     let share = if await_wall_s > 0.0 {
         cpu_s / await_wall_s
     } else {
@@ -145,8 +217,11 @@ pub fn run(opts: &Opts) -> Result<()> {
         opts.iters
     );
     println!(
-        "  sync {s:.2} us  await {a:.2} us  await-sync {:.2} us  waker cpu {:.0}%  {per_s:.0} req/s with {IN_FLIGHT} in flight",
+        "  sync {s:.2} us  await {a:.2} us (+{:.2})  wait {w:.2} us (+{:.2})  poll {p:.2} us (+{:.2})  \
+         await after quiet {cold:.2} us  waker cpu {:.0}%  {per_s:.0} req/s with {IN_FLIGHT} in flight",
         a - s,
+        w - s,
+        p - s,
         share * 100.0
     );
     if let Some(path) = &opts.json {
@@ -156,6 +231,9 @@ pub fn run(opts: &Opts) -> Result<()> {
                 "await_minus_sync_small_us": a - s,
                 "await_small_us": a,
                 "sync_small_us": s,
+                "wait_minus_sync_small_us": w - s,
+                "poll_minus_sync_small_us": p - s,
+                "await_cold_small_us": cold,
                 "waker_cpu_share": share,
                 "requests_per_s_64_in_flight": per_s,
             },

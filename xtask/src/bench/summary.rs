@@ -110,9 +110,11 @@ pub const TARGET_MODES: &[&str] = &["threads", "processes"];
 ///   communicator with and without the watchdog's observer, interleaved.
 /// - `default_step_over_raw`: the largest over the step jobs (threads,
 ///   processes) of median default step / median raw step.
-/// - `await_minus_sync_small_us`: from the async phase, awaiting an 8 B
-///   all_reduce's completion future minus a blocking stream sync (its
-///   `await_small_us`, `sync_small_us`, `waker_cpu_share` and
+/// - `await_minus_sync_small_us`: from the async phase, `.await`ing an
+///   8 B all_reduce's completion future in a tokio runtime minus a
+///   blocking stream sync (its `await_small_us`, `sync_small_us`,
+///   `wait_minus_sync_small_us`, `poll_minus_sync_small_us`,
+///   `await_cold_small_us`, `waker_cpu_share` and
 ///   `requests_per_s_64_in_flight` are copied beside it, not targets).
 /// - `allocs_per_call_max`: the most heap allocations per call, counted
 ///   on every thread of the process during the timed calls, in any
@@ -271,6 +273,9 @@ pub fn summary(docs: &BTreeMap<String, Value>) -> (Value, Vec<Target>) {
     for key in [
         "await_small_us",
         "sync_small_us",
+        "wait_minus_sync_small_us",
+        "poll_minus_sync_small_us",
+        "await_cold_small_us",
         "waker_cpu_share",
         "requests_per_s_64_in_flight",
     ] {

@@ -57,6 +57,10 @@ pub(crate) struct Shared {
     pub(crate) drain: Mutex<Option<cudarc::driver::CudaEvent>>,
     /// The observer at drop time, asked whether work is still unfinished.
     pub(crate) last_observer: Mutex<Option<Arc<dyn OpObserver>>>,
+    /// Events of completion futures that are done with them (seen
+    /// complete), kept for the next future so that tracking an operation
+    /// costs one `cuEventRecord`, not a create and a destroy too.
+    pub(crate) spare_events: Mutex<Vec<cudarc::driver::CudaEvent>>,
 }
 
 // SAFETY: the only non-thread-safe part is the raw `ncclComm_t`, which is

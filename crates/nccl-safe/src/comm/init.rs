@@ -69,6 +69,7 @@ impl Comm {
             signal: signal.clone(),
             drain: Mutex::new(None),
             last_observer: Mutex::new(None),
+            spare_events: Mutex::new(Vec::new()),
         });
         // Enrolled before the wait, so a signal can cut a nonblocking init
         // short.

@@ -21,7 +21,9 @@ mod thread;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, Wake, Waker};
+use std::time::{Duration, Instant};
 
 use cudarc::driver::{CudaEvent, CudaStream};
 
@@ -40,16 +42,83 @@ use state::{Source, Tracked};
 /// communicator's state also keeps its teardown waiting until the work is
 /// done.
 struct OnComm {
-    event: CudaEvent,
+    /// `None` only once dropped (handed back to the communicator's spares).
+    event: Option<CudaEvent>,
     shared: Arc<Shared>,
+    /// Seen complete: the event can serve the next future.
+    reusable: AtomicBool,
+}
+
+/// At most this many spare events are kept per communicator (the most
+/// completions in flight at once, up to this bound, is what is reused).
+const MAX_SPARE_EVENTS: usize = 256;
+
+impl OnComm {
+    /// An event recorded behind the work on `stream`: a spare one of the
+    /// communicator's when the stream is on its device, else a new one.
+    fn record(shared: &Arc<Shared>, stream: &CudaStream) -> Result<Self> {
+        let spare = if Arc::ptr_eq(stream.context(), &shared.ctx) {
+            lock(&shared.spare_events).pop()
+        } else {
+            None
+        };
+        let event = match spare {
+            Some(event) => event,
+            None => stream
+                .context()
+                .new_event(None)
+                .map_err(|source| Error::Cuda {
+                    op: "cuEventCreate",
+                    source,
+                })?,
+        };
+        // A failed record drops the event (destroyed, never reused).
+        event.record(stream).map_err(|source| Error::Cuda {
+            op: "cuEventRecord",
+            source,
+        })?;
+        Ok(OnComm {
+            event: Some(event),
+            shared: Arc::clone(shared),
+            reusable: AtomicBool::new(false),
+        })
+    }
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Drop for OnComm {
+    fn drop(&mut self) {
+        // Only an event seen complete goes back: its next record starts
+        // from a known state (re-recording one in flight is allowed by
+        // CUDA, but nothing would be gained from it).
+        if let Some(event) = self.event.take()
+            && *self.reusable.get_mut()
+            && Arc::ptr_eq(event.context(), &self.shared.ctx)
+        {
+            let mut spares = lock(&self.shared.spare_events);
+            if spares.len() < MAX_SPARE_EVENTS {
+                spares.push(event);
+            }
+        }
+    }
 }
 
 impl Source for OnComm {
     fn is_complete(&self) -> Result<bool> {
-        self.event.try_is_complete().map_err(|source| Error::Cuda {
+        let Some(event) = &self.event else {
+            return Ok(true);
+        };
+        let complete = event.try_is_complete().map_err(|source| Error::Cuda {
             op: "cuEventQuery",
             source,
-        })
+        })?;
+        if complete {
+            self.reusable.store(true, Ordering::Relaxed);
+        }
+        Ok(complete)
     }
 
     fn failure(&self, op: &'static str, deep: bool) -> Option<Error> {
@@ -166,17 +235,29 @@ impl<B: Send + 'static> Completion<B> {
 
     /// Blocks this thread until the work has finished: the same answer as
     /// `.await`, for code outside an async runtime.
+    ///
+    /// Like a CUDA stream synchronize, it first looks at the work back to
+    /// back (for 50 µs, one `cuEventQuery` a look), so a short
+    /// operation is seen finished at once; after that the thread sleeps
+    /// until the waker thread wakes it.
     pub fn wait(mut self) -> Result<B> {
         let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
         let mut cx = Context::from_waker(&waker);
+        let spin_until = Instant::now() + WAIT_SPIN;
         loop {
             match Pin::new(&mut self).poll(&mut cx) {
                 Poll::Ready(result) => return result,
+                Poll::Pending if Instant::now() < spin_until => std::hint::spin_loop(),
                 Poll::Pending => std::thread::park(),
             }
         }
     }
 }
+
+/// How long [`Completion::wait`] looks at the work before it sleeps: the
+/// span of a small collective (a few microseconds) with room to spare, and
+/// short enough that a long wait costs a negligible share of one core.
+const WAIT_SPIN: Duration = Duration::from_micros(50);
 
 /// Wakes a thread blocked in [`Completion::wait`].
 struct Unpark(std::thread::Thread);
@@ -272,17 +353,13 @@ impl Comm {
             std::mem::forget(buffers);
             return Completion::failed(error.unwrap_or(Error::Finalized { op }));
         }
-        let event = match stream.record_event(None) {
-            Ok(event) => event,
-            Err(source) => {
+        let source = match OnComm::record(self.shared(), stream) {
+            Ok(source) => source,
+            Err(e) => {
                 // Nothing tells when the device is done with them.
                 std::mem::forget(buffers);
-                return Completion::failed(error.unwrap_or(Error::Cuda { op, source }));
+                return Completion::failed(error.unwrap_or(e));
             }
-        };
-        let source = OnComm {
-            event,
-            shared: Arc::clone(self.shared()),
         };
         let tracked = Arc::new(Tracked::new(op, source, buffers, self.timeout(), error));
         if !thread::register(Arc::clone(&tracked) as Arc<dyn state::Entry>) {

@@ -108,8 +108,22 @@ impl<B: Send, S: Source> Tracked<B, S> {
 
     /// The future's poll: the outcome if there is one, else `None` with
     /// `waker` kept for the waker thread.
+    ///
+    /// The poll looks at the work itself first (one `cuEventQuery`, no
+    /// wait): work that has finished is answered at once, without waiting
+    /// for the waker thread's next pass. An error from that look is left
+    /// to the waker thread, which alone decides that buffers are never
+    /// freed.
     pub(crate) fn poll_outcome(&self, waker: &Waker) -> Option<Result<B>> {
+        let complete = self.source.is_complete();
         let mut slot = self.lock();
+        if matches!(complete, Ok(true)) && matches!(slot.outcome, Outcome::Waiting) {
+            // As the waker thread's step does: an abort asked for before
+            // the work was seen finished makes it a failure.
+            slot.outcome = Outcome::Resolved(self.source.failure(self.op, false));
+            // This poll answers: no wake is owed to anyone.
+            slot.waker = None;
+        }
         match std::mem::replace(&mut slot.outcome, Outcome::Taken) {
             Outcome::Waiting => {
                 slot.outcome = Outcome::Waiting;
@@ -288,6 +302,41 @@ mod tests {
         drop(buffers);
         assert!(dropped.load(Ordering::SeqCst));
         assert!(matches!(t.poll_outcome(&waker), Some(Err(_))));
+    }
+
+    /// A poll after the work finished answers at once, before the waker
+    /// thread looked; the thread's later step releases without a wake.
+    #[test]
+    fn a_poll_after_the_work_finished_answers_without_the_waker_thread() {
+        let (fake, dropped, t) = tracked(Duration::from_secs(60));
+        let count = Arc::new(Count::default());
+        let waker = Waker::from(Arc::clone(&count));
+        assert!(t.poll_outcome(&waker).is_none());
+        fake.complete.store(true, Ordering::SeqCst);
+        let buffers = t.poll_outcome(&waker);
+        assert!(matches!(buffers, Some(Ok(_))));
+        assert_eq!(t.step(Instant::now()), Step::Release);
+        assert_eq!(count.0.load(Ordering::SeqCst), 0, "nobody to wake");
+        assert!(!dropped.load(Ordering::SeqCst), "the future owns them");
+        drop(buffers);
+        assert!(dropped.load(Ordering::SeqCst));
+    }
+
+    /// An abort asked for before a poll saw the work finished resolves
+    /// that poll to the abort, and the buffers are freed (the device is
+    /// done with them) when the waker thread lets go.
+    #[test]
+    fn a_poll_after_an_abort_and_the_end_of_the_work_is_the_abort() {
+        let (fake, dropped, t) = tracked(Duration::from_secs(60));
+        fake.aborted.store(true, Ordering::SeqCst);
+        fake.complete.store(true, Ordering::SeqCst);
+        let waker = Waker::from(Arc::new(Count::default()));
+        assert!(matches!(
+            t.poll_outcome(&waker),
+            Some(Err(Error::Aborted { .. }))
+        ));
+        assert_eq!(t.step(Instant::now()), Step::Release);
+        assert!(dropped.load(Ordering::SeqCst));
     }
 
     #[test]

@@ -11,6 +11,7 @@
 //! second. The cost is at most one core for [`SPIN`] after each burst of
 //! activity.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -27,6 +28,10 @@ pub(crate) const THREAD_NAME: &str = "nccl-completion";
 
 struct Registry {
     incoming: Mutex<Vec<Arc<dyn Entry>>>,
+    /// Set (under the lock) when `incoming` gains an entry, so a pass of
+    /// the thread takes the lock only when there is something to take,
+    /// and a registration does not wait behind the thread's every pass.
+    fresh: AtomicBool,
     arrived: Condvar,
 }
 
@@ -42,17 +47,17 @@ pub(crate) fn register(entry: Arc<dyn Entry>) -> bool {
             .spawn(run);
         spawned.ok().map(|_| Registry {
             incoming: Mutex::new(Vec::new()),
+            fresh: AtomicBool::new(false),
             arrived: Condvar::new(),
         })
     });
     let Some(registry) = registry else {
         return false;
     };
-    registry
-        .incoming
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .push(entry);
+    let mut incoming = registry.incoming.lock().unwrap_or_else(|p| p.into_inner());
+    incoming.push(entry);
+    registry.fresh.store(true, Ordering::Release);
+    drop(incoming);
     registry.arrived.notify_one();
     true
 }
@@ -90,7 +95,7 @@ fn run() {
     let mut active = Instant::now();
     let mut pause = FIRST_PAUSE;
     loop {
-        {
+        if pending.is_empty() || registry.fresh.load(Ordering::Acquire) {
             let mut incoming = registry.incoming.lock().unwrap_or_else(|p| p.into_inner());
             while pending.is_empty() && incoming.is_empty() {
                 incoming = registry
@@ -98,6 +103,7 @@ fn run() {
                     .wait(incoming)
                     .unwrap_or_else(|p| p.into_inner());
             }
+            registry.fresh.store(false, Ordering::Relaxed);
             if !incoming.is_empty() {
                 pending.append(&mut incoming);
                 active = Instant::now();
@@ -131,8 +137,6 @@ fn run() {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicBool, Ordering};
-
     use super::*;
 
     struct Panics;
