@@ -1,6 +1,6 @@
 //! `--async`: what awaiting a collective costs. One thread drives every
 //! GPU (`Comm::init_all`, an 8 B all_reduce in a group). Measured, as
-//! medians over `-n` calls after `-w` warm-up calls, the four ways taking
+//! medians over `-n` calls after `-w` warm-up calls, the five ways taking
 //! turns within each call so that drift hits them alike:
 //!
 //! - `sync`: the all_reduce, then a blocking `cuStreamSynchronize` of
@@ -8,6 +8,9 @@
 //! - `await`: the all_reduce, then a `Completion` per stream, `.await`ed
 //!   in a tokio current-thread runtime's `block_on` (the runtime parks
 //!   the thread until the waker thread wakes the task): the issue's case;
+//! - `await_spin`: `await` with `Completion::spin_for(50 µs)` (opt-in:
+//!   the task wakes itself while the window lasts, so the runtime polls
+//!   again instead of parking);
 //! - `wait`: the same, with `Completion::wait` (looks at the work for
 //!   50 µs, as a stream sync does, then parks);
 //! - `poll`: the same, with the futures polled back to back by this
@@ -21,7 +24,8 @@
 //!   their 64 completions awaited in the runtime, repeated.
 //!
 //! The flat `summary` keys: `await_minus_sync_small_us` (target <= 5),
-//! `await_small_us`, `sync_small_us`, `wait_minus_sync_small_us`,
+//! `await_small_us`, `sync_small_us`, `await_spin_minus_sync_small_us`,
+//! `wait_minus_sync_small_us`,
 //! `poll_minus_sync_small_us`, `await_cold_small_us`, `waker_cpu_share`,
 //! `requests_per_s_64_in_flight`.
 
@@ -83,9 +87,14 @@ fn issue(comms: &[Comm], bufs: &mut [CudaSlice<f32>]) -> Result<()> {
 enum Way {
     Sync,
     Await,
+    /// `.await` with `Completion::spin_for(SPIN_WINDOW)`.
+    AwaitSpin,
     Wait,
     Poll,
 }
+
+/// The window of the `await_spin` way.
+const SPIN_WINDOW: Duration = Duration::from_micros(50);
 
 /// One call: the all_reduce on every GPU, then its end waited for `way`;
 /// the wall time in µs.
@@ -103,8 +112,14 @@ fn one_call(
                 c.stream().synchronize()?;
             }
         }
-        Way::Await => {
-            let pending = completions(comms);
+        Way::Await | Way::AwaitSpin => {
+            let mut pending = completions(comms);
+            if matches!(way, Way::AwaitSpin) {
+                pending = pending
+                    .into_iter()
+                    .map(|p| p.spin_for(SPIN_WINDOW))
+                    .collect();
+            }
             rt.block_on(async {
                 for p in pending {
                     p.await?;
@@ -146,8 +161,8 @@ pub fn run(opts: &Opts) -> Result<()> {
         .iter()
         .map(|c| c.stream().alloc_zeros::<f32>(2))
         .collect::<std::result::Result<Vec<_>, _>>()?;
-    let ways = [Way::Sync, Way::Await, Way::Wait, Way::Poll];
-    let mut times: [Vec<f64>; 4] = Default::default();
+    let ways = [Way::Sync, Way::Await, Way::AwaitSpin, Way::Wait, Way::Poll];
+    let mut times: [Vec<f64>; 5] = Default::default();
     let mut cpu_s = 0.0;
     let mut await_wall_s = 0.0;
     for i in 0..opts.warmup + opts.iters {
@@ -204,7 +219,7 @@ pub fn run(opts: &Opts) -> Result<()> {
         })?;
     }
     let per_s = (rounds * IN_FLIGHT) as f64 / t.elapsed().as_secs_f64();
-    let [s, a, w, p] = times.map(median);
+    let [s, a, spin, w, p] = times.map(median);
     let cold = median(cold);
     let share = if await_wall_s > 0.0 {
         cpu_s / await_wall_s
@@ -217,9 +232,11 @@ pub fn run(opts: &Opts) -> Result<()> {
         opts.iters
     );
     println!(
-        "  sync {s:.2} us  await {a:.2} us (+{:.2})  wait {w:.2} us (+{:.2})  poll {p:.2} us (+{:.2})  \
+        "  sync {s:.2} us  await {a:.2} us (+{:.2})  await spin_for(50 us) {spin:.2} us (+{:.2})  \
+         wait {w:.2} us (+{:.2})  poll {p:.2} us (+{:.2})  \
          await after quiet {cold:.2} us  waker cpu {:.0}%  {per_s:.0} req/s with {IN_FLIGHT} in flight",
         a - s,
+        spin - s,
         w - s,
         p - s,
         share * 100.0
@@ -231,6 +248,7 @@ pub fn run(opts: &Opts) -> Result<()> {
                 "await_minus_sync_small_us": a - s,
                 "await_small_us": a,
                 "sync_small_us": s,
+                "await_spin_minus_sync_small_us": spin - s,
                 "wait_minus_sync_small_us": w - s,
                 "poll_minus_sync_small_us": p - s,
                 "await_cold_small_us": cold,

@@ -94,54 +94,68 @@ fn input(r: usize, k: usize, len: usize) -> Vec<f32> {
         .collect()
 }
 
+/// Two rounds of 64 requests: the second reuses the events of the first
+/// and has every other future spin (`spin_for`).
 #[test]
 #[ignore = "needs 1 GPU: cargo xtask gpu-test"]
 fn sixty_four_futures_in_flight_complete_bit_exact() {
     check((|| {
-        const REQUESTS: usize = 64;
-        const LEN: usize = 4099;
         let comms = comms(Duration::from_secs(60))?;
-        let n = comms.len();
-        let mut pending: Vec<Vec<Completion<CudaSlice<f32>>>> = Vec::new();
-        for k in 0..REQUESTS {
-            let mut bufs = comms
-                .iter()
-                .enumerate()
-                .map(|(r, c)| c.stream().clone_htod(&input(r, k, LEN)))
-                .collect::<Result<Vec<_>, _>>()?;
-            if n == 1 {
-                // The owned form: enqueue and track in one call.
-                let buf = bufs.pop().ok_or("no buffer")?;
-                pending.push(vec![comms[0].all_reduce_in_place_owned(buf, ReduceOp::Sum)]);
-            } else {
-                sum_in_place(&comms, &mut bufs)?;
-                pending.push(
-                    comms
-                        .iter()
-                        .zip(bufs)
-                        .map(|(c, b)| c.completion(c.stream(), b))
-                        .collect(),
-                );
-            }
-        }
-        for (k, request) in pending.into_iter().enumerate() {
-            let want: Vec<f32> = (0..LEN)
-                .map(|i| (0..n).map(|r| input(r, k, LEN)[i]).sum())
-                .collect();
-            for (comm, done) in comms.iter().zip(request) {
-                let buf = done.wait()?;
-                let got = comm.stream().clone_dtoh(&buf)?;
-                let exact = got
-                    .iter()
-                    .zip(&want)
-                    .all(|(a, b)| a.to_bits() == b.to_bits());
-                if !exact {
-                    return Err(format!("request {k} on rank {}: wrong sum", comm.rank()).into());
-                }
-            }
+        for round in 0..2 {
+            sixty_four_requests(&comms, round == 1)?;
         }
         Ok(())
     })());
+}
+
+fn sixty_four_requests(comms: &[Comm], spin: bool) -> TestResult {
+    const REQUESTS: usize = 64;
+    const LEN: usize = 4099;
+    let n = comms.len();
+    let mut pending: Vec<Vec<Completion<CudaSlice<f32>>>> = Vec::new();
+    for k in 0..REQUESTS {
+        let mut bufs = comms
+            .iter()
+            .enumerate()
+            .map(|(r, c)| c.stream().clone_htod(&input(r, k, LEN)))
+            .collect::<Result<Vec<_>, _>>()?;
+        if n == 1 {
+            // The owned form: enqueue and track in one call.
+            let buf = bufs.pop().ok_or("no buffer")?;
+            pending.push(vec![comms[0].all_reduce_in_place_owned(buf, ReduceOp::Sum)]);
+        } else {
+            sum_in_place(comms, &mut bufs)?;
+            pending.push(
+                comms
+                    .iter()
+                    .zip(bufs)
+                    .map(|(c, b)| c.completion(c.stream(), b))
+                    .collect(),
+            );
+        }
+    }
+    for (k, request) in pending.into_iter().enumerate() {
+        let want: Vec<f32> = (0..LEN)
+            .map(|i| (0..n).map(|r| input(r, k, LEN)[i]).sum())
+            .collect();
+        for (comm, done) in comms.iter().zip(request) {
+            let done = if spin && k % 2 == 1 {
+                done.spin_for(Duration::from_micros(20))
+            } else {
+                done
+            };
+            let buf = done.wait()?;
+            let got = comm.stream().clone_dtoh(&buf)?;
+            let exact = got
+                .iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            if !exact {
+                return Err(format!("request {k} on rank {}: wrong sum", comm.rank()).into());
+            }
+        }
+    }
+    Ok(())
 }
 
 #[test]

@@ -113,7 +113,7 @@ pub const TARGET_MODES: &[&str] = &["threads", "processes"];
 /// - `await_minus_sync_small_us`: from the async phase, `.await`ing an
 ///   8 B all_reduce's completion future in a tokio runtime minus a
 ///   blocking stream sync (its `await_small_us`, `sync_small_us`,
-///   `wait_minus_sync_small_us`, `poll_minus_sync_small_us`,
+///   `await_spin_minus_sync_small_us`, `wait_minus_sync_small_us`, `poll_minus_sync_small_us`,
 ///   `await_cold_small_us`, `waker_cpu_share` and
 ///   `requests_per_s_64_in_flight` are copied beside it, not targets).
 /// - `allocs_per_call_max`: the most heap allocations per call, counted
@@ -273,6 +273,7 @@ pub fn summary(docs: &BTreeMap<String, Value>) -> (Value, Vec<Target>) {
     for key in [
         "await_small_us",
         "sync_small_us",
+        "await_spin_minus_sync_small_us",
         "wait_minus_sync_small_us",
         "poll_minus_sync_small_us",
         "await_cold_small_us",

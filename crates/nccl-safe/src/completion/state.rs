@@ -145,6 +145,11 @@ impl<B: Send, S: Source> Tracked<B, S> {
         }
     }
 
+    /// When the operation was tracked.
+    pub(crate) fn started(&self) -> Instant {
+        self.started
+    }
+
     /// Whether the buffers are still held (for tests).
     #[cfg(test)]
     pub(crate) fn holds_buffers(&self) -> bool {
