@@ -11,13 +11,34 @@ use std::time::{Duration, Instant};
 
 use nccl_safe::cudarc::driver::CudaContext;
 use nccl_safe::{
-    AbortCause, AbortSignal, Comm, Config, Error, GroupGuard, NcclMemory, ReduceOp, UniqueId,
+    AbortCause, AbortSignal, Comm, Config, Error, GroupGuard, NcclMemory, ReduceOp, UniqueId, group,
 };
 use nccl_testkit::{TestResult, check, within, world};
 
 /// Two blocking communicators (devices 0 and 1) driven by this thread.
+///
+/// Connected: both ranks ran one all-reduce together. NCCL connects the
+/// ranks at their first collective, and a blocking communicator's
+/// `ncclGroupEnd` would wait in that connection for a rank that never
+/// comes (NCCL's own wait, which only a nonblocking communicator bounds);
+/// once connected, a call that only rank 0 joins launches a kernel that
+/// waits, which is what these tests need.
 fn pair(timeout: Duration) -> TestResult<Vec<Comm>> {
-    Ok(Comm::init_all(&[0, 1], &Config::new().timeout(timeout))?)
+    let comms = Comm::init_all(&[0, 1], &Config::new().timeout(timeout))?;
+    let mut bufs = comms
+        .iter()
+        .map(|c| c.stream().alloc_zeros::<f32>(1024))
+        .collect::<Result<Vec<_>, _>>()?;
+    group(|g| {
+        for (c, b) in comms.iter().zip(bufs.iter_mut()) {
+            g.on(c).all_reduce_in_place(b, ReduceOp::Sum)?;
+        }
+        Ok(())
+    })?;
+    for c in &comms {
+        c.stream().synchronize()?;
+    }
+    Ok(comms)
 }
 
 /// Aborts every communicator (the end of each test: a kernel is stuck).

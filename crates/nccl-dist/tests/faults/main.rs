@@ -209,6 +209,27 @@ impl Rank {
         Ok(())
     }
 
+    /// Says this rank has its outcome, then waits (at most `within`) until
+    /// every rank of the case has said so: a rank that is done early stays
+    /// in the job (its world alive) while the others still need it. Ranks
+    /// that do not come in time are noted, not an error: this rank's own
+    /// outcome stands.
+    pub(crate) fn settled_with_peers(&mut self, within: Duration) -> TestResult {
+        let file = |rank: usize| self.out.join(format!("{}.{rank}.settled", self.case));
+        std::fs::write(file(self.rank), format!("{}\n", now_ms()))?;
+        let until = Instant::now() + within;
+        loop {
+            let missing: Vec<usize> = (0..self.size).filter(|r| !file(*r).exists()).collect();
+            if missing.is_empty() {
+                return Ok(());
+            }
+            if Instant::now() >= until {
+                return self.note("peers_not_settled", format!("{missing:?}"));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Records the time of this rank's death (for a victim that ends
     /// itself some other way than [`die`]).
     pub(crate) fn record_death(&self, how: &str) {

@@ -58,10 +58,31 @@ fn mismatch(
         if after > limit {
             return Err(format!("completed after {after:?}, beyond {limit:?}").into());
         }
-    } else {
-        let e = expect_error(r, waited, since, limit)?;
-        names_the_culprit(r, &e, field)?;
     }
+    let verdict = match waited {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            let e = expect_error(r, Err(e), since, limit)?;
+            let named = names_the_culprit(r, &e, field);
+            if named.is_err() {
+                // What the watchdog says a moment later, for the log.
+                std::thread::sleep(Duration::from_secs(2));
+                let later = nccl_dist::Watched::of(comm).and_then(|w| w.failure());
+                r.note(
+                    "watchdog_2s_later",
+                    later.map_or_else(|| "no failure".to_string(), |f| f.to_string()),
+                )?;
+            }
+            named
+        }
+    };
+    // A rank whose calls completed (NCCL matched them up) is still part of
+    // the job, as it would be in a real one at its next call: it stays,
+    // with its flight records and its liveness channel, until every rank
+    // has its outcome, so that a rank that times out later still gets
+    // the verdict from every rank's records.
+    r.settled_with_peers(limit + Duration::from_secs(3))?;
+    verdict?;
     drop(world);
     kernel_runs(r.device)?;
     r.note("kernel", "ok")
