@@ -80,6 +80,9 @@ use track::Tracker;
 struct WatchState {
     tracker: Tracker,
     failure: Option<Failure>,
+    /// A timeout is being accounted for (the flight-record exchange runs):
+    /// by the watchdog thread, or by a waiter whose own deadline fired.
+    timing_out: bool,
 }
 
 impl std::ops::Deref for WatchState {
@@ -134,15 +137,7 @@ impl Watch {
                 .is_some_and(|(_, issued)| issued.elapsed() >= self.options.timeout)
         };
         if timed_out {
-            let deadline = self.options.timeout;
-            let kind = match self.diverged() {
-                Some(divergence) => FailureKind::Diverged {
-                    deadline,
-                    divergence,
-                },
-                None => FailureKind::Timeout { deadline },
-            };
-            self.fail(kind);
+            self.fail_timeout();
             return;
         }
         let Some(handle) = self.abort.upgrade() else {
@@ -163,6 +158,35 @@ impl Watch {
             }
             _ => {}
         }
+    }
+
+    /// A timeout, accounted for once: the ranks' divergence from the
+    /// flight-record exchange, else the plain timeout. When another thread
+    /// accounts for it already (the watchdog thread, or a waiter whose own
+    /// deadline fired), waits for that account instead, bounded by the
+    /// exchange's wait and four polls.
+    fn fail_timeout(&self) {
+        {
+            let mut st = self.lock();
+            if st.failure.is_some() {
+                return;
+            }
+            if st.timing_out {
+                drop(st);
+                self.await_failure(EXCHANGE_WAIT + self.options.poll * 4);
+                return;
+            }
+            st.timing_out = true;
+        }
+        let deadline = self.options.timeout;
+        let kind = match self.diverged() {
+            Some(divergence) => FailureKind::Diverged {
+                deadline,
+                divergence,
+            },
+            None => FailureKind::Timeout { deadline },
+        };
+        self.fail(kind);
     }
 
     /// After a timeout, where the ranks diverge, from the flight-recorder
@@ -483,6 +507,7 @@ impl Watchdog {
                     t
                 },
                 failure: None,
+                timing_out: false,
             }),
             changed: Condvar::new(),
         });

@@ -69,10 +69,23 @@ impl Drop for DropFlag {
     }
 }
 
-/// One communicator per GPU of the world, driven by this thread.
+/// One communicator per GPU of the world, driven by this thread, and
+/// connected: NCCL connects the ranks at their first collective. On 2
+/// H200s, a first group whose streams a test's gate held never returned
+/// from its end (the set-up waits behind the held streams, as far as we
+/// can tell), so the test waited for itself.
 fn comms(timeout: Duration) -> TestResult<Vec<Comm>> {
     let devices: Vec<usize> = (0..world().max(1)).collect();
-    Ok(Comm::init_all(&devices, &Config::new().timeout(timeout))?)
+    let comms = Comm::init_all(&devices, &Config::new().timeout(timeout))?;
+    let mut bufs = comms
+        .iter()
+        .map(|c| c.stream().alloc_zeros::<f32>(1024))
+        .collect::<Result<Vec<_>, _>>()?;
+    sum_in_place(&comms, &mut bufs)?;
+    for c in &comms {
+        c.synchronize(c.stream())?;
+    }
+    Ok(comms)
 }
 
 /// In-place sums of `bufs` (one per communicator) on each communicator's

@@ -10,7 +10,6 @@ use nccl_safe::{AbortCause, Comm};
 
 use super::{Failure, FailureKind, Watch, Watched, lock_liveness};
 use crate::error::{Error, Result};
-use crate::liveness::EXCHANGE_WAIT;
 
 /// Waits for the work queued so far on `stream` ([`Comm::synchronize`]:
 /// bounded by the communicator's timeout, checking NCCL's async error). On
@@ -26,8 +25,8 @@ pub fn synchronize(comm: &Comm, stream: &CudaStream) -> Result<()> {
 /// wait (or one a dead peer's closed connection gives) is handed to it at
 /// once (it names a lost peer, or the ranks' divergence, when the
 /// liveness channel and the flight records show one), and a communicator
-/// timeout waits, at most the flight-record exchange's 1 s and four
-/// polls, for its account of the same timeout. An enqueue that NCCL keeps in progress (a peer that never
+/// timeout is accounted for as the watchdog's own (the flight-record
+/// exchange: at most 1 s). An enqueue that NCCL keeps in progress (a peer that never
 /// joins the connection setup) ends in `Aborted` when the watchdog aborts;
 /// this names the operation that timed out instead.
 pub fn explain(comm: &Comm, err: nccl_safe::Error) -> Error {
@@ -42,14 +41,14 @@ pub fn explain(comm: &Comm, err: nccl_safe::Error) -> Error {
         nccl_safe::Error::Nccl { op, code, .. } if *op == "synchronize" || peer_error(*code) => {
             w.watch.fail_nccl(err.to_string(), peer_error(*code));
         }
-        // The communicator's own deadline is the watchdog's: it acts on
-        // the same timeout at its next look, and then asks the other ranks
-        // for their flight records. Its account (the diverging rank and
-        // field, or the plain timeout) is the better error.
-        nccl_safe::Error::Timeout { .. } => {
-            let within = EXCHANGE_WAIT + w.watch.registry.options.poll * 4;
-            w.watch.await_failure(within);
-        }
+        // The communicator's own deadline is the watchdog's, and fires
+        // at about the same moment: its account (the diverging rank and
+        // field from the other ranks' flight records, or the plain
+        // timeout) is the better error. Taken here, unless the watchdog
+        // thread takes it already: the wait aborted the communicator, so
+        // the work drains and the watchdog thread may never see it time
+        // out.
+        nccl_safe::Error::Timeout { .. } => w.watch.fail_timeout(),
         _ => {}
     }
     explain_known(comm, err)
@@ -122,7 +121,7 @@ impl Watch {
 
     /// The failure once the watchdog has recorded one, waiting at most
     /// `within` for it.
-    fn await_failure(&self, within: Duration) -> Option<Failure> {
+    pub(super) fn await_failure(&self, within: Duration) -> Option<Failure> {
         let until = Instant::now() + within;
         let mut st = self.lock();
         loop {
