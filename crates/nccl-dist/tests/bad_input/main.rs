@@ -105,6 +105,10 @@ const NOTHING_TO_REFUSE: &[(&str, &str)] = &[
     ),
     ("Completion::wait", "blocks as .await would"),
     (
+        "Completion::spin_for",
+        "every window is valid (zero: no spin; a huge one: spins until the work ends, or the communicator's timeout resolves the future)",
+    ),
+    (
         "Span::device at_least holds blocks times rank aliasing segments",
         "crate-internal checks (pub inside a private module), driven by every collective row",
     ),

@@ -263,7 +263,12 @@ impl<B: Send + 'static> Completion<B> {
     /// ```
     pub fn spin_for(mut self, window: Duration) -> Self {
         if let Inner::Tracked(tracked) = &self.inner {
-            self.spin_until = tracked.started().checked_add(window);
+            let started = tracked.started();
+            // A window past what `Instant` can hold spins until the work
+            // ends (its deadline resolves it at the latest).
+            self.spin_until = started
+                .checked_add(window)
+                .or_else(|| started.checked_add(Duration::from_secs(86_400 * 365)));
         }
         self
     }
