@@ -24,7 +24,7 @@ use nccl_safe::Comm;
 use crate::error::{Error, Result};
 use crate::mesh::{MeshError, MeshShape};
 use crate::placement::{Placement, nvlink_ranks, ranks_on_one_host};
-use crate::watchdog::inherit;
+use crate::watchdog::{inherit, inherit_ranks};
 use crate::world::World;
 
 /// A communicator over some axes of the mesh, under a name.
@@ -105,12 +105,13 @@ impl DeviceMesh {
                 .ok_or_else(split_missing)
         };
         let whole = split(0, position as i32)?;
-        inherit(world.comm(), &whole, "mesh");
+        inherit_ranks(world.comm(), &whole, "mesh", Some(ranks.clone()));
         let mut groups = Vec::new();
         for name in shape.names() {
             let (c, k) = shape.split_for(position, &[name])?;
             let comm = split(c, k)?;
-            inherit(&whole, &comm, name);
+            let members = world_ranks(&shape, &ranks, position, &[name]);
+            inherit_ranks(&whole, &comm, name, members);
             groups.push(Group {
                 name: name.to_string(),
                 axes: vec![name.to_string()],
@@ -336,7 +337,8 @@ impl DeviceMesh {
     }
 
     fn push_group(&mut self, axes: &[&str], name: &str, comm: Comm) -> Result<&Comm> {
-        inherit(&self.whole, &comm, name);
+        let members = world_ranks(&self.shape, &self.ranks, self.position, axes);
+        inherit_ranks(&self.whole, &comm, name, members);
         self.groups.push(Group {
             name: name.to_string(),
             axes: axes.iter().map(|a| a.to_string()).collect(),
@@ -417,4 +419,17 @@ impl<'m> SubMesh<'m> {
     pub fn local_rank(&self, axis: &str) -> Result<usize> {
         Ok(self.axis(axis)?.rank())
     }
+}
+
+/// The world rank of each rank of the communicator of `position`'s group
+/// along `axes` (the group's mesh positions in key order, each through
+/// `ranks`), for the connection gate; `None` when the shape cannot say.
+fn world_ranks(
+    shape: &MeshShape,
+    ranks: &[usize],
+    position: usize,
+    axes: &[&str],
+) -> Option<Vec<usize>> {
+    let members = shape.group_members(position, axes).ok()?;
+    members.iter().map(|&p| ranks.get(p).copied()).collect()
 }

@@ -181,6 +181,13 @@ pub enum LossCause {
         /// What it ended with.
         reason: String,
     },
+    /// It was alive but never made a call the others were waiting in
+    /// (one that makes a connection inside NCCL), within the operation
+    /// timeout: the others gave up on it before entering NCCL.
+    NeverCalled {
+        /// The call and how long the others waited, in words.
+        what: String,
+    },
 }
 
 impl std::fmt::Display for LossCause {
@@ -192,6 +199,9 @@ impl std::fmt::Display for LossCause {
             LossCause::Silent { for_ } => write!(f, "nothing heard from it for {for_:?}"),
             LossCause::Panicked { message } => write!(f, "its thread panicked: {message}"),
             LossCause::Exited { reason } => write!(f, "it ended early: {reason}"),
+            LossCause::NeverCalled { what } => {
+                write!(f, "alive but silent: it never made {what}")
+            }
         }
     }
 }

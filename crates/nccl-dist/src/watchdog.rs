@@ -63,6 +63,7 @@ use crate::liveness::{EXCHANGE_WAIT, Exchanger, Liveness, PeerLoss};
 mod check;
 pub(crate) mod culprit;
 mod explain;
+mod gate;
 mod options;
 pub(crate) mod record;
 mod track;
@@ -115,6 +116,10 @@ struct Watch {
     check: bool,
     /// Calls checked so far: the number the next check goes by.
     checked: AtomicU64,
+    /// Calls that may connect inside NCCL are gated (`gate.rs`).
+    gating: Option<gate::Gating>,
+    /// Gates that refused a call.
+    gated: AtomicU64,
 }
 
 impl Watch {
@@ -349,6 +354,14 @@ impl OpObserver for Watch {
         self.check_call(info)
     }
 
+    fn gates(&self) -> bool {
+        self.gating.is_some()
+    }
+
+    fn gate(&self, info: &OpInfo, with: &[usize]) -> std::result::Result<(), CheckError> {
+        self.gate_call(info, with)
+    }
+
     fn unfinished(&self) -> bool {
         let st = self.lock();
         st.failure.is_none() && st.tracker.unfinished()
@@ -373,6 +386,9 @@ fn observer_as<T: std::any::Any + Send + Sync>(observer: Arc<dyn OpObserver>) ->
 
 struct Registry {
     watches: Mutex<Vec<Weak<Watch>>>,
+    /// Communicators gated so far, by label (the same order on every
+    /// rank, as communicators are made collectively).
+    generations: Mutex<std::collections::HashMap<String, u64>>,
     options: WatchdogOptions,
     /// The liveness channel a timeout's flight-recorder exchange uses.
     liveness: Mutex<Option<Exchanger>>,
@@ -428,6 +444,7 @@ impl Watchdog {
     pub fn start(options: WatchdogOptions) -> Result<Watchdog> {
         let registry = Arc::new(Registry {
             watches: Mutex::new(Vec::new()),
+            generations: Mutex::new(std::collections::HashMap::new()),
             options,
             liveness: Mutex::new(None),
         });
@@ -488,9 +505,35 @@ impl Watchdog {
     /// Watches `comm` under `label` from its next operation on, replacing
     /// any observer it had. The watch ends when `comm` is dropped.
     pub fn watch(&self, comm: &Comm, label: impl Into<String>) -> Watched {
+        self.watch_ranks(comm, label, None)
+    }
+
+    /// As [`Watchdog::watch`]; with `members` (the world rank of each
+    /// rank of `comm`, one thread per rank) its calls that may connect
+    /// inside NCCL are gated (`gate.rs`).
+    pub(crate) fn watch_ranks(
+        &self,
+        comm: &Comm,
+        label: impl Into<String>,
+        members: Option<Vec<usize>>,
+    ) -> Watched {
         track::load_event_query(comm.stream().context());
         let label = label.into();
+        let gating = members
+            .filter(|m| m.len() == comm.size() && comm.size() > 1)
+            .map(|m| {
+                let mut gens = self
+                    .registry
+                    .generations
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner());
+                let n = gens.entry(label.clone()).or_insert(0);
+                *n += 1;
+                gate::Gating::new(&label, *n - 1, m, comm.rank())
+            });
         let watch = Arc::new(Watch {
+            gating,
+            gated: AtomicU64::new(0),
             check: check::checks(self.registry.options.check_calls, &label),
             checked: AtomicU64::new(0),
             label,
@@ -665,12 +708,24 @@ impl Watched {
 /// are copied at the split: one tracked on the parent later is not passed
 /// on (track it on the child too).
 pub(crate) fn inherit(parent: &Comm, child: &Comm, suffix: &str) {
+    inherit_ranks(parent, child, suffix, None)
+}
+
+/// As [`inherit`], with the world rank of each rank of `child`, so that
+/// its calls that may connect are gated when the parent's are.
+pub(crate) fn inherit_ranks(
+    parent: &Comm,
+    child: &Comm,
+    suffix: &str,
+    members: Option<Vec<usize>>,
+) {
     if let Some(w) = Watched::of(parent) {
         let label = format!("{}/{suffix}", w.watch.label);
+        let members = members.filter(|_| w.watch.gating.is_some());
         let watched = Watchdog {
             registry: Arc::clone(&w.watch.registry),
         }
-        .watch(child, label);
+        .watch_ranks(child, label, members);
         let streams = w
             .watch
             .streams

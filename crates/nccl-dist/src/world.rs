@@ -116,9 +116,13 @@ impl Drop for EndNotice {
     }
 }
 
-fn watched(comm: &Comm, watchdog: &Option<Watchdog>) {
+/// Watches the world's communicator; `gated`: one thread per rank, so
+/// its calls that may connect inside NCCL are gated (the world rank is
+/// the communicator's).
+fn watched(comm: &Comm, watchdog: &Option<Watchdog>, gated: bool) {
     if let Some(w) = watchdog {
-        w.watch(comm, format!("world[{}]", comm.rank()));
+        let members = gated.then(|| (0..comm.size()).collect());
+        w.watch_ranks(comm, format!("world[{}]", comm.rank()), members);
     }
 }
 
@@ -304,9 +308,11 @@ impl World {
             }
             abort_on_loss(l, watchdog.clone(), resolved.signal.clone());
         }
+        // Ranks in other languages (an outside id) make no gates.
+        let gated = matches!(shape, Shape::Split);
         let (comm, control, child_config) =
             resolved.make_comms(id, launch.rank, launch.world_size, device, shape)?;
-        watched(&comm, &watchdog);
+        watched(&comm, &watchdog, gated);
         Ok(World {
             presence: Presence {
                 rank: launch.rank,
@@ -392,7 +398,7 @@ impl World {
             .into_iter()
             .enumerate()
             .map(|(rank, comm)| {
-                watched(&comm, &watchdog);
+                watched(&comm, &watchdog, false);
                 World {
                     presence: Presence {
                         rank,
@@ -545,7 +551,7 @@ impl World {
                                     return Err(E::from(e));
                                 }
                             };
-                            watched(&comm, watchdog);
+                            watched(&comm, watchdog, true);
                             f(World {
                                 presence: Presence {
                                     rank,

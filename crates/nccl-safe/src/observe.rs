@@ -149,6 +149,37 @@ pub trait OpObserver: Send + Sync {
         Ok(())
     }
 
+    /// Whether [`OpObserver::gate`] does anything: read once, when the
+    /// observer is set, like [`OpObserver::checks_before`]. `false` by
+    /// default.
+    fn gates(&self) -> bool {
+        false
+    }
+
+    /// A call is about to go to NCCL that may make a connection inside
+    /// it, where a peer that never makes its side of the call leaves this
+    /// thread waiting in NCCL, out of any abort's reach: the first
+    /// collective of the communicator (`with` holds every rank), or the
+    /// first point-to-point call between this rank and the ranks in
+    /// `with` (send, recv, all-to-all, gather, scatter; lowest first). An
+    /// observer that can reach the other ranks makes them meet first,
+    /// outside NCCL and within a deadline, so that a rank that never makes
+    /// the call is found and named here. `Err` refuses the call with
+    /// [`crate::Error::CheckFailed`], nothing enqueued; after `Ok` the
+    /// communicator does not ask again for those ranks.
+    ///
+    /// Unlike [`OpObserver::before`] it runs inside groups and stream
+    /// captures too (a group's connections are made at its end, so its
+    /// calls must meet before they go in); an observer may only ask for it
+    /// when one thread drives one rank of the job, or its gate would wait
+    /// for itself. Runs on the issuing thread, after validation, only
+    /// when [`OpObserver::gates`] said so; bounded; must not call back
+    /// into the communicator. `with` holds communicator ranks.
+    fn gate(&self, info: &OpInfo, with: &[usize]) -> Result<(), CheckError> {
+        let _ = (info, with);
+        Ok(())
+    }
+
     /// Whether work it saw issued has not finished yet, as far as it knows
     /// (`false` when it does not track completion). A communicator's drop
     /// waits for it (within the communicator's timeout) before finalizing,

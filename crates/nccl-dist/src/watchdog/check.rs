@@ -69,6 +69,40 @@ pub enum CheckFailure {
         /// How long this rank waited.
         waited: Duration,
     },
+    /// A call that may make a connection inside NCCL (the
+    /// communicator's first collective, a first call between two ranks)
+    /// was refused before launch because ranks that take part never made
+    /// it within the timeout: they are alive but silent, or stuck
+    /// elsewhere. They are reported lost, so every communicator of the
+    /// job is aborted and [`crate::World::recover`] goes on without them.
+    #[error("communicator {comm:?}: {}", silent_text(op, ranks, among, *waited))]
+    Silent {
+        /// The label the communicator is watched under.
+        comm: String,
+        /// The call.
+        op: &'static str,
+        /// The world ranks that never came (empty when the hub did not
+        /// answer).
+        ranks: Vec<usize>,
+        /// The world ranks the call would connect (this one included).
+        among: Vec<usize>,
+        /// How long this rank waited.
+        waited: Duration,
+    },
+}
+
+fn silent_text(op: &str, ranks: &[usize], among: &[usize], waited: std::time::Duration) -> String {
+    if ranks.is_empty() {
+        return format!(
+            "{op} may connect ranks {among:?} inside NCCL, and no answer came from the \
+             liveness hub within {waited:?}: refused before launch"
+        );
+    }
+    format!(
+        "{op} may connect ranks {among:?} inside NCCL, and rank(s) {ranks:?} never made \
+         the call within {waited:?} (alive but silent): refused before launch, the silent \
+         rank(s) counted as lost"
+    )
 }
 
 fn missing_text(ranks: &[usize], unlisted: usize, waited: Duration) -> String {
@@ -89,6 +123,14 @@ fn missing_text(ranks: &[usize], unlisted: usize, waited: Duration) -> String {
 }
 
 impl CheckFailure {
+    /// The silent ranks, for a gate's refusal ([`CheckFailure::Silent`]).
+    pub fn silent_ranks(&self) -> Option<&[usize]> {
+        match self {
+            CheckFailure::Silent { ranks, .. } => Some(ranks),
+            _ => None,
+        }
+    }
+
     /// The check's refusal inside `err`, when `err` is one.
     pub fn of(err: &nccl_safe::Error) -> Option<&CheckFailure> {
         match err {
@@ -101,7 +143,7 @@ impl CheckFailure {
     pub fn divergence(&self) -> Option<&Divergence> {
         match self {
             CheckFailure::Diverged { divergence, .. } => Some(divergence),
-            CheckFailure::Missing { .. } => None,
+            CheckFailure::Missing { .. } | CheckFailure::Silent { .. } => None,
         }
     }
 }

@@ -111,6 +111,8 @@ impl Comm {
             force_send_recv: Cell::new(false),
             observer: RefCell::new(None),
             checks_before: Cell::new(false),
+            gates: Cell::new(false),
+            reached: RefCell::new(Default::default()),
             borrowed: RefCell::new(None),
             _not_sync: PhantomData,
         })

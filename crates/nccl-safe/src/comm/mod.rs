@@ -72,9 +72,25 @@ pub struct Comm {
     /// The observer asks to check calls before launch
     /// ([`OpObserver::checks_before`]), read when it is set.
     pub(crate) checks_before: Cell<bool>,
+    /// The observer gates calls that may connect
+    /// ([`OpObserver::gates`]), read when it is set.
+    pub(crate) gates: Cell<bool>,
+    /// What the gate already let through: the first collective, and the
+    /// peers met for point-to-point calls (by communicator rank).
+    pub(crate) reached: RefCell<Reached>,
     /// The last stream handed to [`Comm::borrowed_stream`], wrapped.
     pub(in crate::comm) borrowed: RefCell<Option<Arc<CudaStream>>>,
     pub(in crate::comm) _not_sync: PhantomData<Cell<()>>,
+}
+
+/// The calls that may make a connection inside NCCL which this rank has
+/// met its peers for ([`OpObserver::gate`]).
+#[derive(Debug, Default)]
+pub(crate) struct Reached {
+    /// The first collective was let through.
+    pub(crate) collective: bool,
+    /// `peers[r]`: the first point-to-point call with rank `r` was.
+    pub(crate) peers: Vec<bool>,
 }
 
 impl std::fmt::Debug for Comm {
@@ -353,6 +369,8 @@ impl Comm {
     pub fn set_observer(&self, observer: Option<Arc<dyn OpObserver>>) {
         self.checks_before
             .set(observer.as_ref().is_some_and(|o| o.checks_before()));
+        self.gates
+            .set(observer.as_ref().is_some_and(|o| o.gates()));
         *self.observer.borrow_mut() = observer;
     }
 

@@ -392,6 +392,71 @@ impl<'s, 'a> OnStream<'s, 'a> {
         })
     }
 
+    /// The observer's gate of `op` (see [`crate::OpObserver::gate`]),
+    /// inside groups and captures too, when the call may connect: the
+    /// communicator's first collective, or the first point-to-point call
+    /// with a peer. Costs a borrow and a few branches otherwise.
+    fn gate(&self, op: &op::Op) -> Result<()> {
+        let (size, me) = (self.comm.size(), self.comm.rank());
+        let with: smallvec::SmallVec<[usize; 8]> = {
+            let reached = self.comm.reached.borrow();
+            match op.kind {
+                op::Kind::Send | op::Kind::Recv => (op.peer != me
+                    && !reached.peers.get(op.peer).copied().unwrap_or(false))
+                .then_some(op.peer)
+                .into_iter()
+                .collect(),
+                op::Kind::AllToAll => (0..size)
+                    .filter(|&r| r != me && !reached.peers.get(r).copied().unwrap_or(false))
+                    .collect(),
+                op::Kind::Gather | op::Kind::Scatter if op.peer == me => (0..size)
+                    .filter(|&r| r != me && !reached.peers.get(r).copied().unwrap_or(false))
+                    .collect(),
+                op::Kind::Gather | op::Kind::Scatter => (!reached
+                    .peers
+                    .get(op.peer)
+                    .copied()
+                    .unwrap_or(false))
+                .then_some(op.peer)
+                .into_iter()
+                .collect(),
+                _ if reached.collective || size < 2 => smallvec::SmallVec::new(),
+                _ => (0..size).collect(),
+            }
+        };
+        if with.is_empty() {
+            return Ok(());
+        }
+        self.gate_slow(op, &with)
+    }
+
+    #[cold]
+    fn gate_slow(&self, op: &op::Op, with: &[usize]) -> Result<()> {
+        // A clone, not the borrow, as for `before`: the gate may wait.
+        let Some(observer) = self.comm.observer.borrow().clone() else {
+            return Ok(());
+        };
+        let info = op.info();
+        without_capture(|| observer.gate(&info, with)).map_err(|source| Error::CheckFailed {
+            op: info.op,
+            source,
+        })?;
+        let mut reached = self.comm.reached.borrow_mut();
+        let size = self.comm.size();
+        if reached.peers.len() < size {
+            reached.peers.resize(size, false);
+        }
+        match op.kind {
+            op::Kind::Send
+            | op::Kind::Recv
+            | op::Kind::AllToAll
+            | op::Kind::Gather
+            | op::Kind::Scatter => with.iter().for_each(|&r| reached.peers[r] = true),
+            _ => reached.collective = true,
+        }
+        Ok(())
+    }
+
     /// Reports an accepted call on `stream` to the observer: now, or, for
     /// a call issued into a group, at that group's outermost end (the
     /// group's `hold` keeps it, with the stream borrowed for as long).

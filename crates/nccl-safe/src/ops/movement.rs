@@ -189,6 +189,17 @@ impl<'s, 'a> OnStream<'s, 'a> {
         let _span = tracing::trace_span!("nccl.all_to_all_v", dtype = ?T::DATATYPE).entered();
         // Each peer's part is a send or a receive of its own count.
         let o = Op::of::<T>(OP, Kind::Send, 0).buffers(sp, rp);
+        // Gated as an all-to-all: every rank makes the call, and its
+        // parts may connect this rank with each peer.
+        if self.comm.gates.get()
+            && let Err(e) = self.gate(&Op {
+                kind: Kind::AllToAll,
+                ..o
+            })
+        {
+            self.settle([sa, ra]);
+            return Err(e);
+        }
         // SAFETY: every segment was validated to lie inside its buffer on
         // this device; the buffers do not overlap.
         let enqueued =

@@ -183,6 +183,13 @@ impl<'a> OnStream<'_, 'a> {
             self.settle(accesses);
             return Err(e);
         }
+        // One branch on a `Cell` unless the observer gates calls.
+        if self.comm.gates.get()
+            && let Err(e) = self.gate(&op)
+        {
+            self.settle(accesses);
+            return Err(e);
+        }
         let enqueued = match op.kind {
             Kind::AllToAll if self.comm.uses_send_recv(Feature::NativeAllToAll) => {
                 let counts = vec![op.count; self.comm.size()];

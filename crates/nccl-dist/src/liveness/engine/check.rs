@@ -5,6 +5,15 @@
 //! its timeout, the hub gives up on a check at its deadline and naming the
 //! ranks that did not come, and it holds at most [`MAX_PENDING`] checks.
 //! Nothing here runs, locks or allocates unless the check is on.
+//!
+//! The same machinery serves the connection gate (`Shared::gate`): a check
+//! whose key ends in `|` and the world ranks that take part (`…|2,3`),
+//! made before a call that may connect inside NCCL. The hub waits for
+//! those ranks only; at its deadline it names the ones that did not come
+//! to those that did, and reports them lost
+//! ([`LossCause::NeverCalled`]), so every rank, the silent one included,
+//! learns it. Ranks of one process (threads) meet in `checks` itself, each
+//! waiter ending a gate whose deadline passed.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,13 +21,14 @@ use std::time::{Duration, Instant};
 use super::{Role, Shared};
 use crate::liveness::link::{Link, lock};
 use crate::liveness::wire::Msg;
+use crate::liveness::{LossCause, PeerLoss};
 use crate::watchdog::culprit::{Call, Checked};
 
 /// Unfinished checks the hub holds at once (a peer cannot make it store
 /// more; one past that is answered at once as not checked in by the rest).
-const MAX_PENDING: usize = 16;
+const MAX_PENDING: usize = 64;
 /// Outcomes kept for a waiter that has not taken its own yet.
-const MAX_RESULTS: usize = 8;
+const MAX_RESULTS: usize = 64;
 /// The hub's share of the check wait before it gives up on the ranks that
 /// did not check in (the rest carries the outcome back).
 const HUB_SHARE: f64 = 0.9;
@@ -32,6 +42,33 @@ struct Pending {
     seq: u64,
     deadline: Instant,
     calls: Vec<(usize, Call)>,
+    /// A gate's ranks (from its key); `None` for a call check (every
+    /// rank).
+    members: Option<Vec<usize>>,
+}
+
+/// What a gate's ranks all send: gates compare nothing but who came.
+pub(crate) const GATE_CALL: Call = Call {
+    op: "ncclAllReduce",
+    count: 0,
+    dtype: nccl_safe::nccl_sys::ncclDataType_t::ncclInt8,
+    peer: None,
+    reduction: None,
+};
+
+/// The ranks of a gate, from its key (`…|r1,r2`): distinct, in the world,
+/// at least one; `None` for any other key (a call check).
+pub(crate) fn gate_members(key: &str, world: usize) -> Option<Vec<usize>> {
+    let (_, list) = key.rsplit_once('|')?;
+    let mut out = Vec::new();
+    for part in list.split(',') {
+        let r: usize = part.parse().ok()?;
+        if r >= world || out.contains(&r) {
+            return None;
+        }
+        out.push(r);
+    }
+    (!out.is_empty()).then_some(out)
 }
 
 /// Call-check state of one rank.
@@ -83,6 +120,7 @@ impl Shared {
                         seq,
                         deadline: Instant::now() + wait.mul_f64(HUB_SHARE),
                         calls: Vec::with_capacity(self.world),
+                        members: gate_members(key, self.world),
                     });
                     checks.pending.len() - 1
                 }
@@ -92,19 +130,60 @@ impl Shared {
                 p.calls.push((rank, call));
             }
             let missing = self.missing(p);
-            missing
-                .is_empty()
-                .then(|| checks.pending.remove(at))
-                .map(|p| (p.key, p.seq, Checked::of(p.seq, &p.calls, missing)))
+            missing.is_empty().then(|| checks.pending.remove(at))
         };
-        if let Some((key, seq, outcome)) = done {
-            self.deliver(key, seq, outcome, None);
+        if let Some(p) = done {
+            self.finish(p);
+        }
+    }
+
+    /// Sends the outcome of a finished check or gate; a gate's missing
+    /// ranks are then reported lost (after the outcome, so a waiter reads
+    /// the names before the loss).
+    fn finish(&self, p: Pending) {
+        let missing = self.missing(&p);
+        let outcome = Checked::of(p.seq, &p.calls, missing.clone());
+        let arrived: Vec<usize> = p.calls.iter().map(|(r, _)| *r).collect();
+        if self.role == Role::InProcess {
+            // Every waiting thread takes a copy, by its own rank.
+            for r in &arrived {
+                self.on_checked(p.key.clone(), *r as u64, outcome.clone());
+            }
+        } else {
+            self.deliver(p.key.clone(), p.seq, outcome, None);
+        }
+        if p.members.is_some() {
+            let waited = lock(&self.checks).wait;
+            let seen_by = self.rank.or(arrived.first().copied()).unwrap_or(0);
+            let call = p.key.rsplit_once('|').map_or(p.key.as_str(), |(k, _)| k);
+            for rank in missing {
+                self.report(PeerLoss {
+                    rank,
+                    cause: LossCause::NeverCalled {
+                        what: format!(
+                            "the call that connects it ({call}) that ranks {arrived:?} \
+                             waited in for {waited:?}"
+                        ),
+                    },
+                    seen_by,
+                });
+            }
         }
     }
 
     /// The live ranks that have not checked in to `p`.
     fn missing(&self, p: &Pending) -> Vec<usize> {
-        (0..self.world)
+        let all: Vec<usize>;
+        let ranks = match &p.members {
+            Some(m) => m.as_slice(),
+            None => {
+                all = (0..self.world).collect();
+                &all
+            }
+        };
+        ranks
+            .iter()
+            .copied()
             .filter(|r| {
                 !p.calls.iter().any(|(c, _)| c == r) && !self.is_lost(*r) && !self.is_gone(*r)
             })
@@ -133,7 +212,7 @@ impl Shared {
     /// more (the ones missing were lost or left since).
     pub(super) fn expire_checks(&self) {
         let now = Instant::now();
-        let expired: Vec<(String, u64, Checked)> = {
+        let expired: Vec<Pending> = {
             let mut checks = lock(&self.checks);
             if checks.pending.is_empty() {
                 return;
@@ -146,15 +225,10 @@ impl Shared {
                 .into_iter()
                 .partition(over);
             checks.pending = kept;
-            gone.into_iter()
-                .map(|p| {
-                    let missing = self.missing(&p);
-                    (p.key, p.seq, Checked::of(p.seq, &p.calls, missing))
-                })
-                .collect()
+            gone
         };
-        for (key, seq, outcome) in expired {
-            self.deliver(key, seq, outcome, None);
+        for p in expired {
+            self.finish(p);
         }
     }
 
@@ -236,6 +310,77 @@ impl Shared {
             checks = self
                 .check_cv
                 .wait_timeout(checks, left)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|p| p.into_inner().0);
+        }
+    }
+}
+
+impl Shared {
+    /// The connection gate (see the module docs): `me` (a world rank)
+    /// arrives at the gate `key` (whose members follow its `|`) and waits
+    /// for the others, at most `within`. `Some(Agree)` when all came (or
+    /// no channel can tell: liveness off), `Some(Missing)` naming those
+    /// that did not, `None` when no outcome came in time.
+    pub(super) fn gate(&self, key: &str, me: usize, within: Duration) -> Option<Checked> {
+        let until = Instant::now() + within;
+        let seq = match self.role {
+            Role::Hub => {
+                self.add_check(key, 0, me, GATE_CALL);
+                self.wake();
+                0
+            }
+            Role::Member => {
+                let hub = self.links().into_iter().find(|l| l.to_hub)?;
+                hub.send(&Msg::Check {
+                    key: key.to_string(),
+                    seq: 0,
+                    call: GATE_CALL,
+                });
+                0
+            }
+            Role::InProcess => {
+                self.add_check(key, 0, me, GATE_CALL);
+                me as u64
+            }
+            Role::Off => return Some(Checked::Agree),
+        };
+        let mut checks = lock(&self.checks);
+        loop {
+            if let Some(i) = checks
+                .results
+                .iter()
+                .position(|(k, s, _)| k == key && *s == seq)
+            {
+                return Some(checks.results.remove(i).2);
+            }
+            if self.knows_a_loss() {
+                // The communicator is being aborted with the loss; the
+                // call meets that abort and its error names the rank.
+                return Some(Checked::Agree);
+            }
+            let now = Instant::now();
+            let left = until.saturating_duration_since(now);
+            if left.is_zero() {
+                return None;
+            }
+            let mut wait = left;
+            if self.role == Role::InProcess {
+                // No hub thread here: the waiters end gates past their
+                // deadline themselves.
+                if checks.pending.iter().any(|p| p.deadline <= now) {
+                    drop(checks);
+                    self.expire_checks();
+                    checks = lock(&self.checks);
+                    continue;
+                }
+                if let Some(d) = checks.pending.iter().map(|p| p.deadline).min() {
+                    wait = wait.min(d.saturating_duration_since(now));
+                }
+            }
+            checks = self
+                .check_cv
+                .wait_timeout(checks, wait)
                 .map(|(g, _)| g)
                 .unwrap_or_else(|p| p.into_inner().0);
         }
@@ -423,6 +568,69 @@ mod tests {
         for l in &ranks {
             l.leave();
         }
+    }
+
+    /// The gate: ranks 0 and 1 of a pair gate meet; in a gate of three
+    /// where rank 2 never comes, the others are told within the timeout,
+    /// rank 2 is reported lost (to itself too), and a gate naming ranks
+    /// outside the world is an ordinary check.
+    fn gate_names_the_silent_rank(ranks: &[Liveness], me: impl Fn(usize) -> usize) {
+        let wait = Duration::from_millis(400);
+        ranks[0].exchanger().set_check_wait(wait);
+        let pair: Vec<_> = (0..2)
+            .map(|r| {
+                let ex = ranks[r].exchanger();
+                let me = me(r);
+                std::thread::spawn(move || ex.gate("world@0:p|0,1", me, wait * 3))
+            })
+            .collect();
+        for t in pair {
+            assert_eq!(t.join().unwrap(), Some(Checked::Agree));
+        }
+        let started = Instant::now();
+        let waiting: Vec<_> = (0..2)
+            .map(|r| {
+                let ex = ranks[r].exchanger();
+                let me = me(r);
+                std::thread::spawn(move || ex.gate("world@0:c|0,1,2", me, wait * 3))
+            })
+            .collect();
+        for t in waiting {
+            assert_eq!(t.join().unwrap(), Some(Checked::Missing(vec![2], 0)));
+        }
+        assert!(started.elapsed() < wait * 2, "{:?}", started.elapsed());
+        let until = Instant::now() + wait * 4;
+        for l in ranks {
+            while !l.is_lost(2) && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let loss = l.first_loss().expect("rank 2 reported lost");
+            assert_eq!(loss.rank, 2);
+            assert!(
+                matches!(&loss.cause, crate::liveness::LossCause::NeverCalled { what } if what.contains("world@0:c")),
+                "{loss}"
+            );
+        }
+        assert_eq!(gate_members("world@0:c|0,1,2", 3), Some(vec![0, 1, 2]));
+        assert_eq!(gate_members("world@0:c|0,3", 3), None);
+        assert_eq!(gate_members("world@0:c|1,1", 3), None);
+        assert_eq!(gate_members("world", 3), None);
+    }
+
+    #[test]
+    fn a_gate_over_the_channel_names_the_rank_that_never_came() {
+        let ranks = channel(3);
+        gate_names_the_silent_rank(&ranks, |r| r);
+        for l in &ranks {
+            l.leave();
+        }
+    }
+
+    #[test]
+    fn a_gate_among_threads_names_the_thread_that_never_came() {
+        let live = Liveness::in_process(3);
+        let ranks = vec![live.clone(), live.clone(), live];
+        gate_names_the_silent_rank(&ranks, |r| r);
     }
 
     #[test]

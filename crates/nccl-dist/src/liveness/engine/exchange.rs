@@ -70,6 +70,16 @@ impl Exchanger {
     }
 
     /// How long the hub waits for every rank of a check.
+    /// The connection gate `key` (its members after the `|`) for world
+    /// rank `me`: see `Shared::gate`. `Some(Agree)` without a channel.
+    pub(crate) fn gate(&self, key: &str, me: usize, within: Duration) -> Option<Checked> {
+        match self.0.upgrade() {
+            Some(shared) => shared.gate(key, me, within),
+            None => Some(Checked::Agree),
+        }
+    }
+
+
     pub(crate) fn set_check_wait(&self, wait: Duration) {
         if let Some(shared) = self.0.upgrade() {
             shared.set_check_wait(wait);

@@ -29,7 +29,8 @@ fn cut(text: &str) -> &str {
 }
 
 /// `rank u32 ‖ seen_by u32 ‖ cause u8 ‖ detail`: nothing for a closed
-/// connection, milliseconds (u64) for silence, UTF-8 text otherwise;
+/// connection, milliseconds (u64) for silence, UTF-8 text otherwise
+/// (2 a panic, 3 an early end, 4 a call never made);
 /// appended to `out`.
 pub(super) fn encode_loss(loss: &PeerLoss, out: &mut Vec<u8>) {
     out.extend_from_slice(&(loss.rank as u32).to_be_bytes());
@@ -48,6 +49,10 @@ pub(super) fn encode_loss(loss: &PeerLoss, out: &mut Vec<u8>) {
         LossCause::Exited { reason } => {
             out.push(3);
             out.extend_from_slice(cut(reason).as_bytes());
+        }
+        LossCause::NeverCalled { what } => {
+            out.push(4);
+            out.extend_from_slice(cut(what).as_bytes());
         }
     }
 }
@@ -80,6 +85,7 @@ pub(super) fn decode_loss(body: &[u8], world: usize) -> Result<PeerLoss, Livenes
         }
         2 => LossCause::Panicked { message: text()? },
         3 => LossCause::Exited { reason: text()? },
+        4 => LossCause::NeverCalled { what: text()? },
         _ => return Err(LivenessError::Malformed("an unknown loss cause")),
     };
     Ok(PeerLoss {
