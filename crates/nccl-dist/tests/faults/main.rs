@@ -35,6 +35,7 @@ mod checked;
 mod hardware;
 mod loss;
 mod rejoin;
+mod silent;
 mod stuck;
 
 use std::error::Error as StdError;
