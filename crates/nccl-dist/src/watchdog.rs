@@ -392,10 +392,17 @@ struct Registry {
     options: WatchdogOptions,
     /// The liveness channel a timeout's flight-recorder exchange uses.
     liveness: Mutex<Option<Exchanger>>,
+    /// The channel the connection gate meets over (`gate.rs`): the
+    /// exchange's, or, for threads of one process, their own.
+    gating: Mutex<Option<Exchanger>>,
 }
 
 fn lock_liveness(r: &Registry) -> MutexGuard<'_, Option<Exchanger>> {
     r.liveness.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn lock_gating(r: &Registry) -> MutexGuard<'_, Option<Exchanger>> {
+    r.gating.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The collectives every rank records exactly once per call.
@@ -447,6 +454,7 @@ impl Watchdog {
             generations: Mutex::new(std::collections::HashMap::new()),
             options,
             liveness: Mutex::new(None),
+            gating: Mutex::new(None),
         });
         let weak = Arc::downgrade(&registry);
         std::thread::Builder::new()
@@ -471,6 +479,7 @@ impl Watchdog {
     pub(crate) fn exchange_over(&self, liveness: &Liveness) {
         let exchanger = liveness.exchanger();
         exchanger.set_check_wait(self.registry.options.timeout);
+        *lock_gating(&self.registry) = Some(exchanger.clone());
         *lock_liveness(&self.registry) = Some(exchanger);
         let registry = Arc::downgrade(&self.registry);
         liveness.set_tail_source(Arc::new(move |key: &str| {
@@ -483,6 +492,12 @@ impl Watchdog {
             let st = watch.lock();
             Some(st.history.iter().map(|r| (r.seq, r.call())).collect())
         }));
+    }
+
+    /// Gate calls that may connect over `liveness` (threads of one
+    /// process, whose channel has no flight-record exchange).
+    pub(crate) fn gate_over(&self, liveness: &Liveness) {
+        *lock_gating(&self.registry) = Some(liveness.exchanger());
     }
 
     /// A peer of the job was lost: every watched communicator fails with

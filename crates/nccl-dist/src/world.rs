@@ -512,6 +512,9 @@ impl World {
         let watchdog = resolved.start_watchdog()?;
         let liveness = (resolved.liveness.is_enabled() && n > 1).then(|| Liveness::in_process(n));
         if let Some(l) = &liveness {
+            if let Some(w) = &watchdog {
+                w.gate_over(l);
+            }
             abort_on_loss(l, watchdog.clone(), resolved.signal.clone());
         }
         let (id, f, watchdog, liveness, resolved) = (&id, &f, &watchdog, &liveness, &resolved);

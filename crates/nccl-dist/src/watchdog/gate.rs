@@ -26,7 +26,7 @@ use nccl_safe::{CheckError, OpInfo};
 
 use super::check::CheckFailure;
 use super::culprit::Checked;
-use super::{Watch, exchange_key, lock_liveness};
+use super::{Watch, exchange_key, lock_gating};
 
 /// What a watch needs to gate its communicator's calls.
 pub(super) struct Gating {
@@ -61,7 +61,7 @@ impl Watch {
         let Some(g) = &self.gating else {
             return Ok(());
         };
-        let Some(liveness) = lock_liveness(&self.registry).clone() else {
+        let Some(liveness) = lock_gating(&self.registry).clone() else {
             return Ok(());
         };
         if self.lock().failure.is_some() || with.iter().any(|&r| r >= g.members.len()) {

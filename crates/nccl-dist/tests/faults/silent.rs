@@ -21,7 +21,9 @@ const SILENCE: Duration = Duration::from_secs(OP_TIMEOUT.as_secs() + 4);
 /// The gate's refusal inside `e`, if it is one.
 fn silent_ranks(e: &Error) -> Option<Vec<usize>> {
     match e {
-        Error::Nccl(inner) => CheckFailure::of(inner)?.silent_ranks().map(<[usize]>::to_vec),
+        Error::Nccl(inner) => CheckFailure::of(inner)?
+            .silent_ranks()
+            .map(<[usize]>::to_vec),
         _ => None,
     }
 }
@@ -41,9 +43,8 @@ fn silent_case(
     if r.is_victim() {
         std::thread::sleep(SILENCE);
         let since = Instant::now();
-        let got = call(&world).and_then(|()| {
-            nccl_dist::synchronize(world.comm(), world.comm().stream())
-        });
+        let got =
+            call(&world).and_then(|()| nccl_dist::synchronize(world.comm(), world.comm().stream()));
         let e = match got {
             Ok(()) => return Err("the silent rank's late call succeeded".into()),
             Err(e) => e,

@@ -369,8 +369,7 @@ impl Comm {
     pub fn set_observer(&self, observer: Option<Arc<dyn OpObserver>>) {
         self.checks_before
             .set(observer.as_ref().is_some_and(|o| o.checks_before()));
-        self.gates
-            .set(observer.as_ref().is_some_and(|o| o.gates()));
+        self.gates.set(observer.as_ref().is_some_and(|o| o.gates()));
         *self.observer.borrow_mut() = observer;
     }
 

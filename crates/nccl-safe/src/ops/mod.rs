@@ -412,14 +412,12 @@ impl<'s, 'a> OnStream<'s, 'a> {
                 op::Kind::Gather | op::Kind::Scatter if op.peer == me => (0..size)
                     .filter(|&r| r != me && !reached.peers.get(r).copied().unwrap_or(false))
                     .collect(),
-                op::Kind::Gather | op::Kind::Scatter => (!reached
-                    .peers
-                    .get(op.peer)
-                    .copied()
-                    .unwrap_or(false))
-                .then_some(op.peer)
-                .into_iter()
-                .collect(),
+                op::Kind::Gather | op::Kind::Scatter => {
+                    (!reached.peers.get(op.peer).copied().unwrap_or(false))
+                        .then_some(op.peer)
+                        .into_iter()
+                        .collect()
+                }
                 _ if reached.collective || size < 2 => smallvec::SmallVec::new(),
                 _ => (0..size).collect(),
             }

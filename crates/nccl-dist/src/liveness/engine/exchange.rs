@@ -79,7 +79,6 @@ impl Exchanger {
         }
     }
 
-
     pub(crate) fn set_check_wait(&self, wait: Duration) {
         if let Some(shared) = self.0.upgrade() {
             shared.set_check_wait(wait);
