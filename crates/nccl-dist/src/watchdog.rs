@@ -215,8 +215,45 @@ impl Watch {
             }
             st.history.iter().map(|r| (r.seq, r.call())).collect()
         };
-        let liveness = lock_liveness(&self.registry).clone()?;
-        liveness.exchange(&key, tail, EXCHANGE_WAIT)
+        match lock_liveness(&self.registry).clone() {
+            Some(liveness) => liveness.exchange(&key, tail, EXCHANGE_WAIT),
+            None => self.diverged_here(&key, tail),
+        }
+    }
+
+    /// The exchange without a channel: ranks that are threads of this
+    /// process (`World::spawn_local`, `World::local`) share this
+    /// watchdog, so their tails are read here, from the watches of the
+    /// same key.
+    fn diverged_here(
+        &self,
+        key: &str,
+        tail: Vec<(u64, culprit::Call)>,
+    ) -> Option<Box<culprit::Divergence>> {
+        let me = label_rank(&self.label)?;
+        let siblings: Vec<Arc<Watch>> = self
+            .registry
+            .watches
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter_map(Weak::upgrade)
+            .filter(|w| !std::ptr::eq(Arc::as_ptr(w), self) && exchange_key(&w.label) == key)
+            .collect();
+        let mut tails: Vec<culprit::Tail> = vec![(me, tail)];
+        for w in siblings {
+            let Some(rank) = label_rank(&w.label) else {
+                continue;
+            };
+            let st = w.lock();
+            if st.history.iter().any(|r| !SYMMETRIC.contains(&r.op)) {
+                return None;
+            }
+            tails.push((rank, st.history.iter().map(|r| (r.seq, r.call())).collect()));
+        }
+        tails.sort_by_key(|(r, _)| *r);
+        tails.dedup_by_key(|(r, _)| *r);
+        culprit::analyze(&tails).map(Box::new)
     }
 
     /// NCCL reported an error: where the ranks diverge when the flight
@@ -414,6 +451,13 @@ const SYMMETRIC: [&str; 5] = [
     "ncclReduceScatter",
 ];
 
+/// The rank in a label (`world[3]/mesh/dp` is 3).
+fn label_rank(label: &str) -> Option<usize> {
+    let (_, rest) = label.split_once('[')?;
+    let (rank, _) = rest.split_once(']')?;
+    rank.parse().ok()
+}
+
 /// A communicator's label with the rank taken out (`world[3]/mesh/dp` is
 /// `world/mesh/dp`): the same on every rank.
 fn exchange_key(label: &str) -> String {
@@ -497,7 +541,10 @@ impl Watchdog {
     /// Gate calls that may connect over `liveness` (threads of one
     /// process, whose channel has no flight-record exchange).
     pub(crate) fn gate_over(&self, liveness: &Liveness) {
-        *lock_gating(&self.registry) = Some(liveness.exchanger());
+        let exchanger = liveness.exchanger();
+        // The gates end at 0.9 of the operation timeout, as at a hub.
+        exchanger.set_check_wait(self.registry.options.timeout);
+        *lock_gating(&self.registry) = Some(exchanger);
     }
 
     /// A peer of the job was lost: every watched communicator fails with

@@ -34,6 +34,7 @@ mod init;
 pub(crate) mod poll;
 mod split;
 pub(crate) mod teardown;
+pub use teardown::ExitHold;
 
 use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
@@ -112,7 +113,18 @@ impl Drop for Comm {
     fn drop(&mut self) {
         // `lock`, not `try_lock`: a watchdog's momentary look must not make
         // the teardown skip the drain (only an abort holds it long).
-        let live = matches!(*self.shared.lock(), State::Live(_));
+        let mut state = self.shared.lock();
+        // An abort asked for while another thread held the lock (a
+        // completion's or watchdog's, which never wait for it) is this
+        // thread's to perform now: left for the last handle's drop, it
+        // could happen on a detached thread, or not before the process
+        // exits, with NCCL's threads still running under exit handlers.
+        let aborted_here = self.shared.settle_abort(&mut state);
+        let live = matches!(*state, State::Live(_));
+        drop(state);
+        if aborted_here {
+            self.shared.after_abort();
+        }
         if live {
             if let Ok(event) = self.stream.record_event(None) {
                 *self.shared.drain.lock().unwrap_or_else(|p| p.into_inner()) = Some(event);

@@ -2,7 +2,7 @@
 //! with the others of their clique, bounded by their timeout.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -25,6 +25,7 @@ use crate::observe::OpObserver;
 /// detached, so those threads never stall.
 pub(crate) fn bounded(name: &str, deadline: Duration, job: impl FnOnce() + Send + 'static) {
     let wait = WAITS_FOR_TEARDOWN.try_with(Cell::get).unwrap_or(false);
+    let hold = ExitHold::new(deadline);
     // Made here, so the teardown thread's end allocates nothing (a
     // benchmark counts allocations on every thread).
     let done = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
@@ -33,6 +34,7 @@ pub(crate) fn bounded(name: &str, deadline: Duration, job: impl FnOnce() + Send 
         .name(name.to_string())
         .spawn(move || {
             job();
+            drop(hold);
             let (flag, cvar) = &*signal;
             *flag.lock().unwrap_or_else(|p| p.into_inner()) = true;
             cvar.notify_all();
@@ -57,6 +59,68 @@ pub(crate) fn bounded(name: &str, deadline: Duration, job: impl FnOnce() + Send 
             tracing::warn!(%error, "no thread for the teardown; the communicator leaks");
         }
     }
+}
+
+/// Holds the process's exit back while NCCL work runs on a thread of its
+/// own (a detached teardown or abort), at most for the hold's limit.
+///
+/// Exit handlers tear CUDA (and NCCL's state) down under threads that
+/// still use them: a test that passed, with a communicator's teardown
+/// still running on its thread, ended with SIGSEGV at exit in 3 of 8 runs
+/// on 2 H200s. While a hold lives, an `atexit` handler (registered with
+/// the first hold, so it runs before the CUDA driver's own) waits for it,
+/// up to the longest limit any hold asked for plus a second, and never
+/// more than a minute. Dropping the hold releases it.
+///
+/// ```
+/// use std::time::Duration;
+/// let hold = nccl_safe::ExitHold::new(Duration::from_secs(5));
+/// // ... NCCL work on this thread ...
+/// drop(hold);
+/// ```
+#[derive(Debug)]
+#[must_use = "the hold ends when it is dropped"]
+pub struct ExitHold(());
+
+static IN_FLIGHT: Mutex<usize> = Mutex::new(0);
+static SETTLED: std::sync::Condvar = std::sync::Condvar::new();
+static EXIT_WAIT_MS: AtomicU64 = AtomicU64::new(0);
+static AT_EXIT: std::sync::Once = std::sync::Once::new();
+/// The longest an exit waits for holds.
+const EXIT_WAIT_MAX: Duration = Duration::from_secs(60);
+
+impl ExitHold {
+    /// A hold whose work ends within `limit` (the exit waits that long,
+    /// plus a second, at most).
+    pub fn new(limit: Duration) -> ExitHold {
+        AT_EXIT.call_once(|| {
+            // SAFETY: registers a plain `extern "C"` function that never
+            // unwinds; `atexit` only fails for lack of memory, and then
+            // nothing waits at exit (as before).
+            let _ = unsafe { libc::atexit(wait_at_exit) };
+        });
+        let ms = u64::try_from((limit + Duration::from_secs(1)).as_millis()).unwrap_or(u64::MAX);
+        EXIT_WAIT_MS.fetch_max(ms, Ordering::Relaxed);
+        *IN_FLIGHT.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        ExitHold(())
+    }
+}
+
+impl Drop for ExitHold {
+    fn drop(&mut self) {
+        let mut n = IN_FLIGHT.lock().unwrap_or_else(|p| p.into_inner());
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            SETTLED.notify_all();
+        }
+    }
+}
+
+/// At exit: waits (bounded) until no hold is left.
+extern "C" fn wait_at_exit() {
+    let limit = Duration::from_millis(EXIT_WAIT_MS.load(Ordering::Relaxed)).min(EXIT_WAIT_MAX);
+    let n = IN_FLIGHT.lock().unwrap_or_else(|p| p.into_inner());
+    let _ = SETTLED.wait_timeout_while(n, limit, |n| *n > 0);
 }
 
 thread_local! {

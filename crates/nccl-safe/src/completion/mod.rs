@@ -163,9 +163,11 @@ fn abort_elsewhere(shared: &Arc<Shared>, cause: AbortCause) {
         return;
     }
     let on_its_own = Arc::clone(shared);
+    let hold = crate::ExitHold::new(shared.timeout);
     let spawned = std::thread::Builder::new()
         .name("nccl-completion-abort".into())
         .spawn(move || {
+            let _hold = hold;
             let cause = on_its_own
                 .cause
                 .get()

@@ -74,6 +74,8 @@ pub(crate) fn gate_members(key: &str, world: usize) -> Option<Vec<usize>> {
 /// Call-check state of one rank.
 pub(super) struct Checks {
     pending: Vec<Pending>,
+    /// Among threads: losses a gate found, for the waiter to report.
+    reports: Vec<PeerLoss>,
     results: Vec<(String, u64, Checked)>,
     /// How long the hub waits for every rank of a check.
     wait: Duration,
@@ -83,6 +85,7 @@ impl Default for Checks {
     fn default() -> Self {
         Checks {
             pending: Vec::new(),
+            reports: Vec::new(),
             results: Vec::new(),
             wait: DEFAULT_WAIT,
         }
@@ -156,8 +159,9 @@ impl Shared {
             let waited = lock(&self.checks).wait;
             let seen_by = self.rank.or(arrived.first().copied()).unwrap_or(0);
             let call = p.key.rsplit_once('|').map_or(p.key.as_str(), |(k, _)| k);
-            for rank in missing {
-                self.report(PeerLoss {
+            let losses: Vec<PeerLoss> = missing
+                .into_iter()
+                .map(|rank| PeerLoss {
                     rank,
                     cause: LossCause::NeverCalled {
                         what: format!(
@@ -166,7 +170,18 @@ impl Shared {
                         ),
                     },
                     seen_by,
-                });
+                })
+                .collect();
+            if self.role == Role::InProcess {
+                // Among threads the report runs the hooks on the
+                // reporter's thread, and they abort every communicator of
+                // the job: not on the waiter's, which returns its outcome
+                // first (`Exchanger::gate` reports on a thread of its own).
+                lock(&self.checks).reports.extend(losses);
+                return;
+            }
+            for loss in losses {
+                self.report(loss);
             }
         }
     }
@@ -317,6 +332,11 @@ impl Shared {
 }
 
 impl Shared {
+    /// Among threads: the losses gates found, not yet reported.
+    pub(super) fn take_reports(&self) -> Vec<PeerLoss> {
+        std::mem::take(&mut lock(&self.checks).reports)
+    }
+
     /// The connection gate (see the module docs): `me` (a world rank)
     /// arrives at the gate `key` (whose members follow its `|`) and waits
     /// for the others, at most `within`. `Some(Agree)` when all came (or
@@ -362,6 +382,13 @@ impl Shared {
             let now = Instant::now();
             let left = until.saturating_duration_since(now);
             if left.is_zero() {
+                if self.role == Role::InProcess {
+                    // Gone from the gate: a late rank must not find this
+                    // one there and go into NCCL alone.
+                    for p in checks.pending.iter_mut().filter(|p| p.key == key) {
+                        p.calls.retain(|(r, _)| *r != me);
+                    }
+                }
                 return None;
             }
             let mut wait = left;

@@ -73,10 +73,28 @@ impl Exchanger {
     /// The connection gate `key` (its members after the `|`) for world
     /// rank `me`: see `Shared::gate`. `Some(Agree)` without a channel.
     pub(crate) fn gate(&self, key: &str, me: usize, within: Duration) -> Option<Checked> {
-        match self.0.upgrade() {
-            Some(shared) => shared.gate(key, me, within),
-            None => Some(Checked::Agree),
+        let Some(shared) = self.0.upgrade() else {
+            return Some(Checked::Agree);
+        };
+        let outcome = shared.gate(key, me, within);
+        let losses = shared.take_reports();
+        if !losses.is_empty() {
+            // The hooks abort every communicator of the job: on a thread
+            // of their own, which the process's exit waits for.
+            let hold = nccl_safe::ExitHold::new(within);
+            let spawned = std::thread::Builder::new()
+                .name("nccl-gate-report".into())
+                .spawn(move || {
+                    let _hold = hold;
+                    for loss in losses {
+                        shared.report(loss);
+                    }
+                });
+            if let Err(e) = spawned {
+                tracing::warn!("no thread for a gate's report of a silent rank: {e}");
+            }
         }
+        outcome
     }
 
     pub(crate) fn set_check_wait(&self, wait: Duration) {
