@@ -116,6 +116,10 @@ pub const TARGET_MODES: &[&str] = &["threads", "processes"];
 ///   `await_spin_minus_sync_small_us`, `wait_minus_sync_small_us`, `poll_minus_sync_small_us`,
 ///   `await_cold_small_us`, `waker_cpu_share` and
 ///   `requests_per_s_64_in_flight` are copied beside it, not targets).
+/// - `setup_ms`: from the setup phase, per blocking mode (single,
+///   threads, processes) the median over the warm reps of `DeviceMesh::new`
+///   plus the first all_reduce on each axis (slowest rank); the worst
+///   mode.
 /// - `allocs_per_call_max`: the most heap allocations per call, counted
 ///   on every thread of the process during the timed calls, in any
 ///   measurement of any phase, and per NCCL call of the default step.
@@ -221,7 +225,33 @@ pub fn summary(docs: &BTreeMap<String, Value>) -> (Value, Vec<Target>) {
         )
     }));
 
+    // Set-up: per blocking mode, the median of the warm reps' mesh +
+    // first call per axis (slowest rank); the worst mode.
+    let setups: Vec<(&str, &Value)> = ["single", "threads", "processes"]
+        .iter()
+        .filter_map(|m| docs.get(&format!("setup-{m}")).map(|d| (*m, d)))
+        .collect();
+    let setup = worst(setups.iter().filter_map(|(mode, d)| {
+        let mut warm: Vec<f64> = d["setup"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|r| s(r, "state") == "warm")
+            .map(|r| f(r, "mesh_and_first_all_reduces_ms"))
+            .collect();
+        warm.sort_by(f64::total_cmp);
+        let median = warm.get(warm.len() / 2).copied()?;
+        Some((median, format!("setup-{mode}, median of {} warm reps", warm.len())))
+    }));
+
     let targets = vec![
+        Target {
+            key: "setup_ms",
+            value: measured(setup, !setups.is_empty()),
+            limit: 60.0,
+            unit: "ms",
+            phase: "setup",
+        },
         Target {
             key: "default_minus_raw_small_us_max",
             value: measured(small, !latency.is_empty()),

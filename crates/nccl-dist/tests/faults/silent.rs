@@ -50,6 +50,7 @@ fn silent_case(
             Err(e) => e,
         };
         r.note("victim_error", &e)?;
+        r.note("outcome", format!("late call refused: {}", crate::kind(&e)))?;
         r.note("victim_error_after_ms", since.elapsed().as_millis())?;
         return Ok(());
     }
@@ -69,6 +70,7 @@ fn silent_case(
         };
         r.note("error", &e)?;
         let named = silent_ranks(&e).ok_or_else(|| format!("not the gate's refusal: {e}"))?;
+        r.note("outcome", format!("refused before launch, silent rank(s) {named:?} named"))?;
         if !named.contains(&victim) {
             return Err(format!("the refusal names {named:?}, not rank {victim}").into());
         }

@@ -396,7 +396,27 @@ impl<'s, 'a> OnStream<'s, 'a> {
     /// inside groups and captures too, when the call may connect: the
     /// communicator's first collective, or the first point-to-point call
     /// with a peer. Costs a borrow and a few branches otherwise.
+    #[inline]
     fn gate(&self, op: &op::Op) -> Result<()> {
+        // The steady state: the peers were met already.
+        {
+            let reached = self.comm.reached.borrow();
+            let met = |r: usize| reached.peers.get(r).copied().unwrap_or(false);
+            let done = match op.kind {
+                op::Kind::Send | op::Kind::Recv => op.peer == self.comm.rank() || met(op.peer),
+                op::Kind::AllToAll | op::Kind::Gather | op::Kind::Scatter => false,
+                _ => reached.collective || self.comm.size() < 2,
+            };
+            if done {
+                return Ok(());
+            }
+        }
+        self.gate_needed(op)
+    }
+
+    /// The ranks `op` must meet, when any (see [`OnStream::gate`]).
+    #[cold]
+    fn gate_needed(&self, op: &op::Op) -> Result<()> {
         let (size, me) = (self.comm.size(), self.comm.rank());
         let with: smallvec::SmallVec<[usize; 8]> = {
             let reached = self.comm.reached.borrow();
@@ -428,7 +448,6 @@ impl<'s, 'a> OnStream<'s, 'a> {
         self.gate_slow(op, &with)
     }
 
-    #[cold]
     fn gate_slow(&self, op: &op::Op, with: &[usize]) -> Result<()> {
         // A clone, not the borrow, as for `before`: the gate may wait.
         let Some(observer) = self.comm.observer.borrow().clone() else {
