@@ -395,8 +395,12 @@ impl OpObserver for Watch {
         self.gating.is_some()
     }
 
-    fn gate(&self, info: &OpInfo, with: &[usize]) -> std::result::Result<(), CheckError> {
-        self.gate_call(info, with)
+    fn gate(&self, calls: &[(OpInfo, &[usize])]) -> std::result::Result<(), CheckError> {
+        self.gate_calls(calls)
+    }
+
+    fn gate_label(&self) -> Option<String> {
+        Some(exchange_key(&self.label))
     }
 
     fn unfinished(&self) -> bool {

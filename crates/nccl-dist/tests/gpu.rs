@@ -610,3 +610,54 @@ fn a_failing_rank_ends_the_others_at_once_with_a_thread_per_gpu() {
         "the first failure is the one reported: {err}"
     );
 }
+
+/// A fresh world's first calls inside one group: an all-reduce and a ring
+/// of sends to the next rank and receives from the one before. With a
+/// thread or a process per rank they are held back to the group's end,
+/// where the ranks meet for them in one order on every rank (each rank's
+/// own order would wait in a circle at three ranks or more), and then
+/// issued in their order: the bytes are those of an ungated run.
+#[test]
+#[ignore = "needs GPUs: cargo xtask gpu-test"]
+fn a_fresh_worlds_first_group_with_a_ring_is_exact() {
+    run(|worlds| {
+        let n = worlds[0].size();
+        let len = 1024;
+        let mut sums = Vec::new();
+        let mut ins = Vec::new();
+        let mut outs = Vec::new();
+        for w in worlds.iter() {
+            let c = w.comm();
+            sums.push(upload(c, &values::<f32>(w.rank(), len))?);
+            ins.push(upload(c, &values::<f32>(w.rank() + 7, len))?);
+            outs.push(c.stream().alloc_zeros::<f32>(len)?);
+        }
+        group(|g| {
+            let each = worlds
+                .iter()
+                .zip(sums.iter_mut())
+                .zip(&ins)
+                .zip(outs.iter_mut());
+            for (((w, sum), input), out) in each {
+                let (r, c) = (w.rank(), w.comm());
+                g.on(c).all_reduce_in_place(sum, ReduceOp::Sum)?;
+                if n > 1 {
+                    g.on(c).send(input, (r + 1) % n)?;
+                    g.on(c).recv(out, (r + n - 1) % n)?;
+                }
+            }
+            Ok(())
+        })?;
+        let ranks: Vec<usize> = (0..n).collect();
+        for (i, w) in worlds.iter().enumerate() {
+            let r = w.rank();
+            if download(w.comm(), &sums[i])? != sum_of::<f32>(&ranks, len) {
+                return Err(format!("rank {r}: the all-reduce in the group is wrong").into());
+            }
+            if n > 1 && download(w.comm(), &outs[i])? != values::<f32>((r + n - 1) % n + 7, len) {
+                return Err(format!("rank {r}: the ring's receive is wrong").into());
+            }
+        }
+        Ok(())
+    });
+}

@@ -156,28 +156,41 @@ pub trait OpObserver: Send + Sync {
         false
     }
 
-    /// A call is about to go to NCCL that may make a connection inside
+    /// Calls are about to go to NCCL that may make a connection inside
     /// it, where a peer that never makes its side of the call leaves this
     /// thread waiting in NCCL, out of any abort's reach: the first
-    /// collective of the communicator (`with` holds every rank), or the
-    /// first point-to-point call between this rank and the ranks in
-    /// `with` (send, recv, all-to-all, gather, scatter; lowest first). An
+    /// collective of the communicator (its `&[usize]` holds every rank),
+    /// or the first point-to-point call between this rank and the ranks
+    /// listed (send, recv, all-to-all, gather, scatter; lowest first). An
     /// observer that can reach the other ranks makes them meet first,
     /// outside NCCL and within a deadline, so that a rank that never makes
-    /// the call is found and named here. `Err` refuses the call with
+    /// the call is found and named here. `Err` refuses the calls with
     /// [`crate::Error::CheckFailed`], nothing enqueued; after `Ok` the
     /// communicator does not ask again for those ranks.
     ///
-    /// Unlike [`OpObserver::before`] it runs inside groups and stream
-    /// captures too (a group's connections are made at its end, so its
-    /// calls must meet before they go in); an observer may only ask for it
-    /// when one thread drives one rank of the job, or its gate would wait
-    /// for itself. Runs on the issuing thread, after validation, only
-    /// when [`OpObserver::gates`] said so; bounded; must not call back
-    /// into the communicator. `with` holds communicator ranks.
-    fn gate(&self, info: &OpInfo, with: &[usize]) -> Result<(), CheckError> {
-        let _ = (info, with);
+    /// Outside a group each such call comes alone, at the call. Inside a
+    /// group the calls are held back to the group's end (with every call
+    /// after the first of them, so the order stays) and come together, one
+    /// communicator at a time in the order of [`OpObserver::gate_label`]:
+    /// the observer meets their ranks in an order that is the same on
+    /// every rank (in a ring of sends to the next rank and receives from
+    /// the one before, each rank's calls in their own order would wait for
+    /// each other in a circle). Runs inside stream captures too. An
+    /// observer may only ask for it when one thread drives one rank of
+    /// the job, or its meeting would wait for itself. Runs on the issuing
+    /// thread, after validation, only when [`OpObserver::gates`] said so;
+    /// bounded; must not call back into the communicator. Ranks are
+    /// communicator ranks.
+    fn gate(&self, calls: &[(OpInfo, &[usize])]) -> Result<(), CheckError> {
+        let _ = calls;
         Ok(())
+    }
+
+    /// The label that orders communicators' meetings at a group's end
+    /// (the same on every rank for the same communicator); `None` sorts
+    /// first.
+    fn gate_label(&self) -> Option<String> {
+        None
     }
 
     /// Whether work it saw issued has not finished yet, as far as it knows

@@ -241,7 +241,10 @@ pub fn summary(docs: &BTreeMap<String, Value>) -> (Value, Vec<Target>) {
             .collect();
         warm.sort_by(f64::total_cmp);
         let median = warm.get(warm.len() / 2).copied()?;
-        Some((median, format!("setup-{mode}, median of {} warm reps", warm.len())))
+        Some((
+            median,
+            format!("setup-{mode}, median of {} warm reps", warm.len()),
+        ))
     }));
 
     let targets = vec![

@@ -7,9 +7,12 @@
 //! set-up waits for it with no deadline our abort can reach.
 //!
 //! A collective's gate holds every rank of the communicator; a
-//! point-to-point call meets each new peer in a gate of two, taken in the
-//! order of the pair's world ranks on every rank, so ranks that each wait
-//! for several pairs never wait for each other in a circle. A gate that
+//! point-to-point call meets each new peer in a gate of two. All gates of
+//! the calls at hand (one call, or a group's, which nccl-safe holds back
+//! to the group's end) are taken in the order of their keys on every
+//! rank, so ranks that each wait for several never wait in a circle (a
+//! ring of sends to the next rank and receives from the one before would,
+//! in each rank's own order). A gate that
 //! ends without some rank refuses the call on the ranks that came
 //! ([`CheckFailure::Silent`]) and the hub reports the missing ranks lost
 //! ([`crate::liveness::LossCause::NeverCalled`]): every communicator of
@@ -55,34 +58,42 @@ fn csv(ranks: &[usize]) -> String {
 }
 
 impl Watch {
-    /// The gate of one call (see the module docs); `with` holds the
-    /// communicator ranks to meet (every rank for a collective).
-    pub(super) fn gate_call(&self, info: &OpInfo, with: &[usize]) -> Result<(), CheckError> {
+    /// The gate of calls (see the module docs): each with the
+    /// communicator ranks it meets (every rank for a collective). The
+    /// meetings are taken in the order of their keys, the same on every
+    /// rank, so ranks that each wait for several never wait in a circle.
+    pub(super) fn gate_calls(&self, calls: &[(OpInfo, &[usize])]) -> Result<(), CheckError> {
         let Some(g) = &self.gating else {
             return Ok(());
         };
         let Some(liveness) = lock_gating(&self.registry).clone() else {
             return Ok(());
         };
-        if self.lock().failure.is_some() || with.iter().any(|&r| r >= g.members.len()) {
+        if self.lock().failure.is_some() {
             return Ok(());
         }
         let me = g.members[g.rank];
         let waited = self.options.timeout;
-        let mut gates: Vec<(String, Vec<usize>)> = Vec::new();
-        if with.contains(&g.rank) {
-            let mut all = g.members.clone();
-            all.sort_unstable();
-            gates.push((format!("{}:c|{}", g.base, csv(&all)), all));
-        } else {
-            let mut peers: Vec<usize> = with.iter().map(|&r| g.members[r]).collect();
-            peers.sort_unstable();
-            for peer in peers {
-                let pair = vec![me.min(peer), me.max(peer)];
-                gates.push((format!("{}:p|{}", g.base, csv(&pair)), pair));
+        let mut gates: Vec<(String, Vec<usize>, &'static str)> = Vec::new();
+        for (info, with) in calls {
+            if with.iter().any(|&r| r >= g.members.len()) {
+                continue;
+            }
+            if with.contains(&g.rank) {
+                let mut all = g.members.clone();
+                all.sort_unstable();
+                gates.push((format!("{}:c|{}", g.base, csv(&all)), all, info.op));
+            } else {
+                for &r in *with {
+                    let peer = g.members[r];
+                    let pair = vec![me.min(peer), me.max(peer)];
+                    gates.push((format!("{}:p|{}", g.base, csv(&pair)), pair, info.op));
+                }
             }
         }
-        for (key, ranks) in gates {
+        gates.sort_by(|a, b| a.0.cmp(&b.0));
+        gates.dedup_by(|a, b| a.0 == b.0);
+        for (key, ranks, op) in gates {
             let outcome = liveness.gate(&key, me, waited);
             let missing = match outcome {
                 Some(Checked::Agree) | Some(Checked::Diverged(_)) => continue,
@@ -92,7 +103,7 @@ impl Watch {
             self.gated.fetch_add(1, Ordering::Relaxed);
             let failure = CheckFailure::Silent {
                 comm: self.label.clone(),
-                op: info.op,
+                op,
                 ranks: missing,
                 among: ranks,
                 waited,

@@ -70,7 +70,10 @@ fn silent_case(
         };
         r.note("error", &e)?;
         let named = silent_ranks(&e).ok_or_else(|| format!("not the gate's refusal: {e}"))?;
-        r.note("outcome", format!("refused before launch, silent rank(s) {named:?} named"))?;
+        r.note(
+            "outcome",
+            format!("refused before launch, silent rank(s) {named:?} named"),
+        )?;
         if !named.contains(&victim) {
             return Err(format!("the refusal names {named:?}, not rank {victim}").into());
         }

@@ -40,6 +40,75 @@ pub(crate) struct GroupHold<'g> {
     /// so a capture begun after a call was checked is looked for again
     /// there.
     pub(crate) streams: smallvec::SmallVec<[(&'g cudarc::driver::CudaStream, bool); 16]>,
+    /// Calls held back to the group's end because they may connect inside
+    /// NCCL (and every call after the first such one, so the order stays):
+    /// the ranks meet first ([`crate::OpObserver::gate`]), then they are
+    /// issued, in order, into the still open group.
+    pub(crate) deferred: Vec<Deferred<'g>>,
+}
+
+/// A call of a group held back to its end (see [`GroupHold::deferred`]).
+pub(crate) struct Deferred<'g> {
+    /// The communicator, by the address of its shared state.
+    pub(crate) comm: usize,
+    /// Its observer, which makes the ranks meet.
+    pub(crate) observer: Option<std::sync::Arc<dyn crate::OpObserver>>,
+    /// The call, and the communicator ranks it must meet (none: it only
+    /// keeps its place in the order).
+    pub(crate) info: crate::OpInfo,
+    pub(crate) with: smallvec::SmallVec<[usize; 8]>,
+    /// Records on the communicator that those ranks were met.
+    pub(crate) met: Box<dyn FnOnce() + 'g>,
+    /// Issues the call into the open group.
+    #[allow(clippy::type_complexity)]
+    pub(crate) run: Box<dyn for<'h> FnOnce(&'h RefCell<GroupHold<'g>>) -> Result<()> + 'g>,
+}
+
+/// Before the end of a group that holds deferred calls: the ranks meet
+/// for each communicator's calls (communicators in the order of their
+/// observers' labels, the same on every rank), then the calls are issued
+/// in their order. When a meeting fails nothing deferred is issued: the
+/// group then ends with the calls before the first deferred one only,
+/// which need no connection, and the failure is the end's error.
+fn issue_deferred<'g>(held: &RefCell<GroupHold<'g>>) -> Result<()> {
+    let deferred = std::mem::take(&mut held.borrow_mut().deferred);
+    if deferred.is_empty() {
+        return Ok(());
+    }
+    let mut comms: Vec<(String, usize, std::sync::Arc<dyn crate::OpObserver>)> = Vec::new();
+    for d in &deferred {
+        if let Some(o) = &d.observer
+            && !d.with.is_empty()
+            && !comms.iter().any(|(_, c, _)| *c == d.comm)
+        {
+            comms.push((
+                o.gate_label().unwrap_or_default(),
+                d.comm,
+                std::sync::Arc::clone(o),
+            ));
+        }
+    }
+    comms.sort_by(|a, b| a.0.cmp(&b.0));
+    for (_, comm, observer) in &comms {
+        let requests: Vec<(crate::OpInfo, &[usize])> = deferred
+            .iter()
+            .filter(|d| d.comm == *comm && !d.with.is_empty())
+            .map(|d| (d.info, d.with.as_slice()))
+            .collect();
+        without_capture(|| observer.gate(&requests)).map_err(|source| Error::CheckFailed {
+            op: requests.first().map_or("ncclGroupEnd", |r| r.0.op),
+            source,
+        })?;
+    }
+    let mut first_error = Ok(());
+    for d in deferred {
+        (d.met)();
+        let issued = (d.run)(held);
+        if first_error.is_ok() {
+            first_error = issued;
+        }
+    }
+    first_error
 }
 
 impl<'g> GroupHold<'g> {
@@ -121,6 +190,7 @@ impl<'g> GroupGuard<'g> {
                 accesses: Held::new(),
                 observed,
                 streams: smallvec::SmallVec::new(),
+                deferred: Vec::new(),
             }),
             _not_send: PhantomData,
         })
@@ -171,11 +241,12 @@ impl<'g> GroupGuard<'g> {
     /// nonblocking communicators used in it to finish enqueueing.
     pub fn end(mut self) -> Result<()> {
         self.ended = true;
+        let gated = issue_deferred(&self.held);
         let spoiled = self.spoil_captures();
         let result = raw::finish(self.lib);
         self.report(result.is_ok());
         self.held.borrow_mut().accesses.clear();
-        spoiled.and(result)
+        gated.and(spoiled).and(result)
     }
 
     /// Before NCCL enqueues the group: a stream of a call that was not
@@ -218,6 +289,9 @@ impl<'g> GroupGuard<'g> {
         self.lib.capabilities().require(Feature::GroupSimulate)?;
         let simulate = self.lib.raw().ncclGroupSimulateEnd()?;
         self.ended = true;
+        // Calls held back for a meeting are not issued: a simulation
+        // connects nothing and launches nothing.
+        self.held.borrow_mut().deferred.clear();
         let estimate = raw::simulate_end(self.lib, simulate);
         // Nothing was launched: the calls are forgotten, never reported
         // (and never left for a later group to report, with streams that
@@ -232,8 +306,9 @@ impl<'g> GroupGuard<'g> {
 impl Drop for GroupGuard<'_> {
     fn drop(&mut self) {
         if !self.ended {
+            let gated = issue_deferred(&self.held);
             let spoiled = self.spoil_captures();
-            let result = raw::finish(self.lib).and(spoiled);
+            let result = gated.and(raw::finish(self.lib)).and(spoiled);
             self.report(result.is_ok());
             if let Err(e) = result {
                 tracing::debug!(error = %e, "group ended by drop failed");

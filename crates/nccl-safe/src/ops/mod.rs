@@ -32,7 +32,7 @@ use crate::capture::state::{is_allowed, refuse_capture, without_capture};
 use crate::comm::Comm;
 use crate::dtype::NcclType;
 use crate::error::Role;
-use crate::group::{self, GroupGuard, GroupHold, NestedGroup};
+use crate::group::{self, Deferred, GroupGuard, GroupHold, NestedGroup};
 use crate::observe::{ObservedStream, OpInfo, Pending};
 use crate::reduce_op::Reduction;
 use crate::validate::{Check, Span, check_dtype};
@@ -78,6 +78,29 @@ impl std::fmt::Debug for OnStream<'_, '_> {
             .field("comm", self.comm)
             .field("grouped", &self.hold.is_some())
             .finish()
+    }
+}
+
+/// Records on `comm` that the ranks `with` were met for a call of `kind`.
+fn mark_met(comm: &Comm, kind: op::Kind, with: &[usize]) {
+    let mut reached = comm.reached.borrow_mut();
+    match kind {
+        op::Kind::Send
+        | op::Kind::Recv
+        | op::Kind::AllToAll
+        | op::Kind::Gather
+        | op::Kind::Scatter => {
+            let size = comm.size();
+            if reached.peers.len() < size {
+                reached.peers.resize(size, false);
+            }
+            for &r in with {
+                if let Some(p) = reached.peers.get_mut(r) {
+                    *p = true;
+                }
+            }
+        }
+        _ => reached.collective = true,
     }
 }
 
@@ -392,86 +415,135 @@ impl<'s, 'a> OnStream<'s, 'a> {
         })
     }
 
-    /// The observer's gate of `op` (see [`crate::OpObserver::gate`]),
-    /// inside groups and captures too, when the call may connect: the
-    /// communicator's first collective, or the first point-to-point call
-    /// with a peer. Costs a borrow and a few branches otherwise.
+    /// Whether `op` may go to NCCL without a meeting (see
+    /// [`crate::OpObserver::gate`]): its peers were met already. A borrow
+    /// and a few branches.
     #[inline]
-    fn gate(&self, op: &op::Op) -> Result<()> {
-        // The steady state: the peers were met already.
-        {
-            let reached = self.comm.reached.borrow();
-            let met = |r: usize| reached.peers.get(r).copied().unwrap_or(false);
-            let done = match op.kind {
-                op::Kind::Send | op::Kind::Recv => op.peer == self.comm.rank() || met(op.peer),
-                op::Kind::AllToAll | op::Kind::Gather | op::Kind::Scatter => false,
-                _ => reached.collective || self.comm.size() < 2,
-            };
-            if done {
-                return Ok(());
+    fn gate_met(&self, op: &op::Op) -> bool {
+        let reached = self.comm.reached.borrow();
+        let met = |r: usize| reached.peers.get(r).copied().unwrap_or(false);
+        match op.kind {
+            op::Kind::Send | op::Kind::Recv => op.peer == self.comm.rank() || met(op.peer),
+            op::Kind::AllToAll | op::Kind::Gather | op::Kind::Scatter => {
+                self.gate_needed(op).is_empty()
             }
+            _ => reached.collective || self.comm.size() < 2,
         }
-        self.gate_needed(op)
     }
 
-    /// The ranks `op` must meet, when any (see [`OnStream::gate`]).
-    #[cold]
-    fn gate_needed(&self, op: &op::Op) -> Result<()> {
+    /// The communicator ranks `op` must meet before it goes to NCCL: every
+    /// rank for the first collective, each peer not met yet for a
+    /// point-to-point call (all of them for all-to-all and for the root
+    /// of a gather or scatter, the root for the others).
+    fn gate_needed(&self, op: &op::Op) -> smallvec::SmallVec<[usize; 8]> {
         let (size, me) = (self.comm.size(), self.comm.rank());
-        let with: smallvec::SmallVec<[usize; 8]> = {
-            let reached = self.comm.reached.borrow();
-            match op.kind {
-                op::Kind::Send | op::Kind::Recv => (op.peer != me
-                    && !reached.peers.get(op.peer).copied().unwrap_or(false))
-                .then_some(op.peer)
-                .into_iter()
-                .collect(),
-                op::Kind::AllToAll => (0..size)
-                    .filter(|&r| r != me && !reached.peers.get(r).copied().unwrap_or(false))
-                    .collect(),
-                op::Kind::Gather | op::Kind::Scatter if op.peer == me => (0..size)
-                    .filter(|&r| r != me && !reached.peers.get(r).copied().unwrap_or(false))
-                    .collect(),
-                op::Kind::Gather | op::Kind::Scatter => {
-                    (!reached.peers.get(op.peer).copied().unwrap_or(false))
-                        .then_some(op.peer)
-                        .into_iter()
-                        .collect()
-                }
-                _ if reached.collective || size < 2 => smallvec::SmallVec::new(),
-                _ => (0..size).collect(),
+        let reached = self.comm.reached.borrow();
+        let unmet = |r: &usize| *r != me && !reached.peers.get(*r).copied().unwrap_or(false);
+        match op.kind {
+            op::Kind::Send | op::Kind::Recv => Some(op.peer).into_iter().filter(unmet).collect(),
+            op::Kind::AllToAll => (0..size).filter(unmet).collect(),
+            op::Kind::Gather | op::Kind::Scatter if op.peer == me => {
+                (0..size).filter(unmet).collect()
             }
-        };
+            op::Kind::Gather | op::Kind::Scatter => {
+                Some(op.peer).into_iter().filter(unmet).collect()
+            }
+            _ if reached.collective || size < 2 => smallvec::SmallVec::new(),
+            _ => (0..size).collect(),
+        }
+    }
+
+    /// The observer's gate of one call outside a group (or inside a
+    /// capture): the ranks meet now, when the call may connect.
+    #[inline]
+    fn gate(&self, op: &op::Op) -> Result<()> {
+        if self.gate_met(op) {
+            return Ok(());
+        }
+        self.gate_now(op)
+    }
+
+    #[cold]
+    fn gate_now(&self, op: &op::Op) -> Result<()> {
+        let with = self.gate_needed(op);
         if with.is_empty() {
             return Ok(());
         }
-        self.gate_slow(op, &with)
-    }
-
-    fn gate_slow(&self, op: &op::Op, with: &[usize]) -> Result<()> {
         // A clone, not the borrow, as for `before`: the gate may wait.
         let Some(observer) = self.comm.observer.borrow().clone() else {
             return Ok(());
         };
         let info = op.info();
-        without_capture(|| observer.gate(&info, with)).map_err(|source| Error::CheckFailed {
-            op: info.op,
-            source,
+        without_capture(|| observer.gate(&[(info, &with)])).map_err(|source| {
+            Error::CheckFailed {
+                op: info.op,
+                source,
+            }
         })?;
-        let mut reached = self.comm.reached.borrow_mut();
-        let size = self.comm.size();
-        if reached.peers.len() < size {
-            reached.peers.resize(size, false);
-        }
-        match op.kind {
-            op::Kind::Send
-            | op::Kind::Recv
-            | op::Kind::AllToAll
-            | op::Kind::Gather
-            | op::Kind::Scatter => with.iter().for_each(|&r| reached.peers[r] = true),
-            _ => reached.collective = true,
-        }
+        mark_met(self.comm, op.kind, &with);
         Ok(())
+    }
+
+    /// Holds `op` back to the end of the group (`hold`), where its ranks
+    /// meet before it is issued (see [`crate::OpObserver::gate`]).
+    ///
+    /// # Safety
+    ///
+    /// As for [`OnStream::enqueue`]; the group keeps the buffers' accesses
+    /// until its end, when the call is issued.
+    #[cold]
+    unsafe fn defer(&self, op: op::Op, hold: &RefCell<GroupHold<'a>>) {
+        self.defer_with(
+            &op,
+            hold,
+            Box::new(move |on: OnStream<'_, 'a>| {
+                // SAFETY: the caller's promise for `op`, whose buffers the
+                // group held until now, its end.
+                unsafe { on.dispatch(&op) }
+            }),
+        );
+    }
+
+    /// As [`OnStream::defer`], issuing with `run`; `gate_op` says which
+    /// ranks the call meets.
+    #[allow(clippy::type_complexity)]
+    fn defer_with(
+        &self,
+        gate_op: &op::Op,
+        hold: &RefCell<GroupHold<'a>>,
+        run: Box<dyn for<'h> FnOnce(OnStream<'h, 'a>) -> Result<()> + 'a>,
+    ) {
+        let with = self.gate_needed(gate_op);
+        let observer = self.comm.observer.borrow().clone();
+        let (comm, stream, access) = (self.comm, self.stream, self.access);
+        let kind = gate_op.kind;
+        let met_with = with.clone();
+        hold.borrow_mut().deferred.push(Deferred {
+            comm: Arc::as_ptr(comm.shared()) as usize,
+            observer,
+            info: gate_op.info(),
+            with,
+            met: Box::new(move || mark_met(comm, kind, &met_with)),
+            run: Box::new(move |hold| {
+                run(OnStream {
+                    comm,
+                    stream,
+                    access,
+                    hold: Some(hold),
+                    capture: None,
+                })
+            }),
+        });
+    }
+
+    /// Whether a call inside a group is held back to its end: it may
+    /// connect, or an earlier call of the group was held back.
+    fn defers(&self, op: &op::Op) -> Option<&'s RefCell<GroupHold<'a>>> {
+        if !self.comm.gates.get() || self.capture.is_some() {
+            return None;
+        }
+        let hold = self.hold?;
+        (!hold.borrow().deferred.is_empty() || !self.gate_met(op)).then_some(hold)
     }
 
     /// Reports an accepted call on `stream` to the observer: now, or, for

@@ -190,12 +190,31 @@ impl<'s, 'a> OnStream<'s, 'a> {
         // Each peer's part is a send or a receive of its own count.
         let o = Op::of::<T>(OP, Kind::Send, 0).buffers(sp, rp);
         // Gated as an all-to-all: every rank makes the call, and its
-        // parts may connect this rank with each peer.
+        // parts may connect this rank with each peer. Inside a group it
+        // may be held back to the group's end (see `defers`).
+        let gate_op = Op {
+            kind: Kind::AllToAll,
+            ..o
+        };
+        if let Some(hold) = self.defers(&gate_op) {
+            let counts =
+                [send_counts, send_displs, recv_counts, recv_displs].map(<[usize]>::to_vec);
+            self.defer_with(
+                &gate_op,
+                hold,
+                Box::new(move |on| {
+                    let [sc, sd, rc, rd] = &counts;
+                    // SAFETY: as below; the group held the buffers until
+                    // now, its end.
+                    unsafe { on.send_recv_all(&o, sc, sd, rc, rd) }
+                }),
+            );
+            self.settle([sa, ra]);
+            return Ok(());
+        }
         if self.comm.gates.get()
-            && let Err(e) = self.gate(&Op {
-                kind: Kind::AllToAll,
-                ..o
-            })
+            && (self.hold.is_none() || self.capture.is_some())
+            && let Err(e) = self.gate(&gate_op)
         {
             self.settle([sa, ra]);
             return Err(e);

@@ -183,14 +183,41 @@ impl<'a> OnStream<'_, 'a> {
             self.settle(accesses);
             return Err(e);
         }
-        // One branch on a `Cell` unless the observer gates calls.
-        if self.comm.gates.get()
-            && let Err(e) = self.gate(&op)
-        {
-            self.settle(accesses);
-            return Err(e);
+        // One branch on a `Cell` unless the observer gates calls. Inside a
+        // group a call that may connect is held back to the group's end
+        // (and so is every call after it, to keep the order).
+        if self.comm.gates.get() {
+            if let Some(hold) = self.defers(&op) {
+                // SAFETY: the caller's promise; the accesses go to the
+                // group's hold below and stay to its end.
+                unsafe { self.defer(op, hold) };
+                self.settle(accesses);
+                return Ok(());
+            }
+            if (self.hold.is_none() || self.capture.is_some())
+                && let Err(e) = self.gate(&op)
+            {
+                self.settle(accesses);
+                return Err(e);
+            }
         }
-        let enqueued = match op.kind {
+        // SAFETY: the caller's promise.
+        let enqueued = unsafe { self.dispatch(&op) };
+        // Settled even on error: work queued before the failure keeps its
+        // buffers' bookkeeping until the group launches it.
+        self.settle(accesses);
+        enqueued
+    }
+
+    /// The NCCL call(s) of `op`: all-to-all, gather and scatter as grouped
+    /// send/recv where the library lacks them or they are forced so.
+    ///
+    /// # Safety
+    ///
+    /// As for [`OnStream::enqueue`].
+    pub(crate) unsafe fn dispatch(&self, op: &Op) -> Result<()> {
+        let op = *op;
+        match op.kind {
             Kind::AllToAll if self.comm.uses_send_recv(Feature::NativeAllToAll) => {
                 let counts = vec![op.count; self.comm.size()];
                 let displs: Vec<usize> = (0..self.comm.size()).map(|i| i * op.count).collect();
@@ -206,11 +233,7 @@ impl<'a> OnStream<'_, 'a> {
             }
             // SAFETY: the caller's promise.
             _ => unsafe { self.launch(&op) },
-        };
-        // Settled even on error: work queued before the failure keeps its
-        // buffers' bookkeeping until the group launches it.
-        self.settle(accesses);
-        enqueued
+        }
     }
 
     /// The NCCL call of `op`, through [`OnStream::call`] (nonblocking wait,

@@ -24,8 +24,10 @@ use crate::liveness::wire::Msg;
 use crate::liveness::{LossCause, PeerLoss};
 use crate::watchdog::culprit::{Call, Checked};
 
-/// Unfinished checks the hub holds at once (a peer cannot make it store
-/// more; one past that is answered at once as not checked in by the rest).
+/// Unfinished checks the hub holds at once, or twice the world where that
+/// is more (gates of two ranks can be pending for every pair at once): a
+/// peer cannot make it store more; one past that is answered at once as
+/// not checked in by the rest.
 const MAX_PENDING: usize = 64;
 /// Outcomes kept for a waiter that has not taken its own yet.
 const MAX_RESULTS: usize = 64;
@@ -111,7 +113,7 @@ impl Shared {
                 .position(|p| p.key == key && p.seq == seq);
             let at = match at {
                 Some(at) => at,
-                None if checks.pending.len() >= MAX_PENDING => {
+                None if checks.pending.len() >= MAX_PENDING.max(2 * self.world) => {
                     drop(checks);
                     let others = (0..self.world).filter(|r| *r != rank).collect();
                     let outcome = Checked::of(seq, &[], others);
@@ -658,6 +660,42 @@ mod tests {
         let live = Liveness::in_process(3);
         let ranks = vec![live.clone(), live.clone(), live];
         gate_names_the_silent_rank(&ranks, |r| r);
+    }
+
+    /// A ring (each rank sends to the next and receives from the one
+    /// before, in one group): every rank takes its two pair gates in key
+    /// order, as the watchdog does, and all of them meet at once; in each
+    /// rank's own call order they would wait for each other in a circle.
+    #[test]
+    fn a_ring_of_pair_gates_in_key_order_meets_without_waiting() {
+        let n = 4;
+        let live = Liveness::in_process(n);
+        live.exchanger().set_check_wait(Duration::from_secs(5));
+        let started = Instant::now();
+        let threads: Vec<_> = (0..n)
+            .map(|r| {
+                let ex = live.exchanger();
+                std::thread::spawn(move || {
+                    let pair = |a: usize, b: usize| format!("world@0:p|{},{}", a.min(b), a.max(b));
+                    let mut keys = [pair(r, (r + 1) % n), pair((r + n - 1) % n, r)];
+                    keys.sort();
+                    keys.iter()
+                        .map(|k| ex.gate(k, r, Duration::from_secs(5)))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        for t in threads {
+            for outcome in t.join().unwrap() {
+                assert_eq!(outcome, Some(Checked::Agree));
+            }
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+        assert!(live.losses().is_empty());
     }
 
     #[test]
