@@ -231,15 +231,11 @@ impl Watch {
         tail: Vec<(u64, culprit::Call)>,
     ) -> Option<Box<culprit::Divergence>> {
         let me = label_rank(&self.label)?;
-        let siblings: Vec<Arc<Watch>> = self
+        let siblings = self
             .registry
-            .watches
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .filter_map(Weak::upgrade)
-            .filter(|w| !std::ptr::eq(Arc::as_ptr(w), self) && exchange_key(&w.label) == key)
-            .collect();
+            .live()
+            .into_iter()
+            .filter(|w| !std::ptr::eq(Arc::as_ptr(w), self) && exchange_key(&w.label) == key);
         let mut tails: Vec<culprit::Tail> = vec![(me, tail)];
         for w in siblings {
             let Some(rank) = label_rank(&w.label) else {
@@ -438,6 +434,18 @@ struct Registry {
     gating: Mutex<Option<Exchanger>>,
 }
 
+impl Registry {
+    /// The watches whose communicators still exist.
+    fn live(&self) -> Vec<Arc<Watch>> {
+        self.watches
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect()
+    }
+}
+
 fn lock_liveness(r: &Registry) -> MutexGuard<'_, Option<Exchanger>> {
     r.liveness.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -555,15 +563,7 @@ impl Watchdog {
     /// [`FailureKind::PeerLost`] (its flight recorder names the operation
     /// it was at) and is aborted without waiting.
     pub fn peer_lost(&self, loss: &PeerLoss) {
-        let watches: Vec<Arc<Watch>> = self
-            .registry
-            .watches
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .filter_map(Weak::upgrade)
-            .collect();
-        for watch in watches {
+        for watch in self.registry.live() {
             watch.fail(FailureKind::PeerLost(loss.clone()));
         }
     }

@@ -197,6 +197,14 @@ const NOTHING_TO_REFUSE: &[(&str, &str)] = &[
         "hooks an observer implements; a refusal is the observer's own error",
     ),
     (
+        "OpObserver::gate gates gate_label",
+        "hooks an observer implements (the connection gate); a refusal is the observer's own error, ranks out of range are ignored by the watchdog's",
+    ),
+    (
+        "ExitHold::new",
+        "every limit is valid (the exit waits at most a minute)",
+    ),
+    (
         "Comm::borrowed_stream",
         "unsafe: the caller vouches that the raw stream is live on the communicator's context",
     ),
@@ -247,7 +255,7 @@ const NOTHING_TO_REFUSE: &[(&str, &str)] = &[
     ("Failure::render_history", "accessor"),
     ("OpRecord::call", "accessor"),
     (
-        "CheckFailure::of divergence",
+        "CheckFailure::of divergence silent_ranks",
         "accessors; of() answers None for any other error",
     ),
     (

@@ -304,32 +304,7 @@ impl Shared {
             }
             Role::InProcess | Role::Off => return Some(Checked::Agree),
         }
-        let mut checks = lock(&self.checks);
-        loop {
-            if let Some(i) = checks
-                .results
-                .iter()
-                .position(|(k, s, _)| k == key && *s == seq)
-            {
-                return Some(checks.results.remove(i).2);
-            }
-            // A rank of the job was lost (the hub, say): no outcome may
-            // come, and the communicator is being aborted with the loss.
-            // The call goes on to meet that abort (its typed error names
-            // the lost rank) instead of waiting out the timeout here.
-            if self.knows_a_loss() {
-                return Some(Checked::Agree);
-            }
-            let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return None;
-            }
-            checks = self
-                .check_cv
-                .wait_timeout(checks, left)
-                .map(|(g, _)| g)
-                .unwrap_or_else(|p| p.into_inner().0);
-        }
+        self.await_outcome(key, seq, None, until)
     }
 }
 
@@ -367,6 +342,26 @@ impl Shared {
             }
             Role::Off => return Some(Checked::Agree),
         };
+        let among_threads = (self.role == Role::InProcess).then_some(me);
+        self.await_outcome(key, seq, among_threads, until)
+    }
+
+    /// The one wait of checks and gates: the outcome of `seq` of `key`,
+    /// until `until`. `Some(Agree)` once a loss is known: the
+    /// communicator is being aborted with it, and the call goes on to
+    /// meet that abort (its typed error names the lost rank) instead of
+    /// waiting out the timeout here. `among_threads`: this waiter's rank
+    /// when the ranks are threads of this process, where no hub thread
+    /// ends gates past their deadline, so the waiters do; one that gives
+    /// up leaves the gate, so a late rank never finds it there and goes
+    /// into NCCL alone.
+    fn await_outcome(
+        &self,
+        key: &str,
+        seq: u64,
+        among_threads: Option<usize>,
+        until: Instant,
+    ) -> Option<Checked> {
         let mut checks = lock(&self.checks);
         loop {
             if let Some(i) = checks
@@ -377,16 +372,12 @@ impl Shared {
                 return Some(checks.results.remove(i).2);
             }
             if self.knows_a_loss() {
-                // The communicator is being aborted with the loss; the
-                // call meets that abort and its error names the rank.
                 return Some(Checked::Agree);
             }
             let now = Instant::now();
             let left = until.saturating_duration_since(now);
             if left.is_zero() {
-                if self.role == Role::InProcess {
-                    // Gone from the gate: a late rank must not find this
-                    // one there and go into NCCL alone.
+                if let Some(me) = among_threads {
                     for p in checks.pending.iter_mut().filter(|p| p.key == key) {
                         p.calls.retain(|(r, _)| *r != me);
                     }
@@ -394,9 +385,7 @@ impl Shared {
                 return None;
             }
             let mut wait = left;
-            if self.role == Role::InProcess {
-                // No hub thread here: the waiters end gates past their
-                // deadline themselves.
+            if among_threads.is_some() {
                 if checks.pending.iter().any(|p| p.deadline <= now) {
                     drop(checks);
                     self.expire_checks();
