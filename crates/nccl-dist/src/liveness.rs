@@ -94,6 +94,8 @@ mod options;
 pub(crate) mod wire;
 
 pub use engine::Liveness;
+#[cfg(test)]
+pub(crate) use engine::gate_members as engine_gate_members;
 pub(crate) use engine::{Exchanger, Takeover, WAIT as EXCHANGE_WAIT, start_hub, start_member};
 pub use options::{HEARTBEAT_ENV, LIVENESS_ENV, LIVENESS_TIMEOUT_ENV, LivenessOptions};
 

@@ -19,6 +19,8 @@ mod check;
 mod exchange;
 mod handle;
 mod takeover;
+#[cfg(test)]
+pub(crate) use check::gate_members;
 pub(crate) use exchange::{Exchanger, TailSource, WAIT};
 
 pub use handle::Liveness;

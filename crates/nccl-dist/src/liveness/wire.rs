@@ -16,6 +16,7 @@ mod body;
 mod exchange;
 pub(crate) use body::ROSTER_CHUNK;
 use body::{decode_addr, decode_loss, decode_roster, encode_loss, encode_roster, write_addr};
+pub(crate) use exchange::KEY_MAX;
 use exchange::{decode_check, decode_checked, decode_key, decode_tail, decode_verdict};
 use exchange::{encode_check, encode_checked, encode_key, encode_tail, encode_verdict};
 

@@ -30,6 +30,7 @@ use nccl_safe::{CheckError, OpInfo};
 use super::check::CheckFailure;
 use super::culprit::Checked;
 use super::{Watch, exchange_key, lock_gating};
+use crate::liveness::wire::KEY_MAX;
 
 /// What a watch needs to gate its communicator's calls.
 pub(super) struct Gating {
@@ -44,15 +45,37 @@ pub(super) struct Gating {
 
 impl Gating {
     pub(super) fn new(label: &str, generation: u64, members: Vec<usize>, rank: usize) -> Gating {
+        // A digest keeps every key within the wire's bound (64 bytes)
+        // whatever the label, and the same on every rank.
+        let name = format!("{}@{generation}", exchange_key(label));
+        let digest = name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+        // Readable in a loss's text: the label's start, then the digest.
+        let mut end = name.len().min(16);
+        while !name.is_char_boundary(end) {
+            end -= 1;
+        }
         Gating {
             members,
             rank,
-            base: format!("{}@{generation}", exchange_key(label)),
+            base: format!("{}~{digest:016x}", &name[..end]),
         }
     }
 }
 
-fn csv(ranks: &[usize]) -> String {
+/// Sorted ranks as a gate key writes them: `a+d*n` for an arithmetic run
+/// of three or more, else comma-separated.
+fn members_text(ranks: &[usize]) -> String {
+    if let [a, b, ..] = ranks
+        && ranks.len() >= 3
+        && b > a
+        && ranks
+            .windows(2)
+            .all(|w| w[1].checked_sub(w[0]) == Some(b - a))
+    {
+        return format!("{a}+{}*{}", b - a, ranks.len());
+    }
     let list: Vec<String> = ranks.iter().map(usize::to_string).collect();
     list.join(",")
 }
@@ -79,16 +102,26 @@ impl Watch {
             if with.iter().any(|&r| r >= g.members.len()) {
                 continue;
             }
-            if with.contains(&g.rank) {
-                let mut all = g.members.clone();
-                all.sort_unstable();
-                gates.push((format!("{}:c|{}", g.base, csv(&all)), all, info.op));
+            let mut all = g.members.clone();
+            all.sort_unstable();
+            let key = format!("{}:c|{}", g.base, members_text(&all));
+            let peers: Vec<usize> = if !with.contains(&g.rank) {
+                with.iter().map(|&r| g.members[r]).collect()
+            } else if key.len() <= KEY_MAX {
+                gates.push((key, all, info.op));
+                Vec::new()
             } else {
-                for &r in *with {
-                    let peer = g.members[r];
-                    let pair = vec![me.min(peer), me.max(peer)];
-                    gates.push((format!("{}:p|{}", g.base, csv(&pair)), pair, info.op));
-                }
+                // Too many ranks, in no regular order, for one key: every
+                // rank meets every other in pairs, which ends the same.
+                all.into_iter().filter(|&r| r != me).collect()
+            };
+            for peer in peers {
+                let pair = vec![me.min(peer), me.max(peer)];
+                gates.push((
+                    format!("{}:p|{}", g.base, members_text(&pair)),
+                    pair,
+                    info.op,
+                ));
             }
         }
         gates.sort_by(|a, b| a.0.cmp(&b.0));
@@ -112,5 +145,48 @@ impl Watch {
             return Err(Box::new(failure));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn member_lists_stay_short_where_they_are_regular() {
+        let world: Vec<usize> = (0..1024).collect();
+        assert_eq!(members_text(&world), "0+1*1024");
+        assert_eq!(members_text(&[1, 3, 5, 7]), "1+2*4");
+        assert_eq!(members_text(&[3, 7]), "3,7");
+        assert_eq!(members_text(&[0, 2, 3]), "0,2,3");
+        let g = Gating::new(
+            "world[3]/mesh/a-very-long-axis-name-that-goes-on-and-on",
+            0,
+            vec![0],
+            0,
+        );
+        assert_eq!(g.base.len(), 33);
+        assert_eq!(
+            g.base,
+            Gating::new(
+                "world[5]/mesh/a-very-long-axis-name-that-goes-on-and-on",
+                0,
+                vec![0],
+                0
+            )
+            .base,
+            "the same on every rank"
+        );
+        assert_ne!(g.base, Gating::new("world[3]/mesh/dp", 0, vec![0], 0).base);
+        for text in [
+            members_text(&world),
+            members_text(&[1, 3, 5, 7]),
+            members_text(&[3, 7]),
+        ] {
+            let key = format!("{}:c|{text}", g.base);
+            assert!(key.len() <= KEY_MAX, "{key}");
+            let parsed = crate::liveness::engine_gate_members(&key, 1024).unwrap();
+            assert_eq!(members_text(&parsed), text);
+        }
     }
 }

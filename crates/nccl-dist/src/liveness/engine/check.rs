@@ -58,19 +58,32 @@ pub(crate) const GATE_CALL: Call = Call {
     reduction: None,
 };
 
-/// The ranks of a gate, from its key (`…|r1,r2`): distinct, in the world,
-/// at least one; `None` for any other key (a call check).
+/// The ranks of a gate, from its key (`…|r1,r2,…`, or `…|a+d*n` for
+/// the `n` ranks `a`, `a + d`, …): distinct, in the world, at least one;
+/// `None` for any other key (a call check).
 pub(crate) fn gate_members(key: &str, world: usize) -> Option<Vec<usize>> {
     let (_, list) = key.rsplit_once('|')?;
-    let mut out = Vec::new();
-    for part in list.split(',') {
-        let r: usize = part.parse().ok()?;
-        if r >= world || out.contains(&r) {
-            return None;
+    let out: Vec<usize> = match list.split_once('+') {
+        Some((a, rest)) => {
+            let (d, n) = rest.split_once('*')?;
+            let (a, d, n): (usize, usize, usize) =
+                (a.parse().ok()?, d.parse().ok()?, n.parse().ok()?);
+            if d == 0 || n == 0 || n > world {
+                return None;
+            }
+            (0..n)
+                .map(|i| a.checked_add(i.checked_mul(d)?))
+                .collect::<Option<_>>()?
         }
-        out.push(r);
-    }
-    (!out.is_empty()).then_some(out)
+        None => list
+            .split(',')
+            .map(|p| p.parse().ok())
+            .collect::<Option<_>>()?,
+    };
+    let mut seen = out.clone();
+    seen.sort_unstable();
+    seen.dedup();
+    (!out.is_empty() && seen.len() == out.len() && out.iter().all(|&r| r < world)).then_some(out)
 }
 
 /// Call-check state of one rank.
@@ -630,6 +643,9 @@ mod tests {
             );
         }
         assert_eq!(gate_members("world@0:c|0,1,2", 3), Some(vec![0, 1, 2]));
+        assert_eq!(gate_members("k:c|1+2*3", 6), Some(vec![1, 3, 5]));
+        assert_eq!(gate_members("k:c|1+2*3", 5), None);
+        assert_eq!(gate_members("k:c|0+0*3", 5), None);
         assert_eq!(gate_members("world@0:c|0,3", 3), None);
         assert_eq!(gate_members("world@0:c|1,1", 3), None);
         assert_eq!(gate_members("world", 3), None);
