@@ -64,15 +64,18 @@ mod check;
 pub(crate) mod culprit;
 mod explain;
 mod gate;
+mod label;
 mod options;
 pub(crate) mod record;
 mod track;
+mod verdict;
 
 pub use crate::env::{CHECK_CALLS_ENV, FLIGHT_RECORDER_ENV, WATCHDOG_ENV, WATCHDOG_TIMEOUT_ENV};
 pub use check::CheckFailure;
 pub use culprit::{Call, Divergence, Field, Tail, analyze};
 pub use explain::{explain, synchronize};
 pub(crate) use explain::{explain_known, from_failure};
+use label::exchange_key;
 pub use options::WatchdogOptions;
 use record::render;
 pub use record::{Failure, FailureKind, OpRecord, OpState};
@@ -192,64 +195,6 @@ impl Watch {
             None => FailureKind::Timeout { deadline },
         };
         self.fail(kind);
-    }
-
-    /// After a timeout, where the ranks diverge, from the flight-recorder
-    /// exchange over the liveness channel (at most [`EXCHANGE_WAIT`]).
-    fn diverged(&self) -> Option<Box<culprit::Divergence>> {
-        let key = exchange_key(&self.label);
-        // Only where sequence numbers mean the same call on every rank, so
-        // a verdict is never wrong (no verdict is the plain timeout):
-        // - the world's own communicator: the sub-communicators of a mesh
-        //   share their labels across groups, whose ranks would be mixed;
-        // - collectives that every rank records once: point-to-point
-        //   calls, and the forms made of them (all-to-all, gather,
-        //   scatter), record a different number of calls per rank.
-        if key.contains('/') {
-            return None;
-        }
-        let tail: Vec<(u64, culprit::Call)> = {
-            let st = self.lock();
-            if st.history.iter().any(|r| !SYMMETRIC.contains(&r.op)) {
-                return None;
-            }
-            st.history.iter().map(|r| (r.seq, r.call())).collect()
-        };
-        match lock_liveness(&self.registry).clone() {
-            Some(liveness) => liveness.exchange(&key, tail, EXCHANGE_WAIT),
-            None => self.diverged_here(&key, tail),
-        }
-    }
-
-    /// The exchange without a channel: ranks that are threads of this
-    /// process (`World::spawn_local`, `World::local`) share this
-    /// watchdog, so their tails are read here, from the watches of the
-    /// same key.
-    fn diverged_here(
-        &self,
-        key: &str,
-        tail: Vec<(u64, culprit::Call)>,
-    ) -> Option<Box<culprit::Divergence>> {
-        let me = label_rank(&self.label)?;
-        let siblings = self
-            .registry
-            .live()
-            .into_iter()
-            .filter(|w| !std::ptr::eq(Arc::as_ptr(w), self) && exchange_key(&w.label) == key);
-        let mut tails: Vec<culprit::Tail> = vec![(me, tail)];
-        for w in siblings {
-            let Some(rank) = label_rank(&w.label) else {
-                continue;
-            };
-            let st = w.lock();
-            if st.history.iter().any(|r| !SYMMETRIC.contains(&r.op)) {
-                return None;
-            }
-            tails.push((rank, st.history.iter().map(|r| (r.seq, r.call())).collect()));
-        }
-        tails.sort_by_key(|(r, _)| *r);
-        tails.dedup_by_key(|(r, _)| *r);
-        culprit::analyze(&tails).map(Box::new)
     }
 
     /// NCCL reported an error: where the ranks diverge when the flight
@@ -462,29 +407,6 @@ const SYMMETRIC: [&str; 5] = [
     "ncclAllGather",
     "ncclReduceScatter",
 ];
-
-/// The rank in a label (`world[3]/mesh/dp` is 3).
-fn label_rank(label: &str) -> Option<usize> {
-    let (_, rest) = label.split_once('[')?;
-    let (rank, _) = rest.split_once(']')?;
-    rank.parse().ok()
-}
-
-/// A communicator's label with the rank taken out (`world[3]/mesh/dp` is
-/// `world/mesh/dp`): the same on every rank.
-fn exchange_key(label: &str) -> String {
-    let mut out = String::with_capacity(label.len());
-    let mut skip = false;
-    for c in label.chars() {
-        match c {
-            '[' => skip = true,
-            ']' if skip => skip = false,
-            c if !skip => out.push(c),
-            _ => {}
-        }
-    }
-    out
-}
 
 /// A background thread that watches communicators (see the module docs).
 /// Cheap to clone; the thread ends when the last clone and the last
@@ -808,82 +730,4 @@ pub(crate) fn inherit_ranks(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Stands in for `Watch` (which needs a GPU to exist): the type an
-    /// owner looks for behind `Comm::observer`.
-    struct Genuine(u64);
-
-    impl OpObserver for Genuine {
-        fn issued(&self, _: &OpInfo, _: ObservedStream<'_>) {}
-
-        fn as_any(&self) -> Option<&dyn std::any::Any> {
-            Some(self)
-        }
-
-        fn into_any(self: Arc<Self>) -> Option<Arc<dyn std::any::Any + Send + Sync>> {
-            Some(self)
-        }
-    }
-
-    /// A user's observer that forges both hooks: `as_any` answers with a
-    /// real `Genuine` (as a forger could with the reply of a real watch,
-    /// reachable through `Comm::observer`), `into_any` with whatever
-    /// allocation it likes.
-    struct Forger {
-        real: Arc<Genuine>,
-        hand_back: Arc<dyn std::any::Any + Send + Sync>,
-    }
-
-    impl OpObserver for Forger {
-        fn issued(&self, _: &OpInfo, _: ObservedStream<'_>) {}
-
-        fn as_any(&self) -> Option<&dyn std::any::Any> {
-            Some(&*self.real)
-        }
-
-        fn into_any(self: Arc<Self>) -> Option<Arc<dyn std::any::Any + Send + Sync>> {
-            Some(Arc::clone(&self.hand_back))
-        }
-    }
-
-    #[test]
-    fn a_forged_observer_cannot_pass_for_a_watch() {
-        let real = Arc::new(Genuine(7));
-        // Before the fix, `Watched::of` checked `as_any` and then rebuilt
-        // an `Arc<Watch>` from the observer's own allocation (here a
-        // `Forger`) with `Arc::from_raw`: undefined behaviour from safe
-        // code. Now only the allocation `into_any` hands back counts, and
-        // `Arc::downcast` checks its type.
-        let liar: Arc<dyn OpObserver> = Arc::new(Forger {
-            real: Arc::clone(&real),
-            hand_back: Arc::new(42u64),
-        });
-        assert!(liar.as_any().unwrap().downcast_ref::<Genuine>().is_some());
-        assert!(observer_as::<Genuine>(liar).is_none());
-
-        // Handing back a real `Genuine` gets that very one: some real
-        // watch, never a made-up one.
-        let liar: Arc<dyn OpObserver> = Arc::new(Forger {
-            real: Arc::clone(&real),
-            hand_back: real.clone(),
-        });
-        let found = observer_as::<Genuine>(liar).unwrap();
-        assert!(Arc::ptr_eq(&found, &real));
-        assert_eq!(found.0, 7);
-
-        // The genuine observer finds itself; one with the default hooks
-        // is nobody's.
-        let genuine: Arc<dyn OpObserver> = real.clone();
-        assert!(Arc::ptr_eq(
-            &observer_as::<Genuine>(genuine).unwrap(),
-            &real
-        ));
-        struct Plain;
-        impl OpObserver for Plain {
-            fn issued(&self, _: &OpInfo, _: ObservedStream<'_>) {}
-        }
-        assert!(observer_as::<Genuine>(Arc::new(Plain)).is_none());
-    }
-}
+mod tests;
