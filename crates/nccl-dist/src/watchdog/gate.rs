@@ -82,9 +82,12 @@ fn members_text(ranks: &[usize]) -> String {
 
 impl Watch {
     /// The gate of calls (see the module docs): each with the
-    /// communicator ranks it meets (every rank for a collective). The
-    /// meetings are taken in the order of their keys, the same on every
-    /// rank, so ranks that each wait for several never wait in a circle.
+    /// communicator ranks it meets, this rank included for a call every
+    /// rank makes (a first collective, all-to-all, gather or scatter by
+    /// root), else the peers of the point-to-point directions it
+    /// connects. This rank arrives at every meeting first and then waits
+    /// for their outcomes, so ranks that each meet several others never
+    /// wait for each other in a circle.
     pub(super) fn gate_calls(&self, calls: &[(OpInfo, &[usize])]) -> Result<(), CheckError> {
         let Some(g) = &self.gating else {
             return Ok(());
@@ -92,59 +95,107 @@ impl Watch {
         let Some(liveness) = lock_gating(&self.registry).clone() else {
             return Ok(());
         };
-        if self.lock().failure.is_some() {
-            return Ok(());
-        }
         let me = g.members[g.rank];
         let waited = self.options.timeout;
+        // A call on a communicator that failed, or in a job that lost a
+        // rank, is refused: it would go into NCCL's connection before the
+        // abort lands, and wait there for a rank that will not come.
+        let refuse = |op: &'static str, ranks: Vec<usize>, among: Vec<usize>| -> CheckError {
+            self.gated.fetch_add(1, Ordering::Relaxed);
+            let failure = CheckFailure::Silent {
+                comm: self.label.clone(),
+                op,
+                ranks,
+                among,
+                waited,
+            };
+            tracing::error!("{failure}");
+            Box::new(failure)
+        };
+        let first_op = calls.first().map_or("ncclGroupEnd", |(i, _)| i.op);
+        if self.lock().failure.is_some() || !liveness.lost_ranks().is_empty() {
+            let lost = liveness.lost_ranks();
+            return Err(refuse(first_op, lost.clone(), lost));
+        }
         let mut gates: Vec<(String, Vec<usize>, &'static str)> = Vec::new();
         for (info, with) in calls {
             if with.iter().any(|&r| r >= g.members.len()) {
                 continue;
             }
-            let mut all = g.members.clone();
-            all.sort_unstable();
-            let key = format!("{}:c|{}", g.base, members_text(&all));
-            let peers: Vec<usize> = if !with.contains(&g.rank) {
-                with.iter().map(|&r| g.members[r]).collect()
-            } else if key.len() <= KEY_MAX {
-                gates.push((key, all, info.op));
-                Vec::new()
-            } else {
+            if with.contains(&g.rank) {
+                let mut all = g.members.clone();
+                all.sort_unstable();
+                let tag = match info.op {
+                    "ncclAlltoAll" => "a".to_string(),
+                    "ncclGather" | "ncclScatter" => {
+                        let root = info
+                            .peer
+                            .and_then(|r| g.members.get(r))
+                            .copied()
+                            .unwrap_or(0);
+                        format!("{}{root}", &info.op[4..5])
+                    }
+                    _ => "c".to_string(),
+                };
+                let key = format!("{}:{tag}|{}", g.base, members_text(&all));
+                if key.len() <= KEY_MAX {
+                    gates.push((key, all, info.op));
+                    continue;
+                }
                 // Too many ranks, in no regular order, for one key: every
                 // rank meets every other in pairs, which ends the same.
-                all.into_iter().filter(|&r| r != me).collect()
-            };
-            for peer in peers {
-                let pair = vec![me.min(peer), me.max(peer)];
-                gates.push((
-                    format!("{}:p|{}", g.base, members_text(&pair)),
-                    pair,
-                    info.op,
-                ));
+                for peer in all.into_iter().filter(|&r| r != me) {
+                    let pair = vec![me.min(peer), me.max(peer)];
+                    let key = format!("{}:{tag}p|{}", g.base, members_text(&pair));
+                    gates.push((key, pair, info.op));
+                }
+                continue;
+            }
+            for &r in *with {
+                let peer = g.members[r];
+                // The directions this call connects: a send this rank's
+                // to the peer, a receive the peer's to this rank, an
+                // all-to-all-v both (its counts say which exist; both
+                // sides name the same pairs).
+                let edges: &[(usize, usize)] = match info.op {
+                    "ncclSend" => &[(me, peer)],
+                    "ncclRecv" => &[(peer, me)],
+                    _ => &[(me, peer), (peer, me)],
+                };
+                for &(from, to) in edges {
+                    let pair = vec![me.min(peer), me.max(peer)];
+                    let key = format!("{}:e{from}>{to}|{}", g.base, members_text(&pair));
+                    gates.push((key, pair, info.op));
+                }
             }
         }
         gates.sort_by(|a, b| a.0.cmp(&b.0));
         gates.dedup_by(|a, b| a.0 == b.0);
-        for (key, ranks, op) in gates {
-            let outcome = liveness.gate(&key, me, waited);
-            let missing = match outcome {
-                Some(Checked::Agree) | Some(Checked::Diverged(_)) => continue,
-                Some(Checked::Missing(missing, _)) => missing,
-                None => Vec::new(),
-            };
-            self.gated.fetch_add(1, Ordering::Relaxed);
-            let failure = CheckFailure::Silent {
-                comm: self.label.clone(),
-                op,
-                ranks: missing,
-                among: ranks,
-                waited,
-            };
-            tracing::error!("{failure}");
-            return Err(Box::new(failure));
+        let keys: Vec<&str> = gates.iter().map(|(k, _, _)| k.as_str()).collect();
+        let outcomes = liveness.gate_all(&keys, me, waited);
+        let lost = liveness.lost_ranks();
+        let mut missing: Vec<usize> = Vec::new();
+        let mut among: Vec<usize> = Vec::new();
+        let mut op = first_op;
+        for ((_, ranks, call), outcome) in gates.iter().zip(outcomes) {
+            match outcome {
+                // Met, and nobody lost meanwhile (a lost member counts as
+                // arrived at the hub, and a known loss ends the wait).
+                Some(Checked::Agree) | Some(Checked::Diverged(_)) if lost.is_empty() => continue,
+                Some(Checked::Missing(named, _)) if !named.is_empty() => missing.extend(named),
+                _ => missing.extend(lost.iter().copied()),
+            }
+            among.extend(ranks);
+            op = call;
         }
-        Ok(())
+        if missing.is_empty() && among.is_empty() {
+            return Ok(());
+        }
+        missing.sort_unstable();
+        missing.dedup();
+        among.sort_unstable();
+        among.dedup();
+        Err(refuse(op, missing, among))
     }
 }
 

@@ -86,12 +86,24 @@ pub struct Comm {
 
 /// The calls that may make a connection inside NCCL which this rank has
 /// met its peers for ([`OpObserver::gate`]).
+///
+/// NCCL connects a collective's ranks at the first collective (and
+/// every algorithm at its first use, unless `NCCL_RUNTIME_CONNECT=0`), and
+/// point-to-point peers one direction at a time: the first send to a rank
+/// connects this rank's send side, the first receive from it the receive
+/// side.
 #[derive(Debug, Default)]
 pub(crate) struct Reached {
     /// The first collective was let through.
     pub(crate) collective: bool,
-    /// `peers[r]`: the first point-to-point call with rank `r` was.
-    pub(crate) peers: Vec<bool>,
+    /// `send[r]` / `recv[r]`: the first send to / receive from rank `r`
+    /// was.
+    pub(crate) send: Vec<bool>,
+    pub(crate) recv: Vec<bool>,
+    /// Calls every rank makes (all-to-all, and gather and scatter by
+    /// root) whose first use met every rank: (the NCCL function, the
+    /// root).
+    pub(crate) firsts: Vec<(&'static str, usize)>,
 }
 
 impl std::fmt::Debug for Comm {
@@ -113,18 +125,7 @@ impl Drop for Comm {
     fn drop(&mut self) {
         // `lock`, not `try_lock`: a watchdog's momentary look must not make
         // the teardown skip the drain (only an abort holds it long).
-        let mut state = self.shared.lock();
-        // An abort asked for while another thread held the lock (a
-        // completion's or watchdog's, which never wait for it) is this
-        // thread's to perform now: left for the last handle's drop, it
-        // could happen on a detached thread, or not before the process
-        // exits, with NCCL's threads still running under exit handlers.
-        let aborted_here = self.shared.settle_abort(&mut state);
-        let live = matches!(*state, State::Live(_));
-        drop(state);
-        if aborted_here {
-            self.shared.after_abort();
-        }
+        let live = matches!(*self.shared.lock(), State::Live(_));
         if live {
             if let Ok(event) = self.stream.record_event(None) {
                 *self.shared.drain.lock().unwrap_or_else(|p| p.into_inner()) = Some(event);

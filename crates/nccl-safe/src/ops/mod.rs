@@ -81,24 +81,44 @@ impl std::fmt::Debug for OnStream<'_, '_> {
     }
 }
 
-/// Records on `comm` that the ranks `with` were met for a call of `kind`.
-fn mark_met(comm: &Comm, kind: op::Kind, with: &[usize]) {
+/// The counts of an all-to-all-v: to each rank, from each rank.
+pub(crate) type Counts<'c> = (&'c [usize], &'c [usize]);
+
+/// Records on `comm` that the ranks `op` needed were met (see
+/// [`OnStream::gate_needed`]); `counts` for an all-to-all-v.
+fn mark_met(comm: &Comm, op: &op::Op, counts: Option<Counts<'_>>) {
+    let (size, me) = (comm.size(), comm.rank());
     let mut reached = comm.reached.borrow_mut();
-    match kind {
-        op::Kind::Send
-        | op::Kind::Recv
-        | op::Kind::AllToAll
-        | op::Kind::Gather
-        | op::Kind::Scatter => {
-            let size = comm.size();
-            if reached.peers.len() < size {
-                reached.peers.resize(size, false);
+    let reached = &mut *reached;
+    if reached.send.len() < size {
+        reached.send.resize(size, false);
+        reached.recv.resize(size, false);
+    }
+    let all = |side: &mut Vec<bool>| side.iter_mut().for_each(|s| *s = true);
+    match (op.kind, counts) {
+        (_, Some((to, from))) => {
+            for r in 0..size {
+                reached.send[r] |= to.get(r).is_some_and(|n| *n > 0);
+                reached.recv[r] |= from.get(r).is_some_and(|n| *n > 0);
             }
-            for &r in with {
-                if let Some(p) = reached.peers.get_mut(r) {
-                    *p = true;
-                }
+        }
+        (op::Kind::Send, None) => reached.send[op.peer] = true,
+        (op::Kind::Recv, None) => reached.recv[op.peer] = true,
+        (op::Kind::AllToAll, None) => {
+            all(&mut reached.send);
+            all(&mut reached.recv);
+            reached.firsts.push((op.name, usize::MAX));
+        }
+        (op::Kind::Gather | op::Kind::Scatter, None) => {
+            let root = op.peer;
+            let gathers = op.kind == op::Kind::Gather;
+            match (root == me, gathers) {
+                (true, true) => all(&mut reached.recv),
+                (true, false) => all(&mut reached.send),
+                (false, true) => reached.send[root] = true,
+                (false, false) => reached.recv[root] = true,
             }
+            reached.firsts.push((op.name, root));
         }
         _ => reached.collective = true,
     }
@@ -416,39 +436,56 @@ impl<'s, 'a> OnStream<'s, 'a> {
     }
 
     /// Whether `op` may go to NCCL without a meeting (see
-    /// [`crate::OpObserver::gate`]): its peers were met already. A borrow
-    /// and a few branches.
+    /// [`crate::OpObserver::gate`]): what it connects was met already. A
+    /// borrow and a few branches.
     #[inline]
-    fn gate_met(&self, op: &op::Op) -> bool {
+    fn gate_met(&self, op: &op::Op, counts: Option<Counts<'_>>) -> bool {
         let reached = self.comm.reached.borrow();
-        let met = |r: usize| reached.peers.get(r).copied().unwrap_or(false);
-        match op.kind {
-            op::Kind::Send | op::Kind::Recv => op.peer == self.comm.rank() || met(op.peer),
-            op::Kind::AllToAll | op::Kind::Gather | op::Kind::Scatter => {
-                self.gate_needed(op).is_empty()
+        let me = self.comm.rank();
+        let side = |v: &Vec<bool>, r: usize| r == me || v.get(r).copied().unwrap_or(false);
+        match (op.kind, counts) {
+            (_, Some(_)) => false,
+            (op::Kind::Send, None) => side(&reached.send, op.peer),
+            (op::Kind::Recv, None) => side(&reached.recv, op.peer),
+            (op::Kind::AllToAll, None) => reached.firsts.contains(&(op.name, usize::MAX)),
+            (op::Kind::Gather | op::Kind::Scatter, None) => {
+                reached.firsts.contains(&(op.name, op.peer))
             }
             _ => reached.collective || self.comm.size() < 2,
         }
     }
 
-    /// The communicator ranks `op` must meet before it goes to NCCL: every
-    /// rank for the first collective, each peer not met yet for a
-    /// point-to-point call (all of them for all-to-all and for the root
-    /// of a gather or scatter, the root for the others).
-    fn gate_needed(&self, op: &op::Op) -> smallvec::SmallVec<[usize; 8]> {
+    /// The communicator ranks `op` must meet before it goes to NCCL, when
+    /// it may connect: every rank (this one included) for the first
+    /// collective, the first all-to-all, and the first gather or scatter
+    /// of a root (calls every rank makes); for a send, a receive or an
+    /// all-to-all-v (`counts`), the peers of the directions not connected
+    /// yet (this rank not included).
+    fn gate_needed(
+        &self,
+        op: &op::Op,
+        counts: Option<Counts<'_>>,
+    ) -> smallvec::SmallVec<[usize; 8]> {
         let (size, me) = (self.comm.size(), self.comm.rank());
-        let reached = self.comm.reached.borrow();
-        let unmet = |r: &usize| *r != me && !reached.peers.get(*r).copied().unwrap_or(false);
+        if size < 2 {
+            return smallvec::SmallVec::new();
+        }
+        if let Some((to, from)) = counts {
+            let reached = self.comm.reached.borrow();
+            let unmet = |v: &Vec<bool>, r: usize| !v.get(r).copied().unwrap_or(false);
+            return (0..size)
+                .filter(|&r| r != me)
+                .filter(|&r| {
+                    (to.get(r).is_some_and(|n| *n > 0) && unmet(&reached.send, r))
+                        || (from.get(r).is_some_and(|n| *n > 0) && unmet(&reached.recv, r))
+                })
+                .collect();
+        }
+        if self.gate_met(op, None) {
+            return smallvec::SmallVec::new();
+        }
         match op.kind {
-            op::Kind::Send | op::Kind::Recv => Some(op.peer).into_iter().filter(unmet).collect(),
-            op::Kind::AllToAll => (0..size).filter(unmet).collect(),
-            op::Kind::Gather | op::Kind::Scatter if op.peer == me => {
-                (0..size).filter(unmet).collect()
-            }
-            op::Kind::Gather | op::Kind::Scatter => {
-                Some(op.peer).into_iter().filter(unmet).collect()
-            }
-            _ if reached.collective || size < 2 => smallvec::SmallVec::new(),
+            op::Kind::Send | op::Kind::Recv => smallvec::smallvec![op.peer],
             _ => (0..size).collect(),
         }
     }
@@ -456,16 +493,16 @@ impl<'s, 'a> OnStream<'s, 'a> {
     /// The observer's gate of one call outside a group (or inside a
     /// capture): the ranks meet now, when the call may connect.
     #[inline]
-    fn gate(&self, op: &op::Op) -> Result<()> {
-        if self.gate_met(op) {
+    fn gate(&self, op: &op::Op, counts: Option<Counts<'_>>) -> Result<()> {
+        if counts.is_none() && self.gate_met(op, None) {
             return Ok(());
         }
-        self.gate_now(op)
+        self.gate_now(op, counts)
     }
 
     #[cold]
-    fn gate_now(&self, op: &op::Op) -> Result<()> {
-        let with = self.gate_needed(op);
+    fn gate_now(&self, op: &op::Op, counts: Option<Counts<'_>>) -> Result<()> {
+        let with = self.gate_needed(op, counts);
         if with.is_empty() {
             return Ok(());
         }
@@ -480,7 +517,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
                 source,
             }
         })?;
-        mark_met(self.comm, op.kind, &with);
+        mark_met(self.comm, op, counts);
         Ok(())
     }
 
@@ -495,6 +532,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
     unsafe fn defer(&self, op: op::Op, hold: &RefCell<GroupHold<'a>>) {
         self.defer_with(
             &op,
+            None,
             hold,
             Box::new(move |on: OnStream<'_, 'a>| {
                 // SAFETY: the caller's promise for `op`, whose buffers the
@@ -504,26 +542,32 @@ impl<'s, 'a> OnStream<'s, 'a> {
         );
     }
 
-    /// As [`OnStream::defer`], issuing with `run`; `gate_op` says which
-    /// ranks the call meets.
+    /// As [`OnStream::defer`], issuing with `run`; `gate_op` (with the
+    /// `counts` of an all-to-all-v) says which ranks the call meets.
     #[allow(clippy::type_complexity)]
     fn defer_with(
         &self,
         gate_op: &op::Op,
+        counts: Option<Counts<'_>>,
         hold: &RefCell<GroupHold<'a>>,
         run: Box<dyn for<'h> FnOnce(OnStream<'h, 'a>) -> Result<()> + 'a>,
     ) {
-        let with = self.gate_needed(gate_op);
+        let with = self.gate_needed(gate_op, counts);
         let observer = self.comm.observer.borrow().clone();
         let (comm, stream, access) = (self.comm, self.stream, self.access);
-        let kind = gate_op.kind;
-        let met_with = with.clone();
+        let op = *gate_op;
+        let owned = counts.map(|(to, from)| (to.to_vec(), from.to_vec()));
+        let needs = !with.is_empty();
         hold.borrow_mut().deferred.push(Deferred {
             comm: Arc::as_ptr(comm.shared()) as usize,
             observer,
             info: gate_op.info(),
             with,
-            met: Box::new(move || mark_met(comm, kind, &met_with)),
+            met: Box::new(move || {
+                if needs {
+                    mark_met(comm, &op, owned.as_ref().map(|(t, f)| (&t[..], &f[..])));
+                }
+            }),
             run: Box::new(move |hold| {
                 run(OnStream {
                     comm,
@@ -538,12 +582,17 @@ impl<'s, 'a> OnStream<'s, 'a> {
 
     /// Whether a call inside a group is held back to its end: it may
     /// connect, or an earlier call of the group was held back.
-    fn defers(&self, op: &op::Op) -> Option<&'s RefCell<GroupHold<'a>>> {
+    fn defers(
+        &self,
+        op: &op::Op,
+        counts: Option<Counts<'_>>,
+    ) -> Option<&'s RefCell<GroupHold<'a>>> {
         if !self.comm.gates.get() || self.capture.is_some() {
             return None;
         }
         let hold = self.hold?;
-        (!hold.borrow().deferred.is_empty() || !self.gate_met(op)).then_some(hold)
+        let waiting = !hold.borrow().deferred.is_empty();
+        (waiting || !self.gate_needed(op, counts).is_empty()).then_some(hold)
     }
 
     /// Reports an accepted call on `stream` to the observer: now, or, for

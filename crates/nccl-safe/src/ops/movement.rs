@@ -189,21 +189,18 @@ impl<'s, 'a> OnStream<'s, 'a> {
         let _span = tracing::trace_span!("nccl.all_to_all_v", dtype = ?T::DATATYPE).entered();
         // Each peer's part is a send or a receive of its own count.
         let o = Op::of::<T>(OP, Kind::Send, 0).buffers(sp, rp);
-        // Gated as an all-to-all: every rank makes the call, and its
-        // parts may connect this rank with each peer. Inside a group it
-        // may be held back to the group's end (see `defers`).
-        let gate_op = Op {
-            kind: Kind::AllToAll,
-            ..o
-        };
-        if let Some(hold) = self.defers(&gate_op) {
-            let counts =
-                [send_counts, send_displs, recv_counts, recv_displs].map(<[usize]>::to_vec);
+        // Gated by the directions its non-zero counts connect (the same
+        // pairs on both sides when the counts agree). Inside a group it may
+        // be held back to the group's end (see `defers`).
+        let counts = Some((send_counts, recv_counts));
+        if let Some(hold) = self.defers(&o, counts) {
+            let owned = [send_counts, send_displs, recv_counts, recv_displs].map(<[usize]>::to_vec);
             self.defer_with(
-                &gate_op,
+                &o,
+                counts,
                 hold,
                 Box::new(move |on| {
-                    let [sc, sd, rc, rd] = &counts;
+                    let [sc, sd, rc, rd] = &owned;
                     // SAFETY: as below; the group held the buffers until
                     // now, its end.
                     unsafe { on.send_recv_all(&o, sc, sd, rc, rd) }
@@ -214,7 +211,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
         }
         if self.comm.gates.get()
             && (self.hold.is_none() || self.capture.is_some())
-            && let Err(e) = self.gate(&gate_op)
+            && let Err(e) = self.gate(&o, counts)
         {
             self.settle([sa, ra]);
             return Err(e);

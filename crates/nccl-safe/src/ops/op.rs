@@ -187,7 +187,7 @@ impl<'a> OnStream<'_, 'a> {
         // group a call that may connect is held back to the group's end
         // (and so is every call after it, to keep the order).
         if self.comm.gates.get() {
-            if let Some(hold) = self.defers(&op) {
+            if let Some(hold) = self.defers(&op, None) {
                 // SAFETY: the caller's promise; the accesses go to the
                 // group's hold below and stay to its end.
                 unsafe { self.defer(op, hold) };
@@ -195,7 +195,7 @@ impl<'a> OnStream<'_, 'a> {
                 return Ok(());
             }
             if (self.hold.is_none() || self.capture.is_some())
-                && let Err(e) = self.gate(&op)
+                && let Err(e) = self.gate(&op, None)
             {
                 self.settle(accesses);
                 return Err(e);

@@ -167,10 +167,19 @@ impl Shared {
             for r in &arrived {
                 self.on_checked(p.key.clone(), *r as u64, outcome.clone());
             }
+        } else if p.members.is_some() {
+            // A gate's outcome goes to the ranks that came only: the
+            // others' bounded store of outcomes must keep their own.
+            for r in &arrived {
+                self.deliver(p.key.clone(), p.seq, outcome.clone(), Some(*r));
+            }
         } else {
             self.deliver(p.key.clone(), p.seq, outcome, None);
         }
-        if p.members.is_some() {
+        // Once a loss is known the job is being torn down: a rank that
+        // did not come to a gate may have stopped at that loss, and is not
+        // named a second culprit.
+        if p.members.is_some() && !self.knows_a_loss() {
             let waited = lock(&self.checks).wait;
             let seen_by = self.rank.or(arrived.first().copied()).unwrap_or(0);
             let call = p.key.rsplit_once('|').map_or(p.key.as_str(), |(k, _)| k);
@@ -327,36 +336,52 @@ impl Shared {
         std::mem::take(&mut lock(&self.checks).reports)
     }
 
-    /// The connection gate (see the module docs): `me` (a world rank)
-    /// arrives at the gate `key` (whose members follow its `|`) and waits
-    /// for the others, at most `within`. `Some(Agree)` when all came (or
-    /// no channel can tell: liveness off), `Some(Missing)` naming those
-    /// that did not, `None` when no outcome came in time.
-    pub(super) fn gate(&self, key: &str, me: usize, within: Duration) -> Option<Checked> {
+    /// The connection gates `keys` (see the module docs), for `me` (a
+    /// world rank): arrives at every one (members follow each key's `|`),
+    /// then waits for their outcomes, at most `within` in all. Per gate:
+    /// `Some(Agree)` when all came (or no channel can tell: liveness off),
+    /// `Some(Missing)` naming those that did not, `None` when no outcome
+    /// came in time.
+    pub(super) fn gate_all(
+        &self,
+        keys: &[&str],
+        me: usize,
+        within: Duration,
+    ) -> Vec<Option<Checked>> {
         let until = Instant::now() + within;
         let seq = match self.role {
             Role::Hub => {
-                self.add_check(key, 0, me, GATE_CALL);
+                for key in keys {
+                    self.add_check(key, 0, me, GATE_CALL);
+                }
                 self.wake();
                 0
             }
             Role::Member => {
-                let hub = self.links().into_iter().find(|l| l.to_hub)?;
-                hub.send(&Msg::Check {
-                    key: key.to_string(),
-                    seq: 0,
-                    call: GATE_CALL,
-                });
+                let Some(hub) = self.links().into_iter().find(|l| l.to_hub) else {
+                    return vec![None; keys.len()];
+                };
+                for key in keys {
+                    hub.send(&Msg::Check {
+                        key: key.to_string(),
+                        seq: 0,
+                        call: GATE_CALL,
+                    });
+                }
                 0
             }
             Role::InProcess => {
-                self.add_check(key, 0, me, GATE_CALL);
+                for key in keys {
+                    self.add_check(key, 0, me, GATE_CALL);
+                }
                 me as u64
             }
-            Role::Off => return Some(Checked::Agree),
+            Role::Off => return vec![Some(Checked::Agree); keys.len()],
         };
         let among_threads = (self.role == Role::InProcess).then_some(me);
-        self.await_outcome(key, seq, among_threads, until)
+        keys.iter()
+            .map(|key| self.await_outcome(key, seq, among_threads, until))
+            .collect()
     }
 
     /// The one wait of checks and gates: the outcome of `seq` of `key`,
@@ -700,6 +725,31 @@ mod tests {
             "{:?}",
             started.elapsed()
         );
+        assert!(live.losses().is_empty());
+    }
+
+    /// The same ring, each rank arriving at both of its gates at once, in
+    /// its own order (send, then receive): arriving never waits, so no
+    /// order is needed.
+    #[test]
+    fn a_ring_of_pair_gates_arrived_at_together_meets_in_any_order() {
+        let n = 4;
+        let live = Liveness::in_process(n);
+        live.exchanger().set_check_wait(Duration::from_secs(5));
+        let threads: Vec<_> = (0..n)
+            .map(|r| {
+                let ex = live.exchanger();
+                std::thread::spawn(move || {
+                    let pair = |a: usize, b: usize| format!("world@0:p|{},{}", a.min(b), a.max(b));
+                    let keys = [pair(r, (r + 1) % n), pair((r + n - 1) % n, r)];
+                    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+                    ex.gate_all(&keys, r, Duration::from_secs(5))
+                })
+            })
+            .collect();
+        for t in threads {
+            assert_eq!(t.join().unwrap(), vec![Some(Checked::Agree); 2]);
+        }
         assert!(live.losses().is_empty());
     }
 

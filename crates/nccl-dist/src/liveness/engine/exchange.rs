@@ -69,14 +69,25 @@ impl Exchanger {
         }
     }
 
-    /// How long the hub waits for every rank of a check.
     /// The connection gate `key` (its members after the `|`) for world
     /// rank `me`: see `Shared::gate`. `Some(Agree)` without a channel.
+    #[cfg(test)]
     pub(crate) fn gate(&self, key: &str, me: usize, within: Duration) -> Option<Checked> {
+        self.gate_all(&[key], me, within).pop().flatten()
+    }
+
+    /// The gates `keys` for world rank `me`: arrives at every one, then
+    /// waits for each outcome, at most `within` in all (see `Shared::gate`).
+    pub(crate) fn gate_all(
+        &self,
+        keys: &[&str],
+        me: usize,
+        within: Duration,
+    ) -> Vec<Option<Checked>> {
         let Some(shared) = self.0.upgrade() else {
-            return Some(Checked::Agree);
+            return vec![Some(Checked::Agree); keys.len()];
         };
-        let outcome = shared.gate(key, me, within);
+        let outcome = shared.gate_all(keys, me, within);
         let losses = shared.take_reports();
         if !losses.is_empty() {
             // The hooks abort every communicator of the job: on a thread
@@ -97,6 +108,18 @@ impl Exchanger {
         outcome
     }
 
+    /// The ranks this rank knows to be lost, lowest first.
+    pub(crate) fn lost_ranks(&self) -> Vec<usize> {
+        let Some(shared) = self.0.upgrade() else {
+            return Vec::new();
+        };
+        let mut lost: Vec<usize> = lock(&shared.state).losses.iter().map(|l| l.rank).collect();
+        lost.sort_unstable();
+        lost.dedup();
+        lost
+    }
+
+    /// How long the hub waits for every rank of a check.
     pub(crate) fn set_check_wait(&self, wait: Duration) {
         if let Some(shared) = self.0.upgrade() {
             shared.set_check_wait(wait);
