@@ -282,6 +282,12 @@ impl<'g> GroupGuard<'g> {
     /// On a library that cannot simulate, the error comes back and the
     /// group is ended for real as the guard goes: its work is launched,
     /// and the group is never left open.
+    ///
+    /// Calls held back for the connection gate (see
+    /// [`crate::OpObserver::gate`]: with a gating observer, a group's calls
+    /// from the first one that may connect on) are not issued, so they
+    /// are not part of the estimate: simulating them would make NCCL's
+    /// connections, which is what the gate keeps from happening unmet.
     pub fn simulate(mut self) -> Result<Option<f32>> {
         // Looked up while the guard still owns the group: on an error its
         // drop ends the group (launching the queued work) instead of
