@@ -80,6 +80,7 @@ pub fn exchange_id(rank: usize) -> UniqueId {
 /// emulated hosts (`NCCL_SAFE_TEST_NODES`) each host sees only its own
 /// GPUs, which must hold its share of the ranks.
 pub fn world() -> usize {
+    crate::trace_if_asked();
     let visible = nccl_safe::cudarc::driver::CudaContext::device_count().unwrap_or(0) as usize;
     let hosts = std::env::var("NCCL_SAFE_TEST_NODES")
         .ok()

@@ -33,7 +33,9 @@ pub(crate) fn bounded(name: &str, deadline: Duration, job: impl FnOnce() + Send 
     let spawned = std::thread::Builder::new()
         .name(name.to_string())
         .spawn(move || {
+            tracing::debug!("teardown thread: start");
             job();
+            tracing::debug!("teardown thread: done");
             drop(hold);
             let (flag, cvar) = &*signal;
             *flag.lock().unwrap_or_else(|p| p.into_inner()) = true;

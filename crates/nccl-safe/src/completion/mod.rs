@@ -168,12 +168,14 @@ fn abort_elsewhere(shared: &Arc<Shared>, cause: AbortCause) {
         .name("nccl-completion-abort".into())
         .spawn(move || {
             let _hold = hold;
+            tracing::debug!("completion abort thread: start");
             let cause = on_its_own
                 .cause
                 .get()
                 .cloned()
                 .unwrap_or(AbortCause::Requested);
-            on_its_own.request_abort(cause);
+            let now = on_its_own.request_abort(cause);
+            tracing::debug!(aborted_now = now, "completion abort thread: done");
         });
     if let Err(e) = spawned {
         // No thread to be had: the cause stays set, so the communicator's
