@@ -8,6 +8,7 @@
 //! | `NCCL_SAFE_TEST_WORLD` | ranks (GPUs) to use; default: every visible GPU |
 //! | `NCCL_SAFE_TEST_ID_FILE` | processes mode: where rank 0 writes the unique id |
 //! | `RANK`, `WORLD_SIZE`, `LOCAL_RANK` | processes mode: this process's place (torchrun's names) |
+//! | `NCCL_SAFE_TEST_TRACE` | `1`: the crates' tracing to stderr, unbuffered (`trace.rs`) |
 //! | `NCCL_SAFE_TEST_NODES` | processes mode on emulated hosts (`gpu-test --nodes N`): the ranks are spread over N hosts, each with its own GPUs |
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -80,7 +81,7 @@ pub fn exchange_id(rank: usize) -> UniqueId {
 /// emulated hosts (`NCCL_SAFE_TEST_NODES`) each host sees only its own
 /// GPUs, which must hold its share of the ranks.
 pub fn world() -> usize {
-    crate::trace_if_asked();
+    trace_if_asked();
     let visible = nccl_safe::cudarc::driver::CudaContext::device_count().unwrap_or(0) as usize;
     let hosts = std::env::var("NCCL_SAFE_TEST_NODES")
         .ok()
@@ -114,4 +115,14 @@ pub fn random_id() -> UniqueId {
         *b = x as u8;
     }
     UniqueId::from_bytes(bytes)
+}
+
+/// Turns the stderr trace on (`trace.rs`).
+pub const TRACE_ENV: &str = "NCCL_SAFE_TEST_TRACE";
+
+/// Installs the stderr trace when [`TRACE_ENV`] is `1` (once).
+pub fn trace_if_asked() {
+    if std::env::var(TRACE_ENV).as_deref() == Ok("1") {
+        crate::trace::install();
+    }
 }

@@ -9,7 +9,7 @@
 //! ranks.rs     Rank and run(config, body): a communicator per rank in each mode
 //! values.rs    TestType, exact inputs, Guarded buffers, each_type!
 //! deadline.rs  within(limit, f): a call that must return in time
-//! trace.rs     NCCL_RS_TEST_TRACE=1: the crates' tracing to stderr, unbuffered
+//! trace.rs     NCCL_SAFE_TEST_TRACE=1: the crates' tracing to stderr, unbuffered
 //! ```
 //!
 //! Import direction: `ranks` and `values` use `env`, `env` uses `trace`;
@@ -22,9 +22,8 @@ mod trace;
 mod values;
 
 pub use deadline::within;
-pub use env::{Mode, env_number, exchange_id, mode, random_id, world};
+pub use env::{Mode, TRACE_ENV, env_number, exchange_id, mode, random_id, trace_if_asked, world};
 pub use ranks::{Rank, run};
-pub use trace::{TRACE_ENV, trace_if_asked};
 pub use values::{GUARD, GUARD_VALUE, Guarded, TestType, move_input, reduce_input, type_name};
 
 // For the macros, which run in the test crate.

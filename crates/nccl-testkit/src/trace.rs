@@ -1,7 +1,7 @@
-//! `NCCL_RS_TEST_TRACE=1`: the crates' `tracing` spans and events, with
-//! the thread and the time since the first, written unbuffered to stderr,
-//! so a run that dies (a signal at exit, say) still shows what happened
-//! up to then. Imports nothing of this crate.
+//! The crates' `tracing` spans and events, with the thread and the time
+//! since the first, written unbuffered to stderr, so a run that dies (a
+//! signal at exit, say) still shows what happened up to then
+//! (`NCCL_SAFE_TEST_TRACE=1`, see `env.rs`). Imports nothing of this crate.
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -11,9 +11,6 @@ use std::time::Instant;
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Metadata, Subscriber};
-
-/// The variable that turns the trace on.
-pub const TRACE_ENV: &str = "NCCL_RS_TEST_TRACE";
 
 struct Stderr {
     started: Instant,
@@ -89,16 +86,15 @@ impl Subscriber for Stderr {
     }
 }
 
-/// Installs the stderr trace once, when [`TRACE_ENV`] is `1`.
-pub fn trace_if_asked() {
+/// Installs the stderr trace as the process's subscriber (once; later
+/// calls, or another subscriber already set, change nothing).
+pub(crate) fn install() {
     static ONCE: OnceLock<()> = OnceLock::new();
     ONCE.get_or_init(|| {
-        if std::env::var(TRACE_ENV).as_deref() == Ok("1") {
-            let _ = tracing::subscriber::set_global_default(Stderr {
-                started: Instant::now(),
-                next: AtomicU64::new(1),
-                names: Mutex::new(Vec::new()),
-            });
-        }
+        let _ = tracing::subscriber::set_global_default(Stderr {
+            started: Instant::now(),
+            next: AtomicU64::new(1),
+            names: Mutex::new(Vec::new()),
+        });
     });
 }
