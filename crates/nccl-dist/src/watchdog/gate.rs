@@ -127,6 +127,7 @@ impl Watch {
                 all.sort_unstable();
                 let tag = match info.op {
                     "ncclAlltoAll" => "a".to_string(),
+                    "all_to_all_v" => "v".to_string(),
                     "ncclGather" | "ncclScatter" => {
                         let root = info
                             .peer

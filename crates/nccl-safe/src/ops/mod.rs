@@ -101,6 +101,9 @@ fn mark_met(comm: &Comm, op: &op::Op, counts: Option<Counts<'_>>) {
                 reached.send[r] |= to.get(r).is_some_and(|n| *n > 0);
                 reached.recv[r] |= from.get(r).is_some_and(|n| *n > 0);
             }
+            if !reached.firsts.contains(&(op.name, usize::MAX)) {
+                reached.firsts.push((op.name, usize::MAX));
+            }
         }
         (op::Kind::Send, None) => reached.send[op.peer] = true,
         (op::Kind::Recv, None) => reached.recv[op.peer] = true,
@@ -457,10 +460,10 @@ impl<'s, 'a> OnStream<'s, 'a> {
 
     /// The communicator ranks `op` must meet before it goes to NCCL, when
     /// it may connect: every rank (this one included) for the first
-    /// collective, the first all-to-all, and the first gather or scatter
-    /// of a root (calls every rank makes); for a send, a receive or an
-    /// all-to-all-v (`counts`), the peers of the directions not connected
-    /// yet (this rank not included).
+    /// collective, the first all-to-all or all-to-all-v, and the first
+    /// gather or scatter of a root (calls every rank makes); for a send, a
+    /// receive or a later all-to-all-v (`counts`), the peers of the
+    /// directions not connected yet (this rank not included).
     fn gate_needed(
         &self,
         op: &op::Op,
@@ -472,6 +475,12 @@ impl<'s, 'a> OnStream<'s, 'a> {
         }
         if let Some((to, from)) = counts {
             let reached = self.comm.reached.borrow();
+            // The first all-to-all-v meets every rank (every rank makes
+            // it): then no rank can pass its meetings while another
+            // refuses. Later ones meet the peers of new directions.
+            if !reached.firsts.contains(&(op.name, usize::MAX)) {
+                return (0..size).collect();
+            }
             let unmet = |v: &Vec<bool>, r: usize| !v.get(r).copied().unwrap_or(false);
             return (0..size)
                 .filter(|&r| r != me)
