@@ -183,16 +183,26 @@ impl<'s, 'a> OnStream<'s, 'a> {
         let (rp, ra) = self.write_buf(OP, recv)?;
         (s.ptr, r.ptr) = (sp, rp);
         c.aliasing(s, s.len, r, r.len, None)?;
-        if send_counts.iter().chain(recv_counts).all(|n| *n == 0) {
-            return Ok(());
-        }
-        let _span = tracing::trace_span!("nccl.all_to_all_v", dtype = ?T::DATATYPE).entered();
         // Each peer's part is a send or a receive of its own count.
         let o = Op::of::<T>(OP, Kind::Send, 0).buffers(sp, rp);
         // Gated by the directions its non-zero counts connect (the same
-        // pairs on both sides when the counts agree). Inside a group it may
-        // be held back to the group's end (see `defers`).
+        // pairs on both sides when the counts agree), the first one by
+        // every rank. Inside a group it may be held back to the group's
+        // end (see `defers`).
         let counts = Some((send_counts, recv_counts));
+        if send_counts.iter().chain(recv_counts).all(|n| *n == 0) {
+            // Nothing to send or receive; but at the first all-to-all-v
+            // this rank still meets the others, who wait for every rank.
+            if !self.comm.gates.get() || self.gate_needed(&o, counts).is_empty() {
+                return Ok(());
+            }
+            if let Some(hold) = self.defers(&o, counts) {
+                self.defer_with(&o, counts, hold, Box::new(|_| Ok(())));
+                return Ok(());
+            }
+            return self.gate(&o, counts);
+        }
+        let _span = tracing::trace_span!("nccl.all_to_all_v", dtype = ?T::DATATYPE).entered();
         if let Some(hold) = self.defers(&o, counts) {
             let owned = [send_counts, send_displs, recv_counts, recv_displs].map(<[usize]>::to_vec);
             self.defer_with(
