@@ -121,8 +121,6 @@ struct Watch {
     checked: AtomicU64,
     /// Calls that may connect inside NCCL are gated (`gate.rs`).
     gating: Option<gate::Gating>,
-    /// Gates that refused a call.
-    gated: AtomicU64,
 }
 
 impl Watch {
@@ -521,7 +519,6 @@ impl Watchdog {
             });
         let watch = Arc::new(Watch {
             gating,
-            gated: AtomicU64::new(0),
             check: check::checks(self.registry.options.check_calls, &label),
             checked: AtomicU64::new(0),
             label,

@@ -158,10 +158,12 @@ pub trait OpObserver: Send + Sync {
 
     /// Calls are about to go to NCCL that may make a connection inside
     /// it, where a peer that never makes its side of the call leaves this
-    /// thread waiting in NCCL, out of any abort's reach: the first
-    /// collective of the communicator (its `&[usize]` holds every rank),
-    /// or the first point-to-point call between this rank and the ranks
-    /// listed (send, recv, all-to-all, gather, scatter; lowest first). An
+    /// thread waiting in NCCL, out of any abort's reach. Its `&[usize]`
+    /// holds every rank, this one included, for the first use of a call
+    /// every rank makes (the first collective, all-to-all or
+    /// all-to-all-v, gather or scatter of a root); else the peers of the
+    /// point-to-point directions it connects that were not met yet (a
+    /// send's, a receive's, a later all-to-all-v's; lowest first). An
     /// observer that can reach the other ranks makes them meet first,
     /// outside NCCL and within a deadline, so that a rank that never makes
     /// the call is found and named here. `Err` refuses the calls with

@@ -23,8 +23,6 @@
 //! `members`): the world's communicator and a mesh's have them; a
 //! communicator split otherwise is not gated.
 
-use std::sync::atomic::Ordering;
-
 use nccl_safe::{CheckError, OpInfo};
 
 use super::check::CheckFailure;
@@ -101,7 +99,6 @@ impl Watch {
         // rank, is refused: it would go into NCCL's connection before the
         // abort lands, and wait there for a rank that will not come.
         let refuse = |op: &'static str, ranks: Vec<usize>, among: Vec<usize>| -> CheckError {
-            self.gated.fetch_add(1, Ordering::Relaxed);
             let failure = CheckFailure::Silent {
                 comm: self.label.clone(),
                 op,

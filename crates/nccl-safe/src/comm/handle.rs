@@ -113,7 +113,7 @@ impl Shared {
     ///
     /// `true` only for the transition from live to aborted made here, so
     /// [`Shared::after_abort`] runs once per communicator.
-    pub(crate) fn settle_abort(&self, state: &mut MutexGuard<'_, State>) -> bool {
+    fn settle_abort(&self, state: &mut MutexGuard<'_, State>) -> bool {
         if !matches!(**state, State::Live(_)) {
             return false;
         }

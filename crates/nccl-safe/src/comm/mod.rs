@@ -76,8 +76,8 @@ pub struct Comm {
     /// The observer gates calls that may connect
     /// ([`OpObserver::gates`]), read when it is set.
     pub(crate) gates: Cell<bool>,
-    /// What the gate already let through: the first collective, and the
-    /// peers met for point-to-point calls (by communicator rank).
+    /// What the gate already let through: first uses met by every rank,
+    /// and point-to-point directions met (by communicator rank).
     pub(crate) reached: RefCell<Reached>,
     /// The last stream handed to [`Comm::borrowed_stream`], wrapped.
     pub(in crate::comm) borrowed: RefCell<Option<Arc<CudaStream>>>,

@@ -438,22 +438,19 @@ impl<'s, 'a> OnStream<'s, 'a> {
         })
     }
 
-    /// Whether `op` may go to NCCL without a meeting (see
-    /// [`crate::OpObserver::gate`]): what it connects was met already. A
-    /// borrow and a few branches.
+    /// Whether `op` (not an all-to-all-v, whose counts decide) may go to
+    /// NCCL without a meeting (see [`crate::OpObserver::gate`]): what it
+    /// connects was met already. A borrow and a few branches.
     #[inline]
-    fn gate_met(&self, op: &op::Op, counts: Option<Counts<'_>>) -> bool {
+    fn gate_met(&self, op: &op::Op) -> bool {
         let reached = self.comm.reached.borrow();
         let me = self.comm.rank();
         let side = |v: &Vec<bool>, r: usize| r == me || v.get(r).copied().unwrap_or(false);
-        match (op.kind, counts) {
-            (_, Some(_)) => false,
-            (op::Kind::Send, None) => side(&reached.send, op.peer),
-            (op::Kind::Recv, None) => side(&reached.recv, op.peer),
-            (op::Kind::AllToAll, None) => reached.firsts.contains(&(op.name, usize::MAX)),
-            (op::Kind::Gather | op::Kind::Scatter, None) => {
-                reached.firsts.contains(&(op.name, op.peer))
-            }
+        match op.kind {
+            op::Kind::Send => side(&reached.send, op.peer),
+            op::Kind::Recv => side(&reached.recv, op.peer),
+            op::Kind::AllToAll => reached.firsts.contains(&(op.name, usize::MAX)),
+            op::Kind::Gather | op::Kind::Scatter => reached.firsts.contains(&(op.name, op.peer)),
             _ => reached.collective || self.comm.size() < 2,
         }
     }
@@ -490,7 +487,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
                 })
                 .collect();
         }
-        if self.gate_met(op, None) {
+        if self.gate_met(op) {
             return smallvec::SmallVec::new();
         }
         match op.kind {
@@ -503,7 +500,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
     /// capture): the ranks meet now, when the call may connect.
     #[inline]
     fn gate(&self, op: &op::Op, counts: Option<Counts<'_>>) -> Result<()> {
-        if counts.is_none() && self.gate_met(op, None) {
+        if counts.is_none() && self.gate_met(op) {
             return Ok(());
         }
         self.gate_now(op, counts)

@@ -6,7 +6,7 @@
 //! ranks that did not come, and it holds at most [`MAX_PENDING`] checks.
 //! Nothing here runs, locks or allocates unless the check is on.
 //!
-//! The same machinery serves the connection gate (`Shared::gate`): a check
+//! The same machinery serves the connection gate (`Shared::gate_all`): a check
 //! whose key ends in `|` and the world ranks that take part (`…|2,3`),
 //! made before a call that may connect inside NCCL. The hub waits for
 //! those ranks only; at its deadline it names the ones that did not come

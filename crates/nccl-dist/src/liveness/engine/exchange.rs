@@ -70,14 +70,14 @@ impl Exchanger {
     }
 
     /// The connection gate `key` (its members after the `|`) for world
-    /// rank `me`: see `Shared::gate`. `Some(Agree)` without a channel.
+    /// rank `me`: see `Shared::gate_all`. `Some(Agree)` without a channel.
     #[cfg(test)]
     pub(crate) fn gate(&self, key: &str, me: usize, within: Duration) -> Option<Checked> {
         self.gate_all(&[key], me, within).pop().flatten()
     }
 
     /// The gates `keys` for world rank `me`: arrives at every one, then
-    /// waits for each outcome, at most `within` in all (see `Shared::gate`).
+    /// waits for each outcome, at most `within` in all (see `Shared::gate_all`).
     pub(crate) fn gate_all(
         &self,
         keys: &[&str],
