@@ -101,10 +101,16 @@ impl ExitHold {
             // nothing waits at exit (as before).
             let _ = unsafe { libc::atexit(wait_at_exit) };
         });
-        let ms = u64::try_from((limit + Duration::from_secs(1)).as_millis()).unwrap_or(u64::MAX);
-        EXIT_WAIT_MS.fetch_max(ms, Ordering::Relaxed);
+        ExitHold::extend(limit);
         *IN_FLIGHT.lock().unwrap_or_else(|p| p.into_inner()) += 1;
         ExitHold(())
+    }
+
+    /// Lets a live hold's work run up to `limit` (plus a second) at exit,
+    /// if that is longer than asked for so far.
+    pub(crate) fn extend(limit: Duration) {
+        let ms = u64::try_from((limit + Duration::from_secs(1)).as_millis()).unwrap_or(u64::MAX);
+        EXIT_WAIT_MS.fetch_max(ms, Ordering::Relaxed);
     }
 }
 
@@ -122,7 +128,12 @@ impl Drop for ExitHold {
 extern "C" fn wait_at_exit() {
     let limit = Duration::from_millis(EXIT_WAIT_MS.load(Ordering::Relaxed)).min(EXIT_WAIT_MAX);
     let n = IN_FLIGHT.lock().unwrap_or_else(|p| p.into_inner());
-    let _ = SETTLED.wait_timeout_while(n, limit, |n| *n > 0);
+    let holds = *n;
+    let started = Instant::now();
+    let (n, _) = SETTLED
+        .wait_timeout_while(n, limit, |n| *n > 0)
+        .unwrap_or_else(|p| p.into_inner());
+    tracing::debug!(holds, left = *n, waited = ?started.elapsed(), ?limit, "exit: waited for holds");
 }
 
 thread_local! {

@@ -69,6 +69,10 @@ pub(crate) enum Step {
 pub(crate) trait Entry: Send + Sync {
     /// Looks at the work once, resolving and waking as it finds.
     fn step(&self, now: Instant) -> Step;
+
+    /// How long the work may still run from `now`: its deadline's
+    /// remainder (the process's exit waits that long for it at most).
+    fn remaining(&self, now: Instant) -> Duration;
 }
 
 impl<B: Send, S: Source> Tracked<B, S> {
@@ -168,6 +172,10 @@ impl<B: Send, S: Source> Tracked<B, S> {
 }
 
 impl<B: Send, S: Source> Entry for Tracked<B, S> {
+    fn remaining(&self, now: Instant) -> Duration {
+        self.deadline.saturating_duration_since(now)
+    }
+
     fn step(&self, now: Instant) -> Step {
         let complete = self.source.is_complete();
         let mut slot = self.lock();

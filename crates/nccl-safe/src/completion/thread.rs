@@ -10,11 +10,19 @@
 //! registration wakes it), 5 µs doubling to 1 ms, so a long wait costs about a thousand event queries a
 //! second. The cost is at most one core for [`SPIN`] after each burst of
 //! activity.
+//!
+//! While it has work in flight the thread holds an [`ExitHold`]: the
+//! process's exit waits (at most the longest deadline of that work, plus
+//! a second) until the thread has let go of every operation. Without it,
+//! an exit right after a completion resolved early (a timeout, an abort)
+//! ran the exit handlers that tear CUDA down while this thread still
+//! queried the operation's event and freed its buffers.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use crate::ExitHold;
 use crate::completion::state::{Entry, Step};
 
 /// How long the thread polls without sleeping after activity.
@@ -92,6 +100,8 @@ fn run() {
         }
     };
     let mut pending: Vec<Arc<dyn Entry>> = Vec::new();
+    // Held while `pending` is not empty.
+    let mut hold: Option<ExitHold> = None;
     let mut active = Instant::now();
     let mut pause = FIRST_PAUSE;
     loop {
@@ -105,8 +115,17 @@ fn run() {
             }
             registry.fresh.store(false, Ordering::Relaxed);
             if !incoming.is_empty() {
-                pending.append(&mut incoming);
                 active = Instant::now();
+                let limit = incoming
+                    .iter()
+                    .map(|e| e.remaining(active))
+                    .max()
+                    .unwrap_or_default();
+                match &hold {
+                    Some(_) => ExitHold::extend(limit),
+                    None => hold = Some(ExitHold::new(limit)),
+                }
+                pending.append(&mut incoming);
                 pause = FIRST_PAUSE;
             }
         }
@@ -120,6 +139,9 @@ fn run() {
             pause = FIRST_PAUSE;
         }
         if pending.is_empty() {
+            if hold.take().is_some() {
+                tracing::trace!("nccl-completion: nothing in flight; exit no longer waits");
+            }
             continue;
         }
         if now.duration_since(active) < SPIN {
@@ -142,6 +164,10 @@ mod tests {
     struct Panics;
 
     impl Entry for Panics {
+        fn remaining(&self, _: Instant) -> Duration {
+            Duration::ZERO
+        }
+
         fn step(&self, _: Instant) -> Step {
             panic!("a waker that panics (on purpose, in a test)");
         }
@@ -150,6 +176,10 @@ mod tests {
     struct Flag(Arc<AtomicBool>);
 
     impl Entry for Flag {
+        fn remaining(&self, _: Instant) -> Duration {
+            Duration::ZERO
+        }
+
         fn step(&self, _: Instant) -> Step {
             self.0.store(true, Ordering::SeqCst);
             Step::Release
