@@ -470,6 +470,7 @@ pub(crate) fn run(case: &'static str, body: impl Fn(&mut Rank, World) -> TestRes
 /// A case for a process per GPU only (it kills or stops a process, or
 /// makes its own worlds).
 pub(crate) fn run_process(case: &'static str, body: impl FnOnce(&mut Rank) -> TestResult) {
+    nccl_testkit::trace_if_asked();
     let mode = mode().expect("fault-suite environment");
     assert_eq!(
         mode,
@@ -493,6 +494,7 @@ pub(crate) fn run_threads(
     victim_panics: bool,
     body: impl Fn(&mut Rank, World) -> TestResult + Sync,
 ) {
+    nccl_testkit::trace_if_asked();
     let job = Job::from_env().expect("fault-suite environment");
     let size: usize = env("NCCL_RS_FAULT_WORLD")
         .and_then(|n| Ok(n.parse()?))

@@ -31,6 +31,7 @@ const REPLACEMENT: &str = "NCCL_RS_FAULT_REPLACEMENT";
 /// The replacement's side: a rank of the grown world, from the launch
 /// the survivors gave it, and the same checked all-reduce as theirs.
 fn replacement(device: &str) {
+    nccl_testkit::trace_if_asked();
     let outcome = (|| -> TestResult {
         let launch = Launch::detect()?;
         println!(
@@ -52,6 +53,10 @@ fn replacement(device: &str) {
             world.rank(),
             world.size()
         );
+        let dropping = Instant::now();
+        drop(buf);
+        drop(world);
+        println!("[replacement] world dropped in {:?}", dropping.elapsed());
         Ok(())
     })();
     if let Err(e) = outcome {

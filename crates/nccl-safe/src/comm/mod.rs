@@ -35,6 +35,7 @@ pub(crate) mod poll;
 mod split;
 pub(crate) mod teardown;
 pub use teardown::ExitHold;
+pub(crate) use teardown::ABORT_ALLOWANCE;
 
 use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;

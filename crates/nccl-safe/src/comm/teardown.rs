@@ -25,7 +25,9 @@ use crate::observe::OpObserver;
 /// detached, so those threads never stall.
 pub(crate) fn bounded(name: &str, deadline: Duration, job: impl FnOnce() + Send + 'static) {
     let wait = WAITS_FOR_TEARDOWN.try_with(Cell::get).unwrap_or(false);
-    let hold = ExitHold::new(deadline);
+    // The drain's wait and the finalize's, then NCCL's abort: the exit
+    // waits for all of it (the dropping thread only for `deadline`).
+    let hold = ExitHold::new(deadline.saturating_mul(2) + ABORT_ALLOWANCE);
     // Made here, so the teardown thread's end allocates nothing (a
     // benchmark counts allocations on every thread).
     let done = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
@@ -63,13 +65,24 @@ pub(crate) fn bounded(name: &str, deadline: Duration, job: impl FnOnce() + Send 
     }
 }
 
+/// How long an exit waits for a teardown's or a completion's
+/// `ncclCommAbort` beyond the communicator's own waits: NCCL's abort does
+/// not wait for peers, but it joins its proxy threads and frees device
+/// memory, which took seconds behind a held stream on 2 H200s.
+pub(crate) const ABORT_ALLOWANCE: Duration = Duration::from_secs(10);
+
 /// Holds the process's exit back while NCCL work runs on a thread of its
 /// own (a detached teardown or abort), at most for the hold's limit.
 ///
 /// Exit handlers tear CUDA (and NCCL's state) down under threads that
-/// still use them: a test that passed, with a communicator's teardown
-/// still running on its thread, ended with SIGSEGV at exit in 3 of 8 runs
-/// on 2 H200s. While a hold lives, an `atexit` handler (registered with
+/// still use them. Seen with cuda-gdb on 2 H200s: the main thread in
+/// `exit`, inside libnccl's exit handler (the CUDA runtime linked into
+/// libnccl unloading NCCL's kernels, `cuLibraryUnload`), while a
+/// teardown thread was still inside `ncclCommAbort`, which then died of
+/// SIGSEGV in libnccl. A test that passed ended that way in 14 of 30
+/// runs while the exit waited only the communicator's timeout plus a
+/// second; teardowns and aborts now ask for their waits plus
+/// [`ABORT_ALLOWANCE`]. While a hold lives, an `atexit` handler (registered with
 /// the first hold, so it runs before the CUDA driver's own) waits for it,
 /// up to the longest limit any hold asked for plus a second, and never
 /// more than a minute. Dropping the hold releases it.
