@@ -165,6 +165,11 @@ impl Comm {
     }
 
     /// `ncclCommDestroy` (which finalizes first if that was not done).
+    ///
+    /// NCCL's destroy waits inside NCCL, with no deadline, until every
+    /// rank that connected to this one has finalized too. Dropping the
+    /// `Comm` instead never waits there: the drop finalizes (bounded) and
+    /// frees with `ncclCommAbort`.
     pub fn destroy(self) -> Result<()> {
         const OP: &str = "ncclCommDestroy";
         refuse_in_group(OP)?;

@@ -220,35 +220,31 @@ impl Member {
         }
     }
 
-    fn destroy_or_abort(self, finalized: bool) {
+    /// Frees the communicator with `ncclCommAbort`, after a finalize
+    /// (`finalized`) or instead of one. Never `ncclCommDestroy`: NCCL's
+    /// destroy joins the communicator's proxy thread, which runs until
+    /// every rank that connected to it has finalized as well, so a rank
+    /// that outlives this one held the destroy inside NCCL, where nothing
+    /// can abort it (on 2 H200s: a replacement rank's drop waited for a
+    /// survivor that waited for the replacement's exit). After a finalize
+    /// (the work flushed, proxies stopped) the abort only frees.
+    fn release(self, finalized: bool) {
         let _ = self.ctx.bind_to_thread();
-        if finalized && let Ok(destroy) = self.lib.raw().ncclCommDestroy() {
-            // SAFETY: finalized and owned by this member alone; freed once.
-            let code = unsafe { destroy(self.raw) };
-            if code == ncclResult_t::ncclSuccess {
-                return;
-            }
-            tracing::warn!(
-                ?code,
-                "ncclCommDestroy failed during drop; the communicator leaks"
-            );
-            return;
-        }
         if let Ok(abort) = self.lib.raw().ncclCommAbort() {
-            // SAFETY: not destroyed above; owned by this member alone.
+            // SAFETY: owned by this member alone; freed once, here.
             let code = unsafe { abort(self.raw) };
             if code != ncclResult_t::ncclSuccess {
-                tracing::warn!(?code, "ncclCommAbort failed during drop");
+                tracing::warn!(?code, finalized, "ncclCommAbort failed during drop");
             }
         }
     }
 
-    /// Finalize and destroy; abort instead when an abort was due or the
-    /// work before the drop did not finish within the timeout.
+    /// Finalize, then free; free without finalizing when an abort was due
+    /// or the work before the drop did not finish within the timeout.
     pub(crate) fn teardown_alone(self) {
         let _span = tracing::debug_span!("nccl.drop").entered();
         if self.abort_only || !self.drained() {
-            self.destroy_or_abort(false);
+            self.release(false);
             return;
         }
         let code = self.finalize_call();
@@ -257,7 +253,7 @@ impl Member {
             ncclResult_t::ncclSuccess | ncclResult_t::ncclInProgress => self.settle(),
             _ => false,
         };
-        self.destroy_or_abort(finalized);
+        self.release(finalized);
     }
 }
 
@@ -332,7 +328,7 @@ impl Clique {
             // One member cannot finish: finalizing the others would wait for
             // it, so the whole clique is aborted.
             for member in finalizing.into_iter().chain(aborting) {
-                member.destroy_or_abort(false);
+                member.release(false);
             }
             return;
         }
@@ -357,7 +353,7 @@ impl Clique {
                 ncclResult_t::ncclSuccess | ncclResult_t::ncclInProgress => member.settle(),
                 _ => false,
             };
-            member.destroy_or_abort(finalized);
+            member.release(finalized);
         }
     }
 }
