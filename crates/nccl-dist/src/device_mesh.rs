@@ -19,6 +19,8 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+use std::mem::ManuallyDrop;
+
 use nccl_safe::Comm;
 
 use crate::error::{Error, Result};
@@ -42,8 +44,21 @@ pub struct DeviceMesh {
     shape: MeshShape,
     position: usize,
     ranks: Vec<usize>,
-    whole: Comm,
+    /// Taken only by the drop (which drops every communicator together).
+    whole: ManuallyDrop<Comm>,
     groups: Vec<Group>,
+}
+
+impl Drop for DeviceMesh {
+    /// Drops the mesh's communicators with their teardowns running at
+    /// the same time ([`nccl_safe::drop_together`]), bounded by their
+    /// timeout.
+    fn drop(&mut self) {
+        let groups = std::mem::take(&mut self.groups);
+        // SAFETY: `whole` is taken once, here, and not used afterwards.
+        let whole = unsafe { ManuallyDrop::take(&mut self.whole) };
+        nccl_safe::drop_together(std::iter::once(whole).chain(groups.into_iter().map(|g| g.comm)));
+    }
 }
 
 /// Returns the split (color, key) of every position for `axes`.
@@ -122,7 +137,7 @@ impl DeviceMesh {
             shape,
             position,
             ranks,
-            whole,
+            whole: ManuallyDrop::new(whole),
             groups,
         })
     }
@@ -190,7 +205,7 @@ impl DeviceMesh {
                 shape: shape.clone(),
                 position,
                 ranks: ranks.clone(),
-                whole,
+                whole: ManuallyDrop::new(whole),
                 groups,
             })
             .collect())
@@ -320,7 +335,7 @@ impl DeviceMesh {
             return Ok(());
         };
         let (colors, keys) = splits(&first.shape, &positions, axes)?;
-        let parents: Vec<&Comm> = meshes.iter().map(|m| &m.whole).collect();
+        let parents: Vec<&Comm> = meshes.iter().map(|m| &*m.whole).collect();
         let made = Comm::split_all(&parents, &colors, &keys, None)?;
         for (m, comm) in meshes.iter_mut().zip(made) {
             m.push_group(axes, name, comm.ok_or_else(split_missing)?)?;

@@ -70,7 +70,8 @@ pub use buffer::{Access, DeviceBuffer, DeviceBufferMut, RawBuffer};
 pub use capabilities::{Capabilities, FP8_REDUCTION_MIN_CC, Feature};
 pub use capture::{Captured, CapturedGraph, Capturing, Opened, allow_capture, capture};
 pub use comm::{
-    AbortHandle, Comm, CommStatus, ExitHold, WeakAbortHandle, require_cuda_driver, require_gpus,
+    AbortHandle, Comm, CommStatus, ExitHold, WeakAbortHandle, drop_together, require_cuda_driver,
+    require_gpus,
 };
 pub use completion::Completion;
 pub use config::{Config, DEFAULT_TIMEOUT};

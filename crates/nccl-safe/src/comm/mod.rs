@@ -34,7 +34,7 @@ mod init;
 pub(crate) mod poll;
 mod split;
 pub(crate) mod teardown;
-pub use teardown::ExitHold;
+pub use teardown::{ExitHold, drop_together};
 pub(crate) use teardown::ABORT_ALLOWANCE;
 
 use std::cell::{Cell, RefCell};

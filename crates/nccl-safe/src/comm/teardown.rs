@@ -43,10 +43,21 @@ pub(crate) fn bounded(name: &str, deadline: Duration, job: impl FnOnce() + Send 
             *flag.lock().unwrap_or_else(|p| p.into_inner()) = true;
             cvar.notify_all();
         });
+    let grace = deadline + Duration::from_secs(1);
+    let collected = wait
+        && spawned.is_ok()
+        && TOGETHER
+            .try_with(|t| match t.borrow_mut().as_mut() {
+                Some(ends) => {
+                    ends.push((Arc::clone(&done), grace));
+                    true
+                }
+                None => false,
+            })
+            .unwrap_or(false);
     match spawned {
-        Ok(_) if !wait => {}
+        Ok(_) if !wait || collected => {}
         Ok(_) => {
-            let grace = deadline + Duration::from_secs(1);
             let (flag, cvar) = &*done;
             let finished = flag.lock().unwrap_or_else(|p| p.into_inner());
             let (finished, _) = cvar
@@ -149,10 +160,70 @@ extern "C" fn wait_at_exit() {
     tracing::debug!(holds, left = *n, waited = ?started.elapsed(), ?limit, "exit: waited for holds");
 }
 
+/// A teardown's end: set and signalled when its thread is done.
+type Done = Arc<(Mutex<bool>, std::sync::Condvar)>;
+
 thread_local! {
     /// Set while a `Comm` drops its handle: that thread waits (boundedly)
     /// for the teardown it starts.
     pub(crate) static WAITS_FOR_TEARDOWN: Cell<bool> = const { Cell::new(false) };
+    /// Set by [`drop_together`]: the teardowns that drops on this thread
+    /// start are collected here (with their grace) instead of being
+    /// waited for one after the other.
+    static TOGETHER: std::cell::RefCell<Option<Vec<(Done, Duration)>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Drops `comms` with their teardowns running at the same time, and
+/// waits for all of them at most the longest of their timeouts plus a
+/// second (a teardown still running then goes on in the background, as
+/// one [`Comm`](crate::Comm)'s drop does).
+///
+/// A dropped communicator's teardown finalizes it and then frees it with
+/// `ncclCommAbort`, whose proxy thread may take up to half a second to
+/// notice; dropping several (the axes of a mesh) one after the other adds
+/// those up. A communicator dropped inside an open group still waits for
+/// the group's end, as on its own.
+///
+/// ```no_run
+/// # fn main() -> nccl_safe::Result<()> {
+/// use nccl_safe::{Comm, Config};
+/// let comms = Comm::init_all(&[0, 1], &Config::new())?;
+/// nccl_safe::drop_together(comms);
+/// # Ok(())
+/// # }
+/// ```
+pub fn drop_together(comms: impl IntoIterator<Item = crate::Comm>) {
+    let outer = TOGETHER
+        .try_with(|t| t.borrow_mut().replace(Vec::new()))
+        .ok()
+        .flatten();
+    for comm in comms {
+        drop(comm);
+    }
+    let ends = TOGETHER
+        .try_with(|t| std::mem::replace(&mut *t.borrow_mut(), outer))
+        .ok()
+        .flatten()
+        .unwrap_or_default();
+    let Some(grace) = ends.iter().map(|(_, g)| *g).max() else {
+        return;
+    };
+    let until = Instant::now() + grace;
+    for (done, _) in ends {
+        let (flag, cvar) = &*done;
+        let finished = flag.lock().unwrap_or_else(|p| p.into_inner());
+        let left = until.saturating_duration_since(Instant::now());
+        let (finished, _) = cvar
+            .wait_timeout_while(finished, left, |f| !*f)
+            .unwrap_or_else(|p| p.into_inner());
+        if !*finished {
+            tracing::warn!(
+                ?grace,
+                "communicator teardown did not finish in time; it goes on in the background"
+            );
+        }
+    }
 }
 
 /// A communicator handed in for teardown.
