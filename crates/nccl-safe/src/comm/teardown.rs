@@ -57,19 +57,7 @@ pub(crate) fn bounded(name: &str, deadline: Duration, job: impl FnOnce() + Send 
             .unwrap_or(false);
     match spawned {
         Ok(_) if !wait || collected => {}
-        Ok(_) => {
-            let (flag, cvar) = &*done;
-            let finished = flag.lock().unwrap_or_else(|p| p.into_inner());
-            let (finished, _) = cvar
-                .wait_timeout_while(finished, grace, |f| !*f)
-                .unwrap_or_else(|p| p.into_inner());
-            if !*finished {
-                tracing::warn!(
-                    ?grace,
-                    "communicator teardown did not finish in time; it goes on in the background"
-                );
-            }
-        }
+        Ok(_) => await_teardown(&done, grace, grace),
         Err(error) => {
             tracing::warn!(%error, "no thread for the teardown; the communicator leaks");
         }
@@ -211,18 +199,23 @@ pub fn drop_together(comms: impl IntoIterator<Item = crate::Comm>) {
     };
     let until = Instant::now() + grace;
     for (done, _) in ends {
-        let (flag, cvar) = &*done;
-        let finished = flag.lock().unwrap_or_else(|p| p.into_inner());
-        let left = until.saturating_duration_since(Instant::now());
-        let (finished, _) = cvar
-            .wait_timeout_while(finished, left, |f| !*f)
-            .unwrap_or_else(|p| p.into_inner());
-        if !*finished {
-            tracing::warn!(
-                ?grace,
-                "communicator teardown did not finish in time; it goes on in the background"
-            );
-        }
+        await_teardown(&done, until.saturating_duration_since(Instant::now()), grace);
+    }
+}
+
+/// Waits at most `left` for a teardown's end; one that has not ended
+/// then goes on in the background (said with its `grace`).
+fn await_teardown(done: &Done, left: Duration, grace: Duration) {
+    let (flag, cvar) = &**done;
+    let finished = flag.lock().unwrap_or_else(|p| p.into_inner());
+    let (finished, _) = cvar
+        .wait_timeout_while(finished, left, |f| !*f)
+        .unwrap_or_else(|p| p.into_inner());
+    if !*finished {
+        tracing::warn!(
+            ?grace,
+            "communicator teardown did not finish in time; it goes on in the background"
+        );
     }
 }
 
