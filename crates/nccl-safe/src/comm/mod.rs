@@ -34,8 +34,8 @@ mod init;
 pub(crate) mod poll;
 mod split;
 pub(crate) mod teardown;
-pub use teardown::{ExitHold, drop_together};
 pub(crate) use teardown::ABORT_ALLOWANCE;
+pub use teardown::{ExitHold, drop_together};
 
 use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;

@@ -199,7 +199,11 @@ pub fn drop_together(comms: impl IntoIterator<Item = crate::Comm>) {
     };
     let until = Instant::now() + grace;
     for (done, _) in ends {
-        await_teardown(&done, until.saturating_duration_since(Instant::now()), grace);
+        await_teardown(
+            &done,
+            until.saturating_duration_since(Instant::now()),
+            grace,
+        );
     }
 }
 
