@@ -48,6 +48,7 @@ mod error;
 mod fns;
 mod run;
 mod setup;
+mod spans;
 mod step;
 
 use std::io::Write;

@@ -4,6 +4,11 @@
 //! each axis; the first repetition also pays for CUDA context creation
 //! (cold), the later ones do not (warm). Times are the slowest rank's.
 //!
+//! Each repetition also breaks the set-up down by the crates' `tracing`
+//! spans (`spans.rs`): library load, rendezvous, communicator init, splits
+//! and the topology probe, summed per rank (the slowest rank's, or in one
+//! process the slowest thread's). They nest inside world and mesh.
+//!
 //! The worlds are made with default options (`WorldOptions::new()`;
 //! `World::local`'s configuration in single mode), as a user gets them:
 //! a nonblocking init, the blocking communicator split from it, the
@@ -18,6 +23,19 @@ use serde_json::json;
 use crate::cli::{Mode, Opts};
 use crate::error::{BoxError, Result};
 
+/// The spans reported per phase: (JSON key, column, the span names summed).
+const SPAN_PHASES: [(&str, &str, &[&str]); 5] = [
+    ("library_load_ms", "load", &["nccl.library_load"]),
+    (
+        "rendezvous_ms",
+        "rendezvous",
+        &["nccl.rendezvous_serve", "nccl.rendezvous_join"],
+    ),
+    ("init_ms", "init", &["nccl.init_rank", "nccl.init_all"]),
+    ("split_ms", "splits", &["nccl.split"]),
+    ("topology_probe_ms", "probe", &["nccl.topology_probe"]),
+];
+
 /// Milliseconds of each phase, on one rank.
 #[derive(Debug, Clone, Copy, Default)]
 struct Phases {
@@ -25,11 +43,24 @@ struct Phases {
     mesh: f64,
     first_dp: f64,
     first_tp: f64,
+    /// [`SPAN_PHASES`], in order.
+    spans: [f64; SPAN_PHASES.len()],
 }
 
 impl Phases {
     fn to_vec(self) -> Vec<f64> {
-        vec![self.world, self.mesh, self.first_dp, self.first_tp]
+        let mut v = vec![self.world, self.mesh, self.first_dp, self.first_tp];
+        v.extend(self.spans);
+        v
+    }
+
+    /// Sets the span phases from what `spans.rs` timed since the last look.
+    fn with_spans(mut self) -> Phases {
+        let times = crate::spans::take();
+        for (slot, (_, _, names)) in self.spans.iter_mut().zip(SPAN_PHASES) {
+            *slot = names.iter().filter_map(|n| times.get(n)).sum();
+        }
+        self
     }
 }
 
@@ -63,22 +94,29 @@ fn slowest(world: &Comm, p: Phases) -> Result<Phases> {
     world.all_reduce_in_place(&mut buf, ReduceOp::Max)?;
     world.synchronize(stream)?;
     let v = stream.clone_dtoh(&buf)?;
+    let mut spans = [0.0; SPAN_PHASES.len()];
+    spans.copy_from_slice(&v[4..4 + SPAN_PHASES.len()]);
     Ok(Phases {
         world: v[0],
         mesh: v[1],
         first_dp: v[2],
         first_tp: v[3],
+        spans,
     })
 }
 
 /// One repetition in a thread (or process) per rank, after the world;
-/// `dropped` runs once the mesh is gone.
-fn per_rank(world: &World, mut p: Phases, dropped: impl Fn()) -> Result<Phases> {
+/// `dropped` runs once the mesh is gone. `own_spans`: this rank is the
+/// process, so it reads the span times before the ranks take the slowest.
+fn per_rank(world: &World, mut p: Phases, own_spans: bool, dropped: impl Fn()) -> Result<Phases> {
     let n = world.size();
     let t = Instant::now();
     let mesh = DeviceMesh::new(world, &axes(n))?;
     p.mesh = ms(t);
     first_on_axes(&mesh, &mut p)?;
+    if own_spans {
+        p = p.with_spans();
+    }
     let worst = slowest(world.comm(), p)?;
     drop(mesh);
     dropped();
@@ -130,6 +168,9 @@ fn to_safe(e: nccl_dist::Error) -> nccl_dist::nccl_safe::Error {
 
 pub fn run(opts: &Opts) -> Result<()> {
     let started = Instant::now();
+    if !crate::spans::install() {
+        eprintln!("bench: another tracing subscriber is installed; the span phases read 0");
+    }
     let mut reps = Vec::new();
     let mut leader = true;
     let mut n = 0;
@@ -143,7 +184,7 @@ pub fn run(opts: &Opts) -> Result<()> {
                 } else {
                     default_config()
                 };
-                single(&devices, &config)?
+                single(&devices, &config)?.with_spans()
             }
             Mode::Threads => {
                 let devices = crate::devices(opts)?;
@@ -158,7 +199,7 @@ pub fn run(opts: &Opts) -> Result<()> {
                         world: ms(t),
                         ..Phases::default()
                     };
-                    per_rank(&world, p, || {
+                    per_rank(&world, p, false, || {
                         dropped.wait();
                     })
                     .map_err(|e| nccl_dist::Error::InvalidArgument {
@@ -167,8 +208,9 @@ pub fn run(opts: &Opts) -> Result<()> {
                     })
                 })?;
                 // `world` above is each thread's own start-to-ready time;
-                // every rank then agreed on the slowest.
-                out[0]
+                // every rank then agreed on the slowest. The spans: the
+                // slowest thread's.
+                out[0].with_spans()
             }
             Mode::Processes => {
                 let launch = Launch::detect()
@@ -183,7 +225,7 @@ pub fn run(opts: &Opts) -> Result<()> {
                     world: ms(t),
                     ..Phases::default()
                 };
-                per_rank(&world, p, || ())?
+                per_rank(&world, p, true, || ())?
             }
         };
         reps.push(p);
@@ -210,7 +252,7 @@ pub fn run(opts: &Opts) -> Result<()> {
             "  {:>4} {:>5} {:>12.1} {:>10.1} {:>14.1} {:>14.1} {:>18.1}",
             i, state, p.world, p.mesh, p.first_dp, p.first_tp, mesh_total
         );
-        rows.push(json!({
+        let mut row = json!({
             "rep": i,
             "state": state,
             "world_ms": p.world,
@@ -218,7 +260,20 @@ pub fn run(opts: &Opts) -> Result<()> {
             "first_all_reduce_dp_ms": p.first_dp,
             "first_all_reduce_tp_ms": p.first_tp,
             "mesh_and_first_all_reduces_ms": mesh_total,
-        }));
+        });
+        for ((key, _, _), ms) in SPAN_PHASES.iter().zip(p.spans) {
+            row[*key] = json!(ms);
+        }
+        rows.push(row);
+    }
+    println!("# spans (ms, inside world and mesh), per rep:");
+    for (i, p) in reps.iter().enumerate() {
+        let cells: Vec<String> = SPAN_PHASES
+            .iter()
+            .zip(p.spans)
+            .map(|((_, col, _), ms)| format!("{col} {ms:.1}"))
+            .collect();
+        println!("  {i:>4} {}", cells.join(", "));
     }
     if let Some(path) = &opts.json {
         let doc = json!({

@@ -87,6 +87,7 @@ impl Library {
         if let Some(lib) = LIBRARY.get() {
             return Ok(lib);
         }
+        let _span = tracing::debug_span!("nccl.library_load").entered();
         let nccl = load()?;
         let capabilities = Capabilities::decide(nccl.version(), |s| nccl.has(s));
         tracing::debug!(version = %nccl.version(), path = %nccl.path().display(), "loaded libnccl");

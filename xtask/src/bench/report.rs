@@ -489,21 +489,35 @@ pub fn setup_section(
     docs: &BTreeMap<String, Value>,
     misses: &mut Vec<String>,
 ) -> Result<()> {
-    let heading = "## Set-up\n\nms, slowest rank. world = communicator init (from process start in the first processes rep); mesh = `DeviceMesh::new` dp×tp; target: mesh + first all_reduce on each axis ≤ 200 ms on 4 GPUs (warm reps).\n\n| mode | rep | state | world | mesh | first dp | first tp | mesh + firsts |\n|---|---|---|---|---|---|---|---|\n";
+    let heading = "## Set-up\n\nms, slowest rank. world = communicator init (from process start in the first processes rep); mesh = `DeviceMesh::new` dp×tp; target: mesh + first all_reduce on each axis ≤ 200 ms on 4 GPUs (warm reps). The span columns break world and mesh down by the crates' `tracing` spans (summed per rank; in one process, the slowest thread's): libnccl load, rendezvous, communicator init, splits, topology probe.\n\n| mode | rep | state | world | mesh | first dp | first tp | mesh + firsts | load | rendezvous | init | splits | probe |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
     let found = phase(md, docs, "setup-", heading);
     for &(mode, doc) in &found {
         let ranks = doc["meta"]["ranks"].as_u64();
         for r in doc["setup"].as_array().into_iter().flatten() {
             let total = f(r, "mesh_and_first_all_reduces_ms");
+            let spans: Vec<String> = [
+                "library_load_ms",
+                "rendezvous_ms",
+                "init_ms",
+                "split_ms",
+                "topology_probe_ms",
+            ]
+            .iter()
+            .map(|k| match r.get(*k).and_then(Value::as_f64) {
+                Some(v) => format!("{v:.1}"),
+                None => "-".to_string(),
+            })
+            .collect();
             writeln!(
                 md,
-                "| {mode} | {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {total:.1} |",
+                "| {mode} | {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {total:.1} | {} |",
                 r["rep"],
                 s(r, "state"),
                 f(r, "world_ms"),
                 f(r, "mesh_ms"),
                 f(r, "first_all_reduce_dp_ms"),
                 f(r, "first_all_reduce_tp_ms"),
+                spans.join(" | "),
             )?;
             if ranks == Some(4) && s(r, "state") == "warm" && !at_most(total, 200.0) {
                 misses.push(format!(

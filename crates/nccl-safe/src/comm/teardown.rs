@@ -81,7 +81,7 @@ pub(crate) const ABORT_ALLOWANCE: Duration = Duration::from_secs(10);
 /// SIGSEGV in libnccl. A test that passed ended that way in 14 of 30
 /// runs while the exit waited only the communicator's timeout plus a
 /// second; teardowns and aborts now ask for their waits plus
-/// [`ABORT_ALLOWANCE`]. While a hold lives, an `atexit` handler (registered with
+/// 10 s for NCCL's abort. While a hold lives, an `atexit` handler (registered with
 /// the first hold, so it runs before the CUDA driver's own) waits for it,
 /// up to the longest limit any hold asked for plus a second, and never
 /// more than a minute. Dropping the hold releases it.
