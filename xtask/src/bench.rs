@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo xtask bench [--gpus N] [--quick] [--phases sweep,latency,graph,events,setup,step]
-//!                   [--out DIR] [--timeout SECS]
+//!                   [--out DIR] [--timeout SECS] [--python PATH]
 //! DIR/xtask bench --from-bundle DIR ...     # on a GPU host without cargo
 //! cargo xtask bench --report DIR            # redo the report from DIR's JSON
 //! ```
@@ -25,7 +25,13 @@
 //!   show what it costs.
 //! - `setup`: communicator init, a 2×2 `DeviceMesh` and the first
 //!   all_reduce on each axis (each mode, and threads with nonblocking
-//!   communicators; first cold then warm).
+//!   communicators; first cold then warm). The span columns split world
+//!   and mesh by the crates' `tracing` spans. With `--python PATH` (a
+//!   Python with PyTorch), PyTorch's equivalents run on the same GPUs in
+//!   the same run (`python/examples/torch_setup.py`, a process per GPU:
+//!   `init_process_group` with `device_id`, `init_device_mesh`, the first
+//!   all_reduce per axis), reported as mode `torch`; the summary's
+//!   `mesh_over_torch` and `world_over_torch` divide by them.
 //! - `step`: the training-like step over a 2-D `DeviceMesh` (the bench's
 //!   `crates/nccl-bench/src/step/`), default options against raw nccl-sys, 500 steps per
 //!   measurement, 11 interleaved rounds, threads and processes.
@@ -74,6 +80,8 @@ struct Options {
     timeout: Duration,
     from_bundle: Option<PathBuf>,
     report_only: Option<PathBuf>,
+    /// A Python with PyTorch: its side of the set-up phase runs too.
+    python: Option<PathBuf>,
 }
 
 /// The flags of `bench`.
@@ -85,6 +93,7 @@ const FLAGS: &[Flag] = &[
     value(&["--timeout"]),
     value(&["--from-bundle"]),
     value(&["--report"]),
+    value(&["--python"]),
 ];
 
 fn parse(args: &[&str]) -> Result<Options> {
@@ -101,6 +110,7 @@ fn parse(args: &[&str]) -> Result<Options> {
         timeout: Duration::from_secs(p.parsed("--timeout", "seconds")?.unwrap_or(900)),
         from_bundle: p.value("--from-bundle").map(PathBuf::from),
         report_only: p.value("--report").map(PathBuf::from),
+        python: p.value("--python").map(PathBuf::from),
     })
 }
 
@@ -307,12 +317,50 @@ pub fn run(args: &[&str]) -> Result<()> {
             failed.push(job.name.clone());
         }
     }
+    if let Some(python) = &o.python
+        && o.phases.iter().any(|p| p == "setup")
+        && !torch_setup(&o, python, n, deadline)?
+    {
+        failed.push("setup-torch".into());
+    }
     let verdict = report::report(&o.out);
     if !failed.is_empty() {
         return Err(format!("bench runs failed: {}", failed.join(", ")).into());
     }
     verdict
 }
+
+/// PyTorch's side of the set-up phase (`python/examples/torch_setup.py`
+/// under `torch.distributed.run`, a process per GPU), into
+/// `setup-torch.json` beside the bench's own.
+fn torch_setup(o: &Options, python: &Path, n: usize, deadline: Instant) -> Result<bool> {
+    let script = match &o.from_bundle {
+        Some(dir) => dir.join("python").join(TORCH_SETUP),
+        None => workspace_root().join("python/examples").join(TORCH_SETUP),
+    };
+    let json = o.out.join("setup-torch.json");
+    let _ = std::fs::remove_file(&json);
+    eprintln!(
+        "xtask: bench: PyTorch's set-up on {n} GPUs ({})",
+        python.display()
+    );
+    let log = o.out.join("setup-torch.log");
+    let left = deadline.saturating_duration_since(Instant::now());
+    run_logged(
+        Command::new(python)
+            .args(["-m", "torch.distributed.run", "--standalone"])
+            .arg(format!("--nproc-per-node={n}"))
+            .arg(&script)
+            .arg("--json")
+            .arg(&json)
+            .args(["--reps", "3"]),
+        &log,
+        left,
+    )
+}
+
+/// PyTorch's set-up script, in `python/examples` (and a bundle's `python`).
+pub const TORCH_SETUP: &str = "torch_setup.py";
 
 /// Runs `cmd` with its output in `log`, killing it at the deadline; on
 /// failure the log's last lines are shown.

@@ -340,7 +340,11 @@ fn bundle(dir: &Path) -> Result<()> {
             .join(wheel.file_name().unwrap_or_default()),
     )?;
     std::fs::create_dir_all(dir.join("python"))?;
-    for script in ["weight_sync.py", "cupy_allreduce.py"] {
+    for script in [
+        "weight_sync.py",
+        "cupy_allreduce.py",
+        crate::bench::TORCH_SETUP,
+    ] {
         std::fs::copy(
             workspace_root().join("python/examples").join(script),
             dir.join("python").join(script),

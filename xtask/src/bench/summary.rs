@@ -30,6 +30,19 @@ pub fn worst(items: impl Iterator<Item = (f64, String)>) -> Option<(f64, String)
     })
 }
 
+/// The median over a set-up document's warm reps of `key`, and how many.
+fn warm_median(doc: &Value, key: &str) -> Option<(f64, usize)> {
+    let mut warm: Vec<f64> = doc["setup"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|r| s(r, "state") == "warm")
+        .map(|r| f(r, key))
+        .collect();
+    warm.sort_by(f64::total_cmp);
+    Some((warm.get(warm.len() / 2).copied()?, warm.len()))
+}
+
 /// One figure of the targets table.
 pub struct Target {
     key: &'static str,
@@ -120,6 +133,10 @@ pub const TARGET_MODES: &[&str] = &["threads", "processes"];
 ///   threads, processes) the median over the warm reps of `DeviceMesh::new`
 ///   plus the first all_reduce on each axis (slowest rank); the worst
 ///   mode.
+/// - `mesh_over_torch`, `world_over_torch` (with `--python`): processes
+///   mode's warm median of mesh + first call per axis, and of the world's
+///   init, over PyTorch's (`init_device_mesh` and the first all_reduce
+///   per axis; `init_process_group` with `device_id`) in the same run.
 /// - `allocs_per_call_max`: the most heap allocations per call, counted
 ///   on every thread of the process during the timed calls, in any
 ///   measurement of any phase, and per NCCL call of the default step.
@@ -232,20 +249,21 @@ pub fn summary(docs: &BTreeMap<String, Value>) -> (Value, Vec<Target>) {
         .filter_map(|m| docs.get(&format!("setup-{m}")).map(|d| (*m, d)))
         .collect();
     let setup = worst(setups.iter().filter_map(|(mode, d)| {
-        let mut warm: Vec<f64> = d["setup"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|r| s(r, "state") == "warm")
-            .map(|r| f(r, "mesh_and_first_all_reduces_ms"))
-            .collect();
-        warm.sort_by(f64::total_cmp);
-        let median = warm.get(warm.len() / 2).copied()?;
-        Some((
-            median,
-            format!("setup-{mode}, median of {} warm reps", warm.len()),
-        ))
+        let (median, reps) = warm_median(d, "mesh_and_first_all_reduces_ms")?;
+        Some((median, format!("setup-{mode}, median of {reps} warm reps")))
     }));
+    // Over PyTorch's (`--python`): processes, warm medians, same run.
+    let torch = docs.get("setup-torch");
+    let over_torch = |key: &str| {
+        let ours = warm_median(docs.get("setup-processes")?, key)?.0;
+        let theirs = warm_median(torch?, key)?.0;
+        Some((
+            ours / theirs,
+            format!("setup-processes {ours:.1} ms over setup-torch {theirs:.1} ms, warm medians"),
+        ))
+    };
+    let mesh_over_torch = over_torch("mesh_and_first_all_reduces_ms");
+    let world_over_torch = over_torch("world_ms");
 
     let targets = vec![
         Target {
@@ -254,6 +272,20 @@ pub fn summary(docs: &BTreeMap<String, Value>) -> (Value, Vec<Target>) {
             limit: 60.0,
             unit: "ms",
             phase: "setup",
+        },
+        Target {
+            key: "mesh_over_torch",
+            value: measured(mesh_over_torch, torch.is_some()),
+            limit: 0.5,
+            unit: "",
+            phase: "setup with --python",
+        },
+        Target {
+            key: "world_over_torch",
+            value: measured(world_over_torch, torch.is_some()),
+            limit: 1.0,
+            unit: "",
+            phase: "setup with --python",
         },
         Target {
             key: "default_minus_raw_small_us_max",

@@ -205,6 +205,10 @@ const NOTHING_TO_REFUSE: &[(&str, &str)] = &[
         "every limit is valid (the exit waits at most a minute)",
     ),
     (
+        "drop_together",
+        "takes owned communicators: any number, each dropped as on its own (an empty list waits for nothing)",
+    ),
+    (
         "Comm::borrowed_stream",
         "unsafe: the caller vouches that the raw stream is live on the communicator's context",
     ),
