@@ -51,7 +51,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::flags::{self, Flag, Trailing, switch, value};
-use crate::gpu_test::BENCH;
+use crate::gpu_test::{BENCH, TORCH_SETUP};
 use crate::launch::{Ended, launch_ranks};
 use crate::{Result, cargo, gpu_count, release_dir, workspace_root};
 
@@ -358,9 +358,6 @@ fn torch_setup(o: &Options, python: &Path, n: usize, deadline: Instant) -> Resul
         left,
     )
 }
-
-/// PyTorch's set-up script, in `python/examples` (and a bundle's `python`).
-pub const TORCH_SETUP: &str = "torch_setup.py";
 
 /// Runs `cmd` with its output in `log`, killing it at the deadline; on
 /// failure the log's last lines are shown.

@@ -80,6 +80,10 @@ pub const EXAMPLES: &[(&str, &str)] = &[
 /// for `DIR/xtask bench --from-bundle DIR`.
 pub const BENCH: &str = "nccl-bench";
 
+/// PyTorch's side of the bench's set-up phase (`bench --python`), in
+/// `python/examples` and a bundle's `python`.
+pub const TORCH_SETUP: &str = "torch_setup.py";
+
 /// Launch modes the harnesses understand (`NCCL_SAFE_TEST_MODE`).
 const MODES: &[&str] = &["single", "threads", "processes"];
 
@@ -340,11 +344,7 @@ fn bundle(dir: &Path) -> Result<()> {
             .join(wheel.file_name().unwrap_or_default()),
     )?;
     std::fs::create_dir_all(dir.join("python"))?;
-    for script in [
-        "weight_sync.py",
-        "cupy_allreduce.py",
-        crate::bench::TORCH_SETUP,
-    ] {
+    for script in ["weight_sync.py", "cupy_allreduce.py", TORCH_SETUP] {
         std::fs::copy(
             workspace_root().join("python/examples").join(script),
             dir.join("python").join(script),
