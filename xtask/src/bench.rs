@@ -34,7 +34,10 @@
 //!   `mesh_over_torch` and `world_over_torch` divide by them.
 //! - `step`: the training-like step over a 2-D `DeviceMesh` (the bench's
 //!   `crates/nccl-bench/src/step/`), default options against raw nccl-sys, 500 steps per
-//!   measurement, 11 interleaved rounds, threads and processes.
+//!   measurement, 11 interleaved rounds, threads and processes. With
+//!   `--python PATH`, the same step in PyTorch on a `DeviceMesh` of the
+//!   same shape (`python/examples/torch_step.py`, a process per GPU, same
+//!   GPUs, same run): the summary's `step_over_torch`.
 //!
 //! The raw and safe layers run on blocking communicators without a
 //! watchdog (as in nccl-tests); the dist layer and the step's mesh on the
@@ -51,7 +54,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::flags::{self, Flag, Trailing, switch, value};
-use crate::gpu_test::{BENCH, TORCH_SETUP};
+use crate::gpu_test::{BENCH, TORCH_SETUP, TORCH_STEP};
 use crate::launch::{Ended, launch_ranks};
 use crate::{Result, cargo, gpu_count, release_dir, workspace_root};
 
@@ -317,11 +320,25 @@ pub fn run(args: &[&str]) -> Result<()> {
             failed.push(job.name.clone());
         }
     }
-    if let Some(python) = &o.python
-        && o.phases.iter().any(|p| p == "setup")
-        && !torch_setup(&o, python, n, deadline)?
-    {
-        failed.push("setup-torch".into());
+    if let Some(python) = &o.python {
+        // PyTorch's side of the phases that have one: (phase, script,
+        // result, the script's arguments).
+        let sides: [(&str, &str, &str, &[&str]); 2] = [
+            ("setup", TORCH_SETUP, "setup-torch", &["--reps", "3"]),
+            (
+                "step",
+                TORCH_STEP,
+                "torch-step",
+                &["--iters", "500", "--warmup", "50", "--rounds", "11"],
+            ),
+        ];
+        for (phase, script, name, args) in sides {
+            if o.phases.iter().any(|p| p == phase)
+                && !torch_side(&o, python, n, deadline, script, name, args)?
+            {
+                failed.push(name.into());
+            }
+        }
     }
     let verdict = report::report(&o.out);
     if !failed.is_empty() {
@@ -330,21 +347,29 @@ pub fn run(args: &[&str]) -> Result<()> {
     verdict
 }
 
-/// PyTorch's side of the set-up phase (`python/examples/torch_setup.py`
-/// under `torch.distributed.run`, a process per GPU), into
-/// `setup-torch.json` beside the bench's own.
-fn torch_setup(o: &Options, python: &Path, n: usize, deadline: Instant) -> Result<bool> {
+/// PyTorch's side of a phase: `script` (in `python/examples`, a
+/// bundle's `python`) under `torch.distributed.run`, a process per GPU,
+/// writing `NAME.json` beside the bench's own results.
+fn torch_side(
+    o: &Options,
+    python: &Path,
+    n: usize,
+    deadline: Instant,
+    script: &str,
+    name: &str,
+    args: &[&str],
+) -> Result<bool> {
     let script = match &o.from_bundle {
-        Some(dir) => dir.join("python").join(TORCH_SETUP),
-        None => workspace_root().join("python/examples").join(TORCH_SETUP),
+        Some(dir) => dir.join("python").join(script),
+        None => workspace_root().join("python/examples").join(script),
     };
-    let json = o.out.join("setup-torch.json");
+    let json = o.out.join(format!("{name}.json"));
     let _ = std::fs::remove_file(&json);
     eprintln!(
-        "xtask: bench: PyTorch's set-up on {n} GPUs ({})",
+        "xtask: bench: PyTorch's {name} on {n} GPUs ({})",
         python.display()
     );
-    let log = o.out.join("setup-torch.log");
+    let log = o.out.join(format!("{name}.log"));
     let left = deadline.saturating_duration_since(Instant::now());
     run_logged(
         Command::new(python)
@@ -353,7 +378,7 @@ fn torch_setup(o: &Options, python: &Path, n: usize, deadline: Instant) -> Resul
             .arg(&script)
             .arg("--json")
             .arg(&json)
-            .args(["--reps", "3"]),
+            .args(args),
         &log,
         left,
     )

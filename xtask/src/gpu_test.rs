@@ -84,6 +84,9 @@ pub const BENCH: &str = "nccl-bench";
 /// `python/examples` and a bundle's `python`.
 pub const TORCH_SETUP: &str = "torch_setup.py";
 
+/// PyTorch's side of the bench's step phase (`bench --python`).
+pub const TORCH_STEP: &str = "torch_step.py";
+
 /// Launch modes the harnesses understand (`NCCL_SAFE_TEST_MODE`).
 const MODES: &[&str] = &["single", "threads", "processes"];
 
@@ -344,7 +347,12 @@ fn bundle(dir: &Path) -> Result<()> {
             .join(wheel.file_name().unwrap_or_default()),
     )?;
     std::fs::create_dir_all(dir.join("python"))?;
-    for script in ["weight_sync.py", "cupy_allreduce.py", TORCH_SETUP] {
+    for script in [
+        "weight_sync.py",
+        "cupy_allreduce.py",
+        TORCH_SETUP,
+        TORCH_STEP,
+    ] {
         std::fs::copy(
             workspace_root().join("python/examples").join(script),
             dir.join("python").join(script),

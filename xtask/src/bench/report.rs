@@ -215,6 +215,22 @@ The step of `docs/bench/README.md` (broadcast, all_reduce, all_to_all, reduce_sc
     if !found.is_empty() {
         writeln!(md)?;
     }
+    if let Some(torch) = docs.get("torch-step") {
+        let mesh = &torch["meta"]["mesh"];
+        writeln!(
+            md,
+            "PyTorch {} (NCCL {}), the same step on a {}×{} `DeviceMesh`, a process per GPU, same GPUs, same run (`python/examples/torch_step.py`; average by {}): {:.2} µs per step, median of {} rounds, slowest rank (values not checked).\n",
+            s(&torch["meta"], "torch"),
+            s(&torch["meta"], "nccl"),
+            mesh["dp"],
+            mesh["tp"],
+            s(&torch["meta"], "average"),
+            f(&torch["step"], "torch_us"),
+            torch["step"]["torch_rounds_us"]
+                .as_array()
+                .map_or(0, Vec::len),
+        )?;
+    }
     Ok(())
 }
 

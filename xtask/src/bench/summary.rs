@@ -137,6 +137,8 @@ pub const TARGET_MODES: &[&str] = &["threads", "processes"];
 ///   mode's warm median of mesh + first call per axis, and of the world's
 ///   init, over PyTorch's (`init_device_mesh` and the first all_reduce
 ///   per axis; `init_process_group` with `device_id`) in the same run.
+/// - `step_over_torch` (with `--python`): the processes step job's median
+///   default step over PyTorch's same step (`torch-step`), same run.
 /// - `allocs_per_call_max`: the most heap allocations per call, counted
 ///   on every thread of the process during the timed calls, in any
 ///   measurement of any phase, and per NCCL call of the default step.
@@ -262,6 +264,16 @@ pub fn summary(docs: &BTreeMap<String, Value>) -> (Value, Vec<Target>) {
             format!("setup-processes {ours:.1} ms over setup-torch {theirs:.1} ms, warm medians"),
         ))
     };
+    // Our default step (processes) over PyTorch's, same run.
+    let torch_step = docs.get("torch-step");
+    let step_over_torch = (|| {
+        let ours = f(&docs.get("step-processes")?["step"], "default_us");
+        let theirs = f(&torch_step?["step"], "torch_us");
+        Some((
+            ours / theirs,
+            format!("step-processes default {ours:.2} µs over torch-step {theirs:.2} µs"),
+        ))
+    })();
     let mesh_over_torch = over_torch("mesh_and_first_all_reduces_ms");
     let world_over_torch = over_torch("world_ms");
 
@@ -286,6 +298,13 @@ pub fn summary(docs: &BTreeMap<String, Value>) -> (Value, Vec<Target>) {
             limit: 1.0,
             unit: "",
             phase: "setup with --python",
+        },
+        Target {
+            key: "step_over_torch",
+            value: measured(step_over_torch, torch_step.is_some()),
+            limit: 0.33,
+            unit: "",
+            phase: "step with --python",
         },
         Target {
             key: "default_minus_raw_small_us_max",
@@ -454,5 +473,53 @@ mod tests {
         assert!((paired_excess(&old, &b) + 0.5).abs() < 1e-9);
         let short = json!({"time_us": 7.0, "rounds_us": [7.0]});
         assert!((paired_excess(&short, &b) - 1.0).abs() < 1e-9);
+    }
+
+    fn setup_doc(world: [f64; 3], mesh: [f64; 3]) -> Value {
+        let rows: Vec<Value> = (0..3)
+            .map(|i| {
+                json!({
+                    "rep": i,
+                    "state": if i == 0 { "cold" } else { "warm" },
+                    "world_ms": world[i],
+                    "mesh_and_first_all_reduces_ms": mesh[i],
+                })
+            })
+            .collect();
+        json!({"setup": rows})
+    }
+
+    /// The ratios over PyTorch divide warm medians (the cold rep left
+    /// out) and the step medians of the same run; without PyTorch's
+    /// results they are not measured, not missed.
+    #[test]
+    fn ratios_over_torch_use_warm_medians_of_the_same_run() {
+        let mut docs = BTreeMap::new();
+        docs.insert(
+            "setup-processes".to_string(),
+            setup_doc([900.0, 200.0, 220.0], [500.0, 100.0, 120.0]),
+        );
+        docs.insert(
+            "step-processes".to_string(),
+            json!({"step": {"default_us": 300.0, "raw_us": 290.0, "default_over_raw": 1.0}}),
+        );
+        let (flat, _) = summary(&docs);
+        assert!(flat["mesh_over_torch"].is_null(), "{flat}");
+        assert_eq!(flat["mesh_over_torch_met"], json!(false));
+        docs.insert(
+            "setup-torch".to_string(),
+            setup_doc([3000.0, 110.0, 100.0], [40.0, 60.0, 40.0]),
+        );
+        docs.insert(
+            "torch-step".to_string(),
+            json!({"step": {"torch_us": 1000.0}}),
+        );
+        let (flat, _) = summary(&docs);
+        // Warm medians: ours 220 (of 200, 220) over 110 (of 110, 100).
+        assert_eq!(flat["world_over_torch"], json!(2.0));
+        assert_eq!(flat["mesh_over_torch"], json!(2.0));
+        assert_eq!(flat["step_over_torch"], json!(0.3));
+        assert_eq!(flat["step_over_torch_met"], json!(true));
+        assert_eq!(flat["world_over_torch_met"], json!(false));
     }
 }
