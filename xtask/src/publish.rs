@@ -313,7 +313,7 @@ mod tests {
     }
 
     #[test]
-    fn the_workspace_publishes_three_crates_with_their_metadata() {
+    fn the_workspace_publishes_four_crates_with_their_metadata() {
         let packages = metadata().expect("cargo metadata");
         let mut published: Vec<&str> = packages
             .iter()
@@ -321,7 +321,10 @@ mod tests {
             .map(name)
             .collect();
         published.sort_unstable();
-        assert_eq!(published, ["nccl-dist", "nccl-safe", "nccl-sys"]);
+        assert_eq!(
+            published,
+            ["nccl-control", "nccl-dist", "nccl-safe", "nccl-sys"]
+        );
         for package in packages.iter().filter(|p| publishable(p)) {
             assert!(missing_fields(package).is_empty(), "{}", name(package));
         }

@@ -69,6 +69,8 @@ pub fn stray_env_names(root: &Path) -> Vec<String> {
         "crates/nccl-dist/src/env.rs",
         "crates/nccl-safe/src/secrecy.rs",
         "crates/nccl-bench/src/env.rs",
+        "crates/nccl-control/src/env.rs",
+        "crates/nccl-py/src/env.rs",
     ];
     let mut out = Vec::new();
     for rel in sources(root) {

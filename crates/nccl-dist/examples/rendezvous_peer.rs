@@ -70,7 +70,7 @@ fn peer(args: &[String]) -> Result<(), (&'static str, String)> {
             println!("port {}", port.port());
             let _ = std::io::stdout().flush();
             let refused =
-                rendezvous::serve(&listener, world, &secret, &id, timeout).map_err(rdv)?;
+                rendezvous::serve(&listener, world, &secret, &id.raw(), timeout).map_err(rdv)?;
             for e in refused {
                 println!("refused {e}");
             }
@@ -80,7 +80,7 @@ fn peer(args: &[String]) -> Result<(), (&'static str, String)> {
             let addr = args.get(1).ok_or_else(|| bad("missing HOST:PORT"))?;
             let (rank, world) = (num(2)?, num(3)?);
             let id = rendezvous::join(addr.as_str(), rank, world, &secret, timeout).map_err(rdv)?;
-            (id, rank, world)
+            (UniqueId::from(id), rank, world)
         }
     };
     let shown = if args.iter().any(|a| a == "--show-id") {

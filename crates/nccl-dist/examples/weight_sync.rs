@@ -60,13 +60,19 @@ fn sync(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
             let (size, port) = (num(1)?, num(2)? as u16);
             let id = UniqueId::new()?;
             let listener = std::net::TcpListener::bind(("0.0.0.0", port))?;
-            rendezvous::serve(&listener, size, &secret, &id, wait)?;
+            rendezvous::serve(&listener, size, &secret, &id.raw(), wait)?;
             (id, 0, size)
         }
         Some("join") => {
             let (rank, size) = (num(2)?, num(3)?);
             (
-                rendezvous::join(args[1].as_str(), rank, size, &secret, wait)?,
+                UniqueId::from(rendezvous::join(
+                    args[1].as_str(),
+                    rank,
+                    size,
+                    &secret,
+                    wait,
+                )?),
                 rank,
                 size,
             )

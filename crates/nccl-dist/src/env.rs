@@ -4,29 +4,22 @@
 //!
 //! | variable | meaning | default | read by |
 //! |---|---|---|---|
-//! | `NCCL_RS_SECRET` | the job's shared secret (bytes, at least 16) | none: required for a rendezvous | `Secret::from_env` |
-//! | `NCCL_RS_SECRET_FILE` | a file holding the secret (trailing newline dropped, at most 64 KiB) | none | `Secret::from_env` |
 //! | `NCCL_RS_PORT` | the rendezvous port, over the launcher's | the launcher's (`MASTER_PORT + 1` under torchrun) | `World::init` |
 //! | `NCCL_RS_TIMEOUT` | the operation timeout, seconds | 300 | `World`, the watchdog |
 //! | `NCCL_RS_WATCHDOG` | `0`/`off` turns the watchdog off | on | `WatchdogOptions::from_env` |
 //! | `NCCL_RS_WATCHDOG_TIMEOUT` | the watchdog's timeout, seconds (over `NCCL_RS_TIMEOUT`) | the operation timeout | `WatchdogOptions::from_env` |
 //! | `NCCL_RS_FLIGHT_RECORDER` | operations the flight recorder keeps | the default history | `WatchdogOptions::from_env` |
 //! | `NCCL_RS_CHECK_CALLS` | `1`/`on` compares every call on the world's communicator across the ranks before launch | off | `WatchdogOptions::from_env` |
-//! | `NCCL_RS_LIVENESS` | `0` turns the liveness channel off | on | `LivenessOptions::from_env` |
-//! | `NCCL_RS_HEARTBEAT_MS` | heartbeat interval, milliseconds | 250 | `LivenessOptions::from_env` |
-//! | `NCCL_RS_LIVENESS_TIMEOUT` | silence limit, seconds | 10 | `LivenessOptions::from_env` |
 //! | `NCCL_RS_ENCRYPTION` | `psk` encrypts NCCL's sockets (NCCL 2.32+) | none | `World` |
 //! | `NCCL_RS_PSK` | the key for `NCCL_RS_ENCRYPTION=psk` | none | `World` |
 //!
-//! nccl-safe has one of its own, `NCCL_RS_ALLOW_COMM_ID` (lets a set
-//! `NCCL_COMM_ID` through), named in its `secrecy` module.
+//! The control plane's variables (the secret, the liveness channel) are
+//! named in `nccl-control`'s `env` module, whose duration parser this
+//! crate shares; nccl-safe has one of its own, `NCCL_RS_ALLOW_COMM_ID`
+//! (lets a set `NCCL_COMM_ID` through), named in its `secrecy` module.
 
 use std::time::Duration;
 
-/// The job's shared secret itself.
-pub const SECRET_ENV: &str = "NCCL_RS_SECRET";
-/// A file that holds the secret.
-pub const SECRET_FILE_ENV: &str = "NCCL_RS_SECRET_FILE";
 /// The rendezvous port, overriding the launcher's (see
 /// [`crate::WorldOptions::port`]).
 pub const PORT_ENV: &str = "NCCL_RS_PORT";
@@ -41,12 +34,6 @@ pub const FLIGHT_RECORDER_ENV: &str = "NCCL_RS_FLIGHT_RECORDER";
 /// `1` compares every call on the world's communicator across the ranks
 /// before launch (the call check); `0` or unset leaves it off.
 pub const CHECK_CALLS_ENV: &str = "NCCL_RS_CHECK_CALLS";
-/// `0` turns the liveness channel off, `1` (the default) on.
-pub const LIVENESS_ENV: &str = "NCCL_RS_LIVENESS";
-/// Heartbeat interval in milliseconds (default 250).
-pub const HEARTBEAT_ENV: &str = "NCCL_RS_HEARTBEAT_MS";
-/// Silence limit in seconds, fractions allowed (default 10).
-pub const LIVENESS_TIMEOUT_ENV: &str = "NCCL_RS_LIVENESS_TIMEOUT";
 /// `psk` encrypts NCCL's sockets with the key in [`PSK_ENV`]; `none` or
 /// unset leaves them as NCCL has them.
 pub const ENCRYPTION_ENV: &str = "NCCL_RS_ENCRYPTION";
@@ -55,30 +42,7 @@ pub const PSK_ENV: &str = "NCCL_RS_PSK";
 
 use nccl_safe::{Encryption, PresharedKey};
 
-/// A variable whose value cannot be used: which one, and why. It becomes
-/// [`crate::Error::InvalidArgument`] naming the variable.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct BadValue {
-    /// The variable.
-    pub(crate) var: &'static str,
-    /// What is wrong with its value.
-    pub(crate) reason: String,
-}
-
-/// A duration in seconds from the variable `var` (fractions allowed, at
-/// least 1 ms, finite); anything else is an error naming the variable.
-pub(crate) fn seconds(var: &'static str, value: &str) -> Result<Duration, BadValue> {
-    value
-        .trim()
-        .parse()
-        .ok()
-        .filter(|s: &f64| s.is_finite() && *s >= 0.001 && *s < 1e9)
-        .map(Duration::from_secs_f64)
-        .ok_or_else(|| BadValue {
-            var,
-            reason: format!("{value:?} is not a number of seconds from 0.001 on"),
-        })
-}
+pub(crate) use nccl_control::env::{BadValue, seconds};
 
 /// An on/off variable `var` (`1`/`on`/`true`/`yes` or
 /// `0`/`off`/`false`/`no`): `None` when unset or empty; anything else is
@@ -128,22 +92,5 @@ pub(crate) fn encryption(
             Ok(Some(Encryption::Psk(key)))
         }
         Some(other) => Err(bad(format!("{other:?} is not `psk` or `none`"))),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn seconds_take_fractions_and_refuse_the_rest() {
-        assert_eq!(seconds("X", " 2.5 ").unwrap(), Duration::from_millis(2500));
-        assert_eq!(seconds("X", "0.001").unwrap(), Duration::from_millis(1));
-        for bad in ["", "0", "1e-10", "-1", "nan", "inf", "1e10", "soon"] {
-            assert!(
-                matches!(seconds("X", bad), Err(BadValue { var: "X", .. })),
-                "{bad:?}"
-            );
-        }
     }
 }

@@ -5,7 +5,7 @@ use crate::env::BadValue;
 use crate::launch::LaunchError;
 use crate::liveness::{LossCause, PeerLoss};
 use crate::mesh::MeshError;
-use crate::rendezvous::proto::RendezvousError;
+use crate::rendezvous::RendezvousError;
 use crate::secret::SecretError;
 use crate::watchdog::record::{Failure, FailureKind, OpRecord};
 

@@ -6,9 +6,11 @@
 //!
 //! - [`launch`]: rank, world size, local rank and the rendezvous address
 //!   from torchrun, Slurm or Open MPI conventions, or given in code;
-//! - [`rendezvous`]: rank 0 hands its unique id to every rank over an
-//!   authenticated TCP exchange (HMAC-SHA256 over a shared [`Secret`]) or a
-//!   file on a shared file system;
+//! - [`rendezvous`], [`liveness`], [`secret`]: the job's control plane
+//!   from [`nccl_control`] (re-exported): rank 0 hands its unique id to
+//!   every rank over an authenticated TCP exchange (HMAC-SHA256 over a
+//!   shared [`Secret`]) or a shared file, and the connections stay as the
+//!   liveness channel;
 //! - [`mesh`]: the arithmetic of an N-D device mesh with named axes
 //!   (coordinates, per-axis split colors and keys, slicing, flattening);
 //! - [`World`]: the world communicator, from a launcher (a process per
@@ -47,13 +49,10 @@ mod env;
 mod error;
 mod host;
 pub mod launch;
-pub mod liveness;
 pub mod mesh;
 pub mod placement;
 mod pointers;
 pub mod prelude;
-pub mod rendezvous;
-pub mod secret;
 pub mod watchdog;
 mod world;
 
@@ -79,6 +78,10 @@ pub use world::{
     op_timeout_from_lookup,
 };
 
+/// The control plane (rendezvous, liveness channel, wire frames): this
+/// crate's `rendezvous`, `liveness` and `secret` modules are its own.
+pub use nccl_control;
+pub use nccl_control::{liveness, rendezvous, secret};
 pub use nccl_safe;
 
 /// An environment lookup over fixed pairs, for the unit tests of the

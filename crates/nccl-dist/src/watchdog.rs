@@ -61,7 +61,7 @@ use crate::error::{Error, Result};
 use crate::liveness::{EXCHANGE_WAIT, Exchanger, Liveness, PeerLoss};
 
 mod check;
-pub(crate) mod culprit;
+pub(crate) use nccl_control::culprit;
 mod explain;
 mod gate;
 mod label;

@@ -90,6 +90,9 @@ impl Drop for Presence {
 /// operation it was at), and the signal aborts every communicator of the
 /// job, those still being made included. Never waits.
 fn abort_on_loss(liveness: &Liveness, watchdog: Option<Watchdog>, signal: AbortSignal) {
+    // The hooks abort communicators: an exit waits for those the channel
+    // runs on a thread of its own.
+    liveness.hold_exit_with(Arc::new(|limit| Box::new(nccl_safe::ExitHold::new(limit))));
     liveness.on_loss(Arc::new(move |loss: &PeerLoss| {
         if let Some(w) = &watchdog {
             w.peer_lost(loss);
@@ -211,10 +214,10 @@ impl World {
                     let secret = &*secret;
                     let id = if launch.rank == 0 {
                         let id = UniqueId::new()?;
-                        rendezvous::publish_file(path, &id, secret)?;
+                        rendezvous::publish_file(path, &id.raw(), secret)?;
                         id
                     } else {
-                        rendezvous::wait_file(path, secret, options.timeout)?
+                        rendezvous::wait_file(path, secret, options.timeout)?.into()
                     };
                     (id, None)
                 }
@@ -347,7 +350,7 @@ impl World {
                 options.timeout,
                 &resolved.liveness,
             )?;
-            return Ok((id, Some(liveness)));
+            return Ok((id.into(), Some(liveness)));
         }
         // Rank 0 listens on MASTER_ADDR when it is an address of this
         // machine, else on every interface (peers still need the secret).
@@ -362,7 +365,7 @@ impl World {
             &listener,
             launch.world_size,
             secret,
-            &id,
+            &id.raw(),
             options.timeout,
             &resolved.liveness,
         )?;

@@ -2,7 +2,7 @@
 //! one. Every exception derives from `nccl_rs.RendezvousError`; the
 //! message is the Rust error's own text.
 
-use nccl_dist::{RendezvousError as Rdv, SecretError};
+use nccl_control::{RendezvousError as Rdv, SecretError};
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::prelude::*;
@@ -82,7 +82,7 @@ pub(crate) fn rendezvous(py: Python<'_>, e: Rdv) -> PyErr {
                 py,
                 &err,
                 "expected",
-                nccl_dist::rendezvous::PROTOCOL_VERSION,
+                nccl_control::rendezvous::PROTOCOL_VERSION,
             );
             err
         }

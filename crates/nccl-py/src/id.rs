@@ -4,7 +4,7 @@
 
 use std::ffi::c_char;
 
-use nccl_dist::nccl_safe::UniqueId;
+use nccl_control::nccl_sys::{NCCL_UNIQUE_ID_BYTES, ncclUniqueId as UniqueId};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyTuple};
 
@@ -30,16 +30,16 @@ pub(crate) fn from_py(obj: &Bound<'_, PyAny>) -> PyResult<UniqueId> {
     } else {
         return Err(MalformedIdError::new_err(format!(
             "a unique id is bytes or a tuple of {} ints, not {}",
-            UniqueId::BYTES,
+            NCCL_UNIQUE_ID_BYTES,
             obj.get_type().name()?
         )));
     };
-    UniqueId::from_slice(&bytes).map_err(malformed)
-}
-
-/// A refused id (nccl-safe's `Error::BadUniqueId`) as `MalformedIdError`.
-fn malformed(e: nccl_dist::nccl_safe::Error) -> PyErr {
-    MalformedIdError::new_err(e.to_string())
+    UniqueId::from_slice(&bytes).ok_or_else(|| {
+        MalformedIdError::new_err(format!(
+            "a unique id is {NCCL_UNIQUE_ID_BYTES} bytes, found {}",
+            bytes.len()
+        ))
+    })
 }
 
 /// The id's bytes as a Python `bytes`.
@@ -90,7 +90,7 @@ fn cupy_major(py: Python<'_>) -> Option<u32> {
 }
 
 /// `unique_id_hex(unique_id) -> str`: the id as 256 lowercase hex digits
-/// (what `nccl_dist`'s `UniqueId::to_hex` writes and `from_hex` reads).
+/// (what `nccl_safe::UniqueId::to_hex` writes and `from_hex` reads).
 #[pyfunction]
 pub(crate) fn unique_id_hex(unique_id: &Bound<'_, PyAny>) -> PyResult<String> {
     Ok(from_py(unique_id)?.to_hex())
@@ -104,6 +104,6 @@ pub(crate) fn unique_id_from_hex<'py>(
     py: Python<'py>,
     text: &str,
 ) -> PyResult<Bound<'py, PyBytes>> {
-    let id = UniqueId::from_hex(text).map_err(malformed)?;
+    let id = UniqueId::from_hex(text).map_err(|e| MalformedIdError::new_err(e.to_string()))?;
     Ok(to_bytes(py, &id))
 }

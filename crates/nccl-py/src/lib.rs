@@ -1,4 +1,5 @@
-//! `nccl_rs`: nccl-dist's authenticated rendezvous for Python ranks.
+//! `nccl_rs`: the authenticated rendezvous of `nccl-control` for Python
+//! ranks (this crate depends on the control plane alone: no CUDA).
 //!
 //! A PyTorch, CuPy or JAX program gets the NCCL unique id from (or hands
 //! it to) Rust ranks over the same wire protocol, run by the same Rust
@@ -12,16 +13,16 @@
 //! Built into an abi3 wheel by `cargo xtask py` (maturin); `docs/python.md`
 //! has the guide.
 
+mod env;
 mod errors;
 mod id;
 
 use std::net::TcpListener;
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
-use nccl_dist::Secret;
-use nccl_dist::nccl_safe::UniqueId;
-use nccl_dist::rendezvous;
+use nccl_control::nccl_sys::{NCCL_UNIQUE_ID_BYTES, Nccl, ncclResult_t, ncclUniqueId};
+use nccl_control::{Secret, rendezvous};
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString};
@@ -72,7 +73,7 @@ struct Server {
     port: u16,
     world: usize,
     secret: Secret,
-    id: UniqueId,
+    id: ncclUniqueId,
     refused: Mutex<Vec<String>>,
 }
 
@@ -93,7 +94,7 @@ impl Server {
         let secret = secret_from_py(secret)?;
         let id = match unique_id {
             Some(obj) => id::from_py(obj)?,
-            None => UniqueId::new().map_err(|e| PyRuntimeError::new_err(e.to_string()))?,
+            None => fresh_id()?,
         };
         let listener = TcpListener::bind((host, port))
             .map_err(|e| PyRuntimeError::new_err(format!("binding {host}:{port}: {e}")))?;
@@ -215,8 +216,47 @@ fn join<'py>(
 /// loader, the pip wheel in the active environment).
 #[pyfunction]
 fn new_unique_id(py: Python<'_>) -> PyResult<Bound<'_, PyBytes>> {
-    let id = UniqueId::new().map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
-    Ok(id::to_bytes(py, &id))
+    Ok(id::to_bytes(py, &fresh_id()?))
+}
+
+/// A fresh id from `ncclGetUniqueId`, refused while `NCCL_COMM_ID` is set
+/// (its id is a fixed address anyone who reaches it can join) unless
+/// `NCCL_RS_ALLOW_COMM_ID=1`, as nccl-safe refuses it.
+fn fresh_id() -> PyResult<ncclUniqueId> {
+    let set = std::env::var_os(env::COMM_ID_ENV).is_some_and(|v| !v.is_empty());
+    let allowed = std::env::var(env::ALLOW_COMM_ID_ENV).is_ok_and(|v| v.trim() == "1");
+    if set && !allowed {
+        return Err(PyRuntimeError::new_err(
+            "ncclGetUniqueId: NCCL_COMM_ID is set: its id is a fixed address with a constant \
+             magic, so anyone who can reach that address can join; unset it or set \
+             NCCL_RS_ALLOW_COMM_ID=1",
+        ));
+    }
+    let lib = library()?;
+    let get = lib
+        .ncclGetUniqueId()
+        .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+    let mut id = ncclUniqueId::zeroed();
+    // SAFETY: `ncclGetUniqueId` writes one ncclUniqueId through a valid
+    // pointer.
+    let code = unsafe { get(&mut id) };
+    if code != ncclResult_t::ncclSuccess {
+        let text = lib.error_string(code).unwrap_or("unknown error");
+        return Err(PyRuntimeError::new_err(format!("ncclGetUniqueId: {text}")));
+    }
+    Ok(id)
+}
+
+/// libnccl, loaded once and never unloaded (an id's bootstrap may run a
+/// thread of NCCL's).
+fn library() -> PyResult<&'static Nccl> {
+    static LIB: OnceLock<Result<Nccl, String>> = OnceLock::new();
+    // SAFETY: the documented search order (NCCL_LIBRARY, NCCL_HOME, the
+    // system loader, pip wheels) reads the process environment, trusted
+    // like the dynamic loader's own.
+    LIB.get_or_init(|| unsafe { Nccl::load() }.map_err(|e| e.to_string()))
+        .as_ref()
+        .map_err(|e| PyRuntimeError::new_err(e.clone()))
 }
 
 /// The `nccl_rs` module.
@@ -224,7 +264,7 @@ fn new_unique_id(py: Python<'_>) -> PyResult<Bound<'_, PyBytes>> {
 fn nccl_rs(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("PROTOCOL_VERSION", rendezvous::PROTOCOL_VERSION)?;
-    m.add("UNIQUE_ID_BYTES", UniqueId::BYTES)?;
+    m.add("UNIQUE_ID_BYTES", NCCL_UNIQUE_ID_BYTES)?;
     m.add_class::<Server>()?;
     m.add_function(wrap_pyfunction!(serve, m)?)?;
     m.add_function(wrap_pyfunction!(join, m)?)?;

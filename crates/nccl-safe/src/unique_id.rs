@@ -5,7 +5,7 @@ use std::io::Read;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
-use nccl_sys::{NCCL_UNIQUE_ID_BYTES, ncclUniqueId};
+use nccl_sys::{IdTextError, NCCL_UNIQUE_ID_BYTES, ncclUniqueId};
 
 use crate::error::{Result, UniqueIdError};
 use crate::library::Library;
@@ -67,46 +67,24 @@ impl UniqueId {
     /// [`UniqueIdError::NotHex`] with its
     /// position in `text`.
     pub fn from_hex(text: &str) -> Result<UniqueId> {
-        let lead = text.chars().take_while(|c| c.is_whitespace()).count();
-        let digits = text.trim();
-        if let Some((i, c)) = digits
-            .chars()
-            .enumerate()
-            .find(|(_, c)| !c.is_ascii_hexdigit())
-        {
-            return Err(UniqueIdError::NotHex {
-                position: lead + i,
-                found: c,
+        ncclUniqueId::from_hex(text).map(UniqueId).map_err(|e| {
+            match e {
+                IdTextError::NotHex { position, found } => {
+                    UniqueIdError::NotHex { position, found }
+                }
+                IdTextError::Length { expected, found } => {
+                    UniqueIdError::HexLength { expected, found }
+                }
             }
-            .into());
-        }
-        // Only ASCII digits are left: one byte each.
-        let digits = digits.as_bytes();
-        if digits.len() != 2 * NCCL_UNIQUE_ID_BYTES {
-            return Err(UniqueIdError::HexLength {
-                expected: 2 * NCCL_UNIQUE_ID_BYTES,
-                found: digits.len(),
-            }
-            .into());
-        }
-        let mut bytes = [0u8; NCCL_UNIQUE_ID_BYTES];
-        for (b, pair) in bytes.iter_mut().zip(digits.chunks_exact(2)) {
-            *b = (hex_value(pair[0]) << 4) | hex_value(pair[1]);
-        }
-        Ok(UniqueId::from_bytes(bytes))
+            .into()
+        })
     }
 
     /// The id as 256 lowercase hex digits, for a peer that takes text (a
     /// configuration, a command line). It is as secret as the id: whoever
     /// holds it can try to join the communicator, so keep it out of logs.
     pub fn to_hex(&self) -> String {
-        const DIGITS: &[u8; 16] = b"0123456789abcdef";
-        let mut text = String::with_capacity(2 * NCCL_UNIQUE_ID_BYTES);
-        for b in self.as_bytes() {
-            text.push(char::from(DIGITS[usize::from(b >> 4)]));
-            text.push(char::from(DIGITS[usize::from(b & 0xf)]));
-        }
-        text
+        self.0.to_hex()
     }
 
     /// The id from a file holding its [`UniqueId::BYTES`] raw bytes or its
@@ -196,13 +174,16 @@ impl UniqueId {
     }
 }
 
-/// The value of one ASCII hex digit (checked by the caller).
-fn hex_value(digit: u8) -> u8 {
-    match digit {
-        b'0'..=b'9' => digit - b'0',
-        b'a'..=b'f' => digit - b'a' + 10,
-        b'A'..=b'F' => digit - b'A' + 10,
-        _ => 0,
+impl From<ncclUniqueId> for UniqueId {
+    /// The id a rendezvous handed over (`nccl-control` speaks the raw type).
+    fn from(raw: ncclUniqueId) -> UniqueId {
+        UniqueId(raw)
+    }
+}
+
+impl From<UniqueId> for ncclUniqueId {
+    fn from(id: UniqueId) -> ncclUniqueId {
+        id.0
     }
 }
 

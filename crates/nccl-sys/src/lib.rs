@@ -57,6 +57,7 @@
 
 pub mod error;
 pub mod functions;
+pub mod id_text;
 pub mod library;
 pub mod search;
 pub mod structs;
@@ -65,6 +66,7 @@ pub mod version;
 
 pub use error::{Attempt, AttemptFailure, LoadError, Result, SymbolError};
 pub use functions::{Symbol, pfn};
+pub use id_text::IdTextError;
 pub use library::Nccl;
 pub use search::{Candidate, SearchPaths, Source};
 pub use structs::*;

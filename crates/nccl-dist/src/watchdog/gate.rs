@@ -28,7 +28,7 @@ use nccl_safe::{CheckError, OpInfo};
 use super::check::CheckFailure;
 use super::culprit::Checked;
 use super::{Watch, exchange_key, lock_gating};
-use crate::liveness::wire::KEY_MAX;
+use crate::liveness::GATE_KEY_MAX as KEY_MAX;
 
 /// What a watch needs to gate its communicator's calls.
 pub(super) struct Gating {
@@ -234,7 +234,7 @@ mod tests {
         ] {
             let key = format!("{}:c|{text}", g.base);
             assert!(key.len() <= KEY_MAX, "{key}");
-            let parsed = crate::liveness::engine_gate_members(&key, 1024).unwrap();
+            let parsed = crate::liveness::gate_members(&key, 1024).unwrap();
             assert_eq!(members_text(&parsed), text);
         }
     }

@@ -255,7 +255,7 @@ impl World {
                 &listener,
                 launch.world_size,
                 &secret,
-                &id,
+                &id.raw(),
                 options.timeout,
                 &resolved.liveness,
             )?;
@@ -272,7 +272,7 @@ impl World {
                 options.timeout,
                 &resolved.liveness,
             )?;
-            (id, Some(live))
+            (id.into(), Some(live))
         };
         let world = World::form(&id, launch, device, resolved, new_liveness, Shape::Split)?;
         // The old world (its aborted communicators, its channel) goes

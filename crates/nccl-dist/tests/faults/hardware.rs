@@ -134,7 +134,7 @@ pub(crate) fn host_barrier(r: &Rank, port: u16) -> TestResult {
     if r.rank == 0 {
         let listener = std::net::TcpListener::bind(("127.0.0.1", port))?;
         let dummy = nccl_safe::UniqueId::from_bytes([0; 128]);
-        nccl_dist::rendezvous::serve(&listener, r.size, &secret, &dummy, timeout)?;
+        nccl_dist::rendezvous::serve(&listener, r.size, &secret, &dummy.raw(), timeout)?;
     } else {
         nccl_dist::rendezvous::join(("127.0.0.1", port), r.rank, r.size, &secret, timeout)?;
     }
