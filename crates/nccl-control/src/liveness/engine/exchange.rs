@@ -423,7 +423,9 @@ mod tests {
                     (key == "world").then(|| tail(rank))
                 }));
             }
-            // Two threads per rank ask (the watchdog's and the waiter's).
+            // Two threads per rank ask (the watchdog's and the waiter's),
+            // each with more than the real wait: on a loaded 2-core CI
+            // machine the hub's gathering missed `WAIT` once in five runs.
             let asks: Vec<_> = ranks
                 .iter()
                 .enumerate()
@@ -432,7 +434,7 @@ mod tests {
                     let ex = l.exchanger();
                     std::thread::spawn(move || {
                         std::thread::sleep(Duration::from_millis(delay_ms * rank as u64));
-                        ex.exchange("world", tail(rank), WAIT)
+                        ex.exchange("world", tail(rank), WAIT * 5)
                     })
                 })
                 .collect();
