@@ -3,6 +3,9 @@
 //!
 //! - no hand-written source file over [`MAX_LINES`] lines (generated
 //!   reference bindings are not hand-written);
+//! - no module (a folder or a top-level file of `src/`) of a crate
+//!   importing one above it: the top-level modules' import graph has no
+//!   cycle, names re-exported by the crate root resolved;
 //! - `NCCL_RS_*` names spelled out only in each crate's `env.rs` (nccl-safe:
 //!   `secrecy.rs`; nccl-bench has its own), outside tests;
 //! - no cycle of `use crate::…` imports between the files of a crate
@@ -149,10 +152,17 @@ fn module_of(src_rel: &Path) -> Option<String> {
     Some(parts.join("::"))
 }
 
-/// Cycles of `use crate::…` imports between the files of each crate's
-/// `src/` (each as its sorted files), found as strongly connected
-/// components of the import graph.
-pub fn import_cycles(root: &Path) -> Vec<Vec<String>> {
+/// One crate's import graph: its modules (path from the crate root, to
+/// file) and, per module, the modules it imports (`use crate::…` and
+/// `crate::…` paths in code, a name the root re-exports resolved to the
+/// module that defines it).
+struct Graph {
+    modules: BTreeMap<String, String>,
+    edges: BTreeMap<String, BTreeSet<String>>,
+}
+
+/// The import graph of every crate under `root`, by crate folder.
+fn graphs(root: &Path) -> BTreeMap<String, Graph> {
     let mut by_crate: BTreeMap<String, Vec<PathBuf>> = BTreeMap::new();
     for rel in sources(root) {
         let s = rel.to_string_lossy().into_owned();
@@ -160,24 +170,37 @@ pub fn import_cycles(root: &Path) -> Vec<Vec<String>> {
             by_crate.entry(s[..i].to_string()).or_default().push(rel);
         }
     }
-    let mut cycles = Vec::new();
-    for (krate, files) in by_crate {
-        let src = PathBuf::from(format!("{krate}/src"));
-        let modules: BTreeMap<String, String> = files
-            .iter()
-            .filter_map(|f| {
-                let m = module_of(f.strip_prefix(&src).ok()?)?;
-                Some((m, f.to_string_lossy().into_owned()))
-            })
-            .collect();
-        // Names the crate root re-exports (`pub use a::b::X;` in lib.rs)
-        // resolve to the module that defines them: `crate::X` imports `a::b`.
-        let lib = std::fs::read_to_string(root.join(&src).join("lib.rs")).unwrap_or_default();
-        let mut root_names: BTreeMap<String, String> = BTreeMap::new();
-        let lib_code = code_of(&lib);
-        let mut rest = lib_code.as_str();
-        while let Some(i) = rest.find("pub use ") {
-            rest = &rest[i + "pub use ".len()..];
+    by_crate
+        .into_iter()
+        .map(|(krate, files)| {
+            let graph = crate_graph(root, &krate, &files);
+            (krate, graph)
+        })
+        .collect()
+}
+
+fn crate_graph(root: &Path, krate: &str, files: &[PathBuf]) -> Graph {
+    let src = PathBuf::from(format!("{krate}/src"));
+    let modules: BTreeMap<String, String> = files
+        .iter()
+        .filter_map(|f| {
+            let m = module_of(f.strip_prefix(&src).ok()?)?;
+            Some((m, f.to_string_lossy().into_owned()))
+        })
+        .collect();
+    // Names the crate root re-exports (`pub use a::b::X;` in lib.rs or
+    // main.rs) resolve to the module that defines them: `crate::X`
+    // imports `a::b`.
+    let root_file = ["lib.rs", "main.rs"]
+        .iter()
+        .find_map(|f| std::fs::read_to_string(root.join(&src).join(f)).ok())
+        .unwrap_or_default();
+    let mut root_names: BTreeMap<String, String> = BTreeMap::new();
+    let root_code = code_of(&root_file);
+    for keyword in ["pub use ", "pub(crate) use "] {
+        let mut rest = root_code.as_str();
+        while let Some(i) = rest.find(keyword) {
+            rest = &rest[i + keyword.len()..];
             let stmt = rest.split(';').next().unwrap_or("");
             for path in expand_use(stmt.strip_prefix("crate::").unwrap_or(stmt)) {
                 let segs: Vec<&str> = path.split("::").collect();
@@ -188,48 +211,93 @@ pub fn import_cycles(root: &Path) -> Vec<Vec<String>> {
                 }
             }
         }
-        let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-        for (module, file) in &modules {
-            let Ok(text) = std::fs::read_to_string(root.join(file)) else {
-                continue;
+    }
+    let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (module, file) in &modules {
+        let Ok(text) = std::fs::read_to_string(root.join(file)) else {
+            continue;
+        };
+        let code = code_of(&text);
+        let mut rest = code.as_str();
+        while let Some(i) = rest.find("crate::") {
+            rest = &rest[i + "crate::".len()..];
+            // One path or a `{…}` group (nested groups and several lines
+            // included), up to where the path ends.
+            let end = if rest.starts_with('{') {
+                matching_brace(rest).map_or(rest.len(), |e| e + 1)
+            } else {
+                rest.find(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':' || c == '{'))
+                    .map_or(rest.len(), |e| {
+                        if rest[..e].ends_with('{') {
+                            matching_brace(&rest[e - 1..]).map_or(rest.len(), |b| e + b)
+                        } else {
+                            e
+                        }
+                    })
             };
-            let code = code_of(&text);
-            let mut rest = code.as_str();
-            while let Some(i) = rest.find("crate::") {
-                rest = &rest[i + "crate::".len()..];
-                // One path or a `{…}` group (nested groups and several lines
-                // included), up to where the path ends.
-                let end = if rest.starts_with('{') {
-                    matching_brace(rest).map_or(rest.len(), |e| e + 1)
-                } else {
-                    rest.find(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':' || c == '{'))
-                        .map_or(rest.len(), |e| {
-                            if rest[..e].ends_with('{') {
-                                matching_brace(&rest[e - 1..]).map_or(rest.len(), |b| e + b)
-                            } else {
-                                e
-                            }
-                        })
-                };
-                for path in expand_use(&rest[..end]) {
-                    let segs: Vec<&str> = path.split("::").filter(|s| !s.is_empty()).collect();
-                    let target = longest_module(&segs, &modules)
-                        .or_else(|| segs.first().and_then(|n| root_names.get(*n).cloned()));
-                    if let Some(t) = target
-                        && t != *module
-                        && !module.starts_with(&format!("{t}::"))
-                        && !t.starts_with(&format!("{module}::"))
-                    {
-                        edges.entry(module.clone()).or_default().insert(t);
-                    }
+            for path in expand_use(&rest[..end]) {
+                let segs: Vec<&str> = path.split("::").filter(|s| !s.is_empty()).collect();
+                let target = longest_module(&segs, &modules)
+                    .or_else(|| segs.first().and_then(|n| root_names.get(*n).cloned()));
+                if let Some(t) = target
+                    && t != *module
+                    && !module.starts_with(&format!("{t}::"))
+                    && !t.starts_with(&format!("{module}::"))
+                {
+                    edges.entry(module.clone()).or_default().insert(t);
                 }
             }
         }
-        for scc in strongly_connected(&modules.keys().cloned().collect::<Vec<_>>(), &edges) {
+    }
+    Graph { modules, edges }
+}
+
+/// Cycles of `use crate::…` imports between the files of each crate's
+/// `src/` (each as its sorted files), found as strongly connected
+/// components of the import graph.
+pub fn import_cycles(root: &Path) -> Vec<Vec<String>> {
+    let mut cycles = Vec::new();
+    for graph in graphs(root).into_values() {
+        let nodes: Vec<String> = graph.modules.keys().cloned().collect();
+        for scc in strongly_connected(&nodes, &graph.edges) {
             if scc.len() > 1 {
-                let mut files: Vec<String> = scc.iter().map(|m| modules[m].clone()).collect();
+                let mut files: Vec<String> = scc.iter().map(|m| graph.modules[m].clone()).collect();
                 files.sort();
                 cycles.push(files);
+            }
+        }
+    }
+    cycles
+}
+
+/// Cycles between the top-level modules of each crate (a folder or a
+/// top-level file of `src/`, everything inside it counted as the module):
+/// every crate's modules must have an order in which none imports one
+/// above it. Each cycle is `crate folder: module, module, …`.
+pub fn module_cycles(root: &Path) -> Vec<String> {
+    let top = |m: &str| m.split("::").next().unwrap_or("").to_string();
+    let mut cycles = Vec::new();
+    for (krate, graph) in graphs(root) {
+        let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for (from, targets) in &graph.edges {
+            for to in targets {
+                let (a, b) = (top(from), top(to));
+                if !a.is_empty() && !b.is_empty() && a != b {
+                    edges.entry(a).or_default().insert(b);
+                }
+            }
+        }
+        let nodes: BTreeSet<String> = graph
+            .modules
+            .keys()
+            .map(|m| top(m))
+            .filter(|m| !m.is_empty())
+            .collect();
+        let nodes: Vec<String> = nodes.into_iter().collect();
+        for mut scc in strongly_connected(&nodes, &edges) {
+            if scc.len() > 1 {
+                scc.sort();
+                cycles.push(format!("{krate}: {}", scc.join(", ")));
             }
         }
     }
@@ -429,6 +497,39 @@ mod tests {
             cycles.is_empty(),
             "files tied by import cycles (each group imports itself round): {cycles:#?}"
         );
+    }
+
+    #[test]
+    fn no_module_imports_one_above_it() {
+        let cycles = module_cycles(&root());
+        assert!(
+            cycles.is_empty(),
+            "modules tied by import cycles (docs/architecture.md gives each crate's order): {cycles:#?}"
+        );
+    }
+
+    /// A module that imports one above it is found, though no two files
+    /// import each other: `a` imports `b` through the root's re-export,
+    /// and `b`'s inner file imports `a`.
+    #[test]
+    fn a_module_importing_one_above_it_is_found() {
+        let dir = std::env::temp_dir().join(format!("xtask-tidy-{}", std::process::id()));
+        let src = dir.join("crates/demo/src");
+        std::fs::create_dir_all(src.join("b")).unwrap();
+        let files = [
+            ("lib.rs", "mod a;\nmod b;\npub use b::Thing;\n"),
+            ("a.rs", "use crate::Thing;\npub(crate) fn helper() {}\n"),
+            ("b/mod.rs", "mod inner;\npub use inner::Thing;\n"),
+            ("b/inner.rs", "use crate::a::helper;\npub struct Thing;\n"),
+        ];
+        for (name, text) in files {
+            std::fs::write(src.join(name), text).unwrap();
+        }
+        let by_module = module_cycles(&dir);
+        let by_file = import_cycles(&dir);
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(by_module, ["crates/demo: a, b"]);
+        assert!(by_file.is_empty(), "{by_file:?}");
     }
 
     #[test]

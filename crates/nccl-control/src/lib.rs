@@ -19,11 +19,17 @@
 //! The unique id is NCCL's 128 bytes, [`nccl_sys::ncclUniqueId`]; nothing
 //! here loads libnccl.
 
+// Bottom-up: a module imports only modules above it in this list.
 pub mod culprit;
 pub mod env;
+mod frame;
+mod handshake;
+mod link;
 pub mod liveness;
+mod loss;
 pub mod rendezvous;
 pub mod secret;
+mod wire;
 
 pub use culprit::{Call, Divergence, Field, Tail, analyze};
 pub use env::BadValue;

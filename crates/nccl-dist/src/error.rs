@@ -5,9 +5,9 @@ use crate::env::BadValue;
 use crate::launch::LaunchError;
 use crate::liveness::{LossCause, PeerLoss};
 use crate::mesh::MeshError;
+use crate::record::{Failure, FailureKind, OpRecord};
 use crate::rendezvous::RendezvousError;
 use crate::secret::SecretError;
-use crate::watchdog::record::{Failure, FailureKind, OpRecord};
 
 /// Anything that can go wrong in `nccl-dist`.
 #[derive(Debug, thiserror::Error)]

@@ -53,6 +53,7 @@ pub mod mesh;
 pub mod placement;
 mod pointers;
 pub mod prelude;
+mod record;
 pub mod watchdog;
 mod world;
 

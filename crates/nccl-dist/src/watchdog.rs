@@ -66,19 +66,18 @@ mod explain;
 mod gate;
 mod label;
 mod options;
-pub(crate) mod record;
 mod track;
 mod verdict;
 
 pub use crate::env::{CHECK_CALLS_ENV, FLIGHT_RECORDER_ENV, WATCHDOG_ENV, WATCHDOG_TIMEOUT_ENV};
+use crate::record::render;
+pub use crate::record::{Failure, FailureKind, OpRecord, OpState};
 pub use check::CheckFailure;
 pub use culprit::{Call, Divergence, Field, Tail, analyze};
 pub use explain::{explain, synchronize};
 pub(crate) use explain::{explain_known, from_failure};
 use label::exchange_key;
 pub use options::WatchdogOptions;
-use record::render;
-pub use record::{Failure, FailureKind, OpRecord, OpState};
 use track::Tracker;
 
 struct WatchState {

@@ -48,6 +48,7 @@ mod abort;
 mod buffer;
 mod capabilities;
 mod capture;
+mod capture_state;
 mod comm;
 mod completion;
 mod config;

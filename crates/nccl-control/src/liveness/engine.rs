@@ -11,9 +11,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use super::link::{Link, READ_CHUNK, Rx, lock};
-use super::wire::{MAX_FRAME, MIN_FRAME, Msg, ROSTER_CHUNK};
 use super::{LivenessError, LivenessOptions, LossCause, PeerLoss};
+use crate::link::{Link, READ_CHUNK, Rx, lock};
+use crate::wire::{MAX_FRAME, MIN_FRAME, Msg, ROSTER_CHUNK};
 
 mod check;
 mod exchange;

@@ -5,9 +5,9 @@ use std::time::{Duration, Instant};
 
 use nccl_sys::ncclUniqueId as UniqueId;
 
+use crate::frame::{PEER_TIMEOUT, Result, deadline_after};
+use crate::handshake::connect::{attach_to_hub, join_stream};
 use crate::liveness::{Liveness, LivenessOptions, Takeover, start_member};
-use crate::rendezvous::connect::{attach_to_hub, join_stream};
-use crate::rendezvous::proto::{PEER_TIMEOUT, Result, deadline_after};
 use crate::secret::Secret;
 /// A joining rank's side: connects to `addr` (retrying until `timeout`),
 /// proves it knows the secret and receives the id.

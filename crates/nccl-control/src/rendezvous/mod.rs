@@ -53,23 +53,19 @@
 //! ends its join at once. Every read and write is bounded by the
 //! deadline. Nothing here panics on bad input.
 
-pub(crate) mod accept;
-mod auth;
-pub(crate) mod connect;
 pub mod file;
 mod join;
-pub(crate) mod proto;
 mod serve;
 #[cfg(test)]
 mod vectors;
 
+pub use crate::frame::{
+    HELLO_TIMEOUT, MAX_HANDSHAKES, MAX_PAYLOAD, MAX_REFUSED, PEER_TIMEOUT, PROTOCOL_VERSION,
+    RendezvousError, decode_header, encode_frame,
+};
 pub use file::{
     FILE_BYTES, FILE_FORMAT_VERSION, MAX_FILE_AGE, MAX_FILE_BYTES, MAX_FILE_CLOCK_SKEW,
     decode_file, publish_file, wait_file,
 };
 pub use join::{join, join_live};
-pub use proto::{
-    HELLO_TIMEOUT, MAX_HANDSHAKES, MAX_PAYLOAD, MAX_REFUSED, PEER_TIMEOUT, PROTOCOL_VERSION,
-    RendezvousError, decode_header, encode_frame,
-};
 pub use serve::{serve, serve_live};

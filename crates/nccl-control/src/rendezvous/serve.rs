@@ -9,12 +9,12 @@ use std::time::{Duration, Instant};
 
 use nccl_sys::ncclUniqueId as UniqueId;
 
-use crate::liveness::{Liveness, LivenessOptions, start_hub};
-use crate::rendezvous::accept::{Served, attach_member, handshake_server};
-use crate::rendezvous::proto::{
+use crate::frame::{
     MAX_HANDSHAKES, MAX_REFUSED, PEER_TIMEOUT, RendezvousError, Result, check_fits, deadline_after,
     deadline_left,
 };
+use crate::handshake::accept::{Served, attach_member, handshake_server};
+use crate::liveness::{Liveness, LivenessOptions, start_hub};
 use crate::secret::Secret;
 /// Rank 0's side: accepts the other `world - 1` ranks on `listener` and
 /// hands each the id, until all are served or `timeout` passes. Peers that

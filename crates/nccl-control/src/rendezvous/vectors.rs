@@ -11,15 +11,15 @@ use nccl_sys::ncclUniqueId as UniqueId;
 use serde_json::Value;
 
 use crate::culprit::{Call, Divergence, Field};
-use crate::liveness::wire::{Dir, Msg, Opener, Sealer, session_key};
-use crate::liveness::{LossCause, PeerLoss};
-use crate::rendezvous::auth::{
+use crate::frame::{Kind, PROTOCOL_VERSION, RendezvousError, encode_frame};
+use crate::handshake::auth::{
     challenge, claims, hello, id_key, open_id, open_reject, proof, read_hello, reject,
     reject_reason, seal_id,
 };
+use crate::liveness::{LossCause, PeerLoss};
 use crate::rendezvous::file::{decode_file, seal};
-use crate::rendezvous::proto::{Kind, PROTOCOL_VERSION, RendezvousError, encode_frame};
 use crate::secret::Secret;
+use crate::wire::{Dir, Msg, Opener, Sealer, session_key};
 
 const VECTORS: &str = include_str!("../../../../docs/rendezvous-protocol-vectors.json");
 
@@ -105,7 +105,7 @@ fn the_handshake_vectors_are_what_the_code_sends_and_reads() {
     // Under another secret, or for other claims, the id does not open.
     let other = Secret::from_bytes(b"nccl-rs another secret 00".to_vec(), "t").unwrap();
     assert!(open_id(&other, ns, nc, &claims, &sealed).is_err());
-    let other_claims = crate::rendezvous::auth::claims(2, x.world);
+    let other_claims = crate::handshake::auth::claims(2, x.world);
     assert!(open_id(s, ns, nc, &other_claims, &sealed).is_err());
 }
 

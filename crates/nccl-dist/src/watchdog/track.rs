@@ -39,7 +39,7 @@ use nccl_safe::ObservedStream;
 use nccl_safe::cudarc::driver::{CudaContext, CudaEvent, sys};
 use nccl_safe::nccl_sys::cudaStream_t;
 
-use super::record::{OpRecord, OpState};
+use crate::record::{OpRecord, OpState};
 
 /// The issuing thread records at most one event per this interval (per
 /// communicator).

@@ -57,7 +57,7 @@ use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaGraph, CudaSlice, CudaStream};
 
 use crate::buffer::{Access, DeviceBuffer, DeviceBufferMut};
-use crate::capture::state::{is_capturing, refuse_capture, spoil};
+use crate::capture_state::{is_capturing, refuse_capture, spoil};
 use crate::comm::poll::poll_with_backoff;
 use crate::comm::{AbortHandle, Comm};
 use crate::dtype::NcclType;
@@ -65,9 +65,7 @@ use crate::memory::NcclMemory;
 use crate::ops::OnStream;
 use crate::{Error, Result};
 
-pub(crate) mod state;
-
-pub use state::allow_capture;
+pub use crate::capture_state::allow_capture;
 
 /// The device buffers of one [`Captured`] value, opened on a stream: the
 /// address and size in bytes of each, and the access that orders it with

@@ -383,3 +383,17 @@ impl Abortable for Shared {
         Shared::request_abort(self, cause)
     }
 }
+
+impl crate::group::Member for Shared {
+    fn is_blocking(&self) -> bool {
+        Shared::is_blocking(self)
+    }
+
+    fn wait_ready(&self, op: &'static str) -> Result<()> {
+        Shared::wait_ready(self, op)
+    }
+
+    fn leave_group(&self) {
+        Shared::leave_group(self)
+    }
+}

@@ -18,13 +18,13 @@ use std::cell::RefCell;
 use std::marker::PhantomData;
 
 use crate::buffer::Held;
-use crate::capture::state::{is_capturing, spoil, without_capture};
+use crate::capture_state::{is_capturing, spoil, without_capture};
 use crate::group::state::{in_group, recycle_observed};
 use crate::library::Library;
 use crate::observe::Pending;
 use crate::{Error, Feature, Result};
 
-pub(crate) use raw::touch;
+pub(crate) use raw::{Member, touch};
 pub(crate) use state::in_group as is_open;
 pub use state::take_dropped_group_error;
 

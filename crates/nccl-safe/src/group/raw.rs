@@ -8,7 +8,6 @@ use std::sync::Arc;
 use nccl_sys::{ncclResult_t, ncclSimInfo_t};
 
 use crate::Result;
-use crate::comm::handle::Shared;
 use crate::group::state::{in_group, leave, run_deferred};
 use crate::library::Library;
 
@@ -17,16 +16,32 @@ thread_local! {
     /// outermost end (an abort from another thread waits for it), and the
     /// nonblocking ones must be polled when `ncclGroupEnd` answers
     /// `ncclInProgress`.
-    static TOUCHED: RefCell<Vec<Arc<Shared>>> = const { RefCell::new(Vec::new()) };
+    static TOUCHED: RefCell<Vec<Arc<dyn Member>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// What an open group needs of a communicator it has calls on. The
+/// communicator's shared state implements it; the trait keeps this module
+/// below `comm`, which uses groups.
+pub(crate) trait Member: Send + Sync {
+    /// Whether its calls block (a nonblocking one is polled at the end).
+    fn is_blocking(&self) -> bool;
+    /// Waits until a nonblocking communicator's work of the group is in.
+    fn wait_ready(&self, op: &'static str) -> Result<()>;
+    /// The group no longer refers to it: an abort asked for meanwhile
+    /// happens now.
+    fn leave_group(&self);
 }
 
 /// Records that a communicator is used in the open group (before the call:
-/// [`Shared::enter_group`] marks it under its lock).
-pub(crate) fn touch(shared: &Arc<Shared>) {
+/// the communicator marks itself under its lock).
+pub(crate) fn touch<M: Member + 'static>(member: &Arc<M>) {
     TOUCHED.with(|t| {
         let mut t = t.borrow_mut();
-        if !t.iter().any(|s| Arc::ptr_eq(s, shared)) {
-            t.push(Arc::clone(shared));
+        let seen = t
+            .iter()
+            .any(|s| std::ptr::addr_eq(Arc::as_ptr(s), Arc::as_ptr(member)));
+        if !seen {
+            t.push(Arc::clone(member) as Arc<dyn Member>);
         }
     });
 }
@@ -42,7 +57,7 @@ pub(crate) fn start(lib: &'static Library) -> Result<()> {
 
 /// Decrements the depth; at depth 0 returns the communicators to poll
 /// (give the vector back with [`recycle_touched`]).
-fn leave_group() -> Vec<Arc<Shared>> {
+fn leave_group() -> Vec<Arc<dyn Member>> {
     if leave() {
         TOUCHED.with(|t| std::mem::take(&mut *t.borrow_mut()))
     } else {
@@ -89,7 +104,7 @@ pub(crate) fn simulate_end(
 /// After an end: the communicators the group used are released (aborts
 /// asked for meanwhile happen now), then, past the outermost end, the
 /// teardowns that waited for it run.
-fn after_end(touched: Vec<Arc<Shared>>) {
+fn after_end(touched: Vec<Arc<dyn Member>>) {
     for shared in &touched {
         shared.leave_group();
     }
@@ -101,7 +116,7 @@ fn after_end(touched: Vec<Arc<Shared>>) {
 
 /// Puts the emptied list of polled communicators back, so the next group
 /// reuses its memory instead of allocating.
-fn recycle_touched(mut touched: Vec<Arc<Shared>>) {
+fn recycle_touched(mut touched: Vec<Arc<dyn Member>>) {
     touched.clear();
     let _ = TOUCHED.try_with(|t| {
         let mut t = t.borrow_mut();

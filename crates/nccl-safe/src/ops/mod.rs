@@ -28,7 +28,7 @@ use cudarc::driver::CudaStream;
 use nccl_sys::{cudaStream_t, ncclComm_t, ncclResult_t};
 
 use crate::buffer::{Access, DeviceBuffer, DeviceBufferMut};
-use crate::capture::state::{is_allowed, refuse_capture, without_capture};
+use crate::capture_state::{is_allowed, refuse_capture, without_capture};
 use crate::comm::Comm;
 use crate::dtype::NcclType;
 use crate::error::Role;

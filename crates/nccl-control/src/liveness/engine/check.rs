@@ -20,9 +20,9 @@ use std::time::{Duration, Instant};
 
 use super::{Role, Shared};
 use crate::culprit::{Call, Checked};
-use crate::liveness::link::{Link, lock};
-use crate::liveness::wire::Msg;
+use crate::link::{Link, lock};
 use crate::liveness::{LossCause, PeerLoss};
+use crate::wire::Msg;
 
 /// Unfinished checks the hub holds at once, or twice the world where that
 /// is more (gates of two ranks can be pending for every pair at once): a

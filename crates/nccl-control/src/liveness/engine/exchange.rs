@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use super::{Role, Shared};
 use crate::culprit::{Call, Checked, Divergence, Tail, analyze};
-use crate::liveness::link::{Link, lock};
-use crate::liveness::wire::Msg;
+use crate::link::{Link, lock};
+use crate::wire::Msg;
 
 /// Where a rank's tails come from when the hub asks: the watchdog's
 /// flight recorder of the communicator with that key.

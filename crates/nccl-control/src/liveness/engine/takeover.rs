@@ -13,9 +13,9 @@ use std::time::Duration;
 use nccl_sys::ncclUniqueId as UniqueId;
 
 use super::{LossCause, PeerLoss, Shared, THREAD_NAME, lock};
-use crate::rendezvous::accept::takeover_accept;
-use crate::rendezvous::connect::takeover_connect;
-use crate::rendezvous::proto::RendezvousError;
+use crate::frame::RendezvousError;
+use crate::handshake::accept::takeover_accept;
+use crate::handshake::connect::takeover_connect;
 use crate::secret::Secret;
 
 /// How long a member tries to reach the next hub before counting it lost.

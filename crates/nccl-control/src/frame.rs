@@ -7,7 +7,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use crate::liveness::LivenessError;
+use crate::loss::LivenessError;
 
 /// Protocol version on the wire.
 pub const PROTOCOL_VERSION: u16 = 2;

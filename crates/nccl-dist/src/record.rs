@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use nccl_safe::nccl_sys::{ncclDataType_t, ncclRedOp_t};
 
-use super::culprit::{Call, Divergence};
 use crate::liveness::PeerLoss;
+use nccl_control::culprit::{Call, Divergence};
 
 /// Where an operation of the flight recorder stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

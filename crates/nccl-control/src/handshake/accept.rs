@@ -8,16 +8,16 @@ use std::time::{Duration, Instant};
 use hmac::Mac;
 use nccl_sys::ncclUniqueId as UniqueId;
 
-use crate::liveness::LivenessError;
+use crate::loss::LivenessError;
 
-use crate::liveness::link::Link;
-use crate::liveness::wire::{Dir, Msg, Opener, Sealer, session_key};
-use crate::rendezvous::auth::{challenge, client_proof, nonce, read_hello, reject, seal_id};
-use crate::rendezvous::proto::{
+use crate::frame::{
     HELLO_TIMEOUT, Kind, NONCE, RendezvousError, Result, TAG, read_frame, read_raw_frame,
     write_bytes, write_frame,
 };
+use crate::handshake::auth::{challenge, client_proof, nonce, read_hello, reject, seal_id};
+use crate::link::Link;
 use crate::secret::Secret;
+use crate::wire::{Dir, Msg, Opener, Sealer, session_key};
 /// What rank 0 knows of a rank it served.
 pub(crate) struct Served {
     rank: usize,

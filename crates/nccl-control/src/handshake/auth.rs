@@ -12,9 +12,9 @@ use hmac::{Hmac, Mac};
 use nccl_sys::ncclUniqueId as UniqueId;
 use sha2::Sha256;
 
-use crate::liveness::LivenessError;
+use crate::loss::LivenessError;
 
-use crate::rendezvous::proto::{NONCE, RendezvousError, Result, SEALED_ID, TAG};
+use crate::frame::{NONCE, RendezvousError, Result, SEALED_ID, TAG};
 use crate::secret::Secret;
 
 /// Bytes of what a joining rank claims: `rank u32 ‖ world u32`.

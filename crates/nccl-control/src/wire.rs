@@ -7,9 +7,9 @@ use std::net::SocketAddr;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use super::{LivenessError, PeerLoss};
 use crate::culprit::{Call, Checked, Divergence};
-use crate::rendezvous::proto::{MAX_PAYLOAD, RendezvousError, decode_header, encode_frame};
+use crate::frame::{MAX_PAYLOAD, RendezvousError, decode_header, encode_frame};
+use crate::loss::{LivenessError, PeerLoss};
 use crate::secret::Secret;
 
 mod body;
@@ -466,7 +466,7 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-    use crate::liveness::LossCause;
+    use crate::loss::LossCause;
     use body::MAX_TEXT;
 
     fn key(n: u8) -> SessionKey {

@@ -6,7 +6,7 @@ use std::io::Write as _;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::liveness::{LivenessError, LossCause, PeerLoss};
+use crate::loss::{LivenessError, LossCause, PeerLoss};
 
 /// Longest text a loss carries on the wire (cut at a character boundary),
 /// so a `Lost` frame always fits the rendezvous framing's payload cap.

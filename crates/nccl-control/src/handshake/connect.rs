@@ -8,17 +8,17 @@ use std::time::{Duration, Instant};
 use hmac::Mac;
 use nccl_sys::ncclUniqueId as UniqueId;
 
-use crate::liveness::LivenessError;
-use crate::liveness::link::Link;
-use crate::liveness::wire::{Dir, Msg, Opener, Sealer, session_key};
-use crate::rendezvous::auth::{
-    CHALLENGE, claims, hello, nonce, open_id, open_reject, proof, server_proof,
-};
-use crate::rendezvous::proto::{
+use crate::frame::{
     Kind, NONCE, PEER_TIMEOUT, RendezvousError, Result, SEALED_ID, check_fits, deadline_after,
     deadline_left, read_frame, read_raw_frame, write_bytes, write_frame,
 };
+use crate::handshake::auth::{
+    CHALLENGE, claims, hello, nonce, open_id, open_reject, proof, server_proof,
+};
+use crate::link::Link;
+use crate::loss::LivenessError;
 use crate::secret::Secret;
+use crate::wire::{Dir, Msg, Opener, Sealer, session_key};
 
 /// A member whose hub was lost: the rendezvous handshake with the rank
 /// taking over at `addr`, which must hand out the same `id`, then the

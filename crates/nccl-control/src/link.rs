@@ -9,7 +9,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use crate::liveness::wire::{FrameBuf, MAX_FRAME, Msg, Opener, Sealer};
+use crate::wire::{FrameBuf, MAX_FRAME, Msg, Opener, Sealer};
 
 /// Bytes the thread reads from a connection at once.
 pub(super) const READ_CHUNK: usize = 2 * MAX_FRAME;

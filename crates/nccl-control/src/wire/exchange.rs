@@ -6,7 +6,7 @@
 use nccl_sys::{ncclDataType_t, ncclRedOp_t};
 
 use crate::culprit::{Call, Checked, Divergence, Field};
-use crate::liveness::LivenessError;
+use crate::loss::LivenessError;
 
 /// The most calls a `Tail` carries (the newest of the flight recorder).
 pub(crate) const TAIL_MAX: usize = 32;
