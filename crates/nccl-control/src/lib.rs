@@ -29,6 +29,7 @@ pub mod liveness;
 mod loss;
 pub mod rendezvous;
 pub mod secret;
+pub mod wait;
 mod wire;
 
 pub use culprit::{Call, Divergence, Field, Tail, analyze};

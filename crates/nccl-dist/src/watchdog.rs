@@ -670,12 +670,7 @@ impl Watched {
             }
             // The watchdog thread notifies on progress and failure; the
             // timed wait covers an untracked end (the comm dropped).
-            st = self
-                .watch
-                .changed
-                .wait_timeout(st, self.watch.options.poll * 4)
-                .map(|(g, _)| g)
-                .unwrap_or_else(|p| p.into_inner().0);
+            st = nccl_control::wait::at_most(&self.watch.changed, st, self.watch.options.poll * 4);
             if !self.watch.abort.is_alive() {
                 return Ok(());
             }

@@ -123,20 +123,6 @@ impl Watch {
     /// `within` for it.
     pub(super) fn await_failure(&self, within: Duration) -> Option<Failure> {
         let until = Instant::now() + within;
-        let mut st = self.lock();
-        loop {
-            if let Some(failure) = &st.failure {
-                return Some(failure.clone());
-            }
-            let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return None;
-            }
-            st = self
-                .changed
-                .wait_timeout(st, left)
-                .map(|(g, _)| g)
-                .unwrap_or_else(|p| p.into_inner().0);
-        }
+        nccl_control::wait::until(&self.changed, self.lock(), until, |st| st.failure.clone())
     }
 }

@@ -434,11 +434,7 @@ impl Shared {
                     wait = wait.min(d.saturating_duration_since(now));
                 }
             }
-            checks = self
-                .check_cv
-                .wait_timeout(checks, wait)
-                .map(|(g, _)| g)
-                .unwrap_or_else(|p| p.into_inner().0);
+            checks = crate::wait::at_most(&self.check_cv, checks, wait);
         }
     }
 }

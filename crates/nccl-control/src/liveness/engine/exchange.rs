@@ -310,23 +310,13 @@ impl Shared {
             }
             Role::InProcess | Role::Off => return None,
         }
-        let mut ex = lock(&self.exchange);
-        loop {
-            if let Some(i) = ex.verdicts.iter().position(|(k, _)| k == key) {
-                // Taken, not kept: a later timeout on a communicator of the
-                // same label gathers afresh instead of reading this one.
-                return ex.verdicts.remove(i).1;
-            }
-            let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return None;
-            }
-            ex = self
-                .exchange_cv
-                .wait_timeout(ex, left)
-                .map(|(g, _)| g)
-                .unwrap_or_else(|p| p.into_inner().0);
-        }
+        // Taken, not kept: a later timeout on a communicator of the same
+        // label gathers afresh instead of reading this one.
+        let verdict = crate::wait::until(&self.exchange_cv, lock(&self.exchange), until, |ex| {
+            let i = ex.verdicts.iter().position(|(k, _)| k == key)?;
+            Some(ex.verdicts.remove(i).1)
+        });
+        verdict.flatten()
     }
 }
 
