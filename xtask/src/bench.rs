@@ -126,16 +126,19 @@ struct Job {
 
 fn jobs(o: &Options) -> Vec<Job> {
     let mut jobs = Vec::new();
-    let s = |v: &[&str]| v.iter().map(|a| a.to_string()).collect::<Vec<_>>();
+    // A job's arguments, written as on a command line.
+    let w = |text: &str| {
+        text.split_whitespace()
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
     let want = |p: &str| o.phases.iter().any(|q| q == p);
     if want("sweep") {
         let max = if o.quick { "128M" } else { "2G" };
         jobs.push(Job {
             name: "sweep-threads".into(),
             mode: "threads",
-            args: s(&[
-                "-b", "8", "-e", max, "-n", "20", "-w", "5", "--min-ms", "20", "--rounds", "3",
-            ]),
+            args: w(&format!("-b 8 -e {max} -n 20 -w 5 --min-ms 20 --rounds 3")),
         });
     }
     if want("latency") {
@@ -158,30 +161,15 @@ fn jobs(o: &Options) -> Vec<Job> {
             jobs.push(Job {
                 name: format!("latency-{mode}"),
                 mode,
-                args: s(&[
-                    "-b", "8", "-e", "1K", "-f", "2", "-n", iters, "-w", "100", "--rounds", rounds,
-                    "--layers", layers,
-                ]),
+                args: w(&format!(
+                    "-b 8 -e 1K -f 2 -n {iters} -w 100 --rounds {rounds} --layers {layers}"
+                )),
             });
         }
         jobs.push(Job {
             name: "latency-threads-nonblocking".into(),
             mode: "threads",
-            args: s(&[
-                "-b",
-                "8",
-                "-e",
-                "128",
-                "-f",
-                "2",
-                "-n",
-                "200",
-                "-w",
-                "20",
-                "--rounds",
-                "3",
-                "--nonblocking",
-            ]),
+            args: w("-b 8 -e 128 -f 2 -n 200 -w 20 --rounds 3 --nonblocking"),
         });
     }
     if want("graph") {
@@ -189,23 +177,7 @@ fn jobs(o: &Options) -> Vec<Job> {
             jobs.push(Job {
                 name: format!("graph-{mode}"),
                 mode,
-                args: s(&[
-                    "--graph",
-                    "--ops",
-                    "all_reduce",
-                    "-b",
-                    "8",
-                    "-e",
-                    "8",
-                    "-n",
-                    "100",
-                    "-w",
-                    "20",
-                    "--graph-launches",
-                    "20",
-                    "--rounds",
-                    "5",
-                ]),
+                args: w("--graph --ops all_reduce -b 8 -e 8 -n 100 -w 20 --graph-launches 20 --rounds 5"),
             });
         }
     }
@@ -213,21 +185,7 @@ fn jobs(o: &Options) -> Vec<Job> {
         jobs.push(Job {
             name: "events-threads".into(),
             mode: "threads",
-            args: s(&[
-                "--cudarc-events",
-                "--ops",
-                "all_reduce",
-                "-b",
-                "8",
-                "-e",
-                "8",
-                "-n",
-                "1000",
-                "-w",
-                "100",
-                "--rounds",
-                "5",
-            ]),
+            args: w("--cudarc-events --ops all_reduce -b 8 -e 8 -n 1000 -w 100 --rounds 5"),
         });
     }
     if want("setup") {
@@ -235,13 +193,13 @@ fn jobs(o: &Options) -> Vec<Job> {
             jobs.push(Job {
                 name: format!("setup-{mode}"),
                 mode,
-                args: s(&["--setup", "--setup-reps", "3"]),
+                args: w("--setup --setup-reps 3"),
             });
         }
         jobs.push(Job {
             name: "setup-threads-nonblocking".into(),
             mode: "threads",
-            args: s(&["--setup", "--setup-reps", "3", "--nonblocking"]),
+            args: w("--setup --setup-reps 3 --nonblocking"),
         });
     }
     if want("step") {
@@ -249,7 +207,7 @@ fn jobs(o: &Options) -> Vec<Job> {
             jobs.push(Job {
                 name: format!("step-{mode}"),
                 mode,
-                args: s(&["--step", "-n", "500", "-w", "50", "--rounds", "11"]),
+                args: w("--step -n 500 -w 50 --rounds 11"),
             });
         }
     }
@@ -257,7 +215,7 @@ fn jobs(o: &Options) -> Vec<Job> {
         jobs.push(Job {
             name: "async-single".into(),
             mode: "single",
-            args: s(&["--async", "-n", "2000", "-w", "200"]),
+            args: w("--async -n 2000 -w 200"),
         });
     }
     jobs

@@ -39,17 +39,3 @@ pub use rendezvous::RendezvousError;
 pub use secret::{Secret, SecretError};
 
 pub use nccl_sys;
-
-/// An environment lookup over fixed pairs, for the unit tests of the
-/// `from_lookup` functions.
-#[cfg(test)]
-pub(crate) fn test_env(
-    pairs: &'static [(&'static str, &'static str)],
-) -> impl Fn(&str) -> Option<String> {
-    move |k| {
-        pairs
-            .iter()
-            .find(|(n, _)| *n == k)
-            .map(|(_, v)| v.to_string())
-    }
-}

@@ -654,9 +654,21 @@ pub(super) mod testing {
 
     use nccl_sys::ncclUniqueId as UniqueId;
 
+    use crate::culprit::Call;
     use crate::liveness::{Liveness, LivenessOptions};
     use crate::rendezvous::{join_live, serve_live};
     use crate::secret::Secret;
+
+    /// A sum all-reduce of `count` f32 elements, as a rank's call.
+    pub(crate) fn ar(count: usize) -> Call {
+        Call {
+            op: "ncclAllReduce",
+            count,
+            dtype: nccl_sys::ncclDataType_t::ncclFloat32,
+            peer: None,
+            reduction: Some(nccl_sys::ncclRedOp_t::ncclSum),
+        }
+    }
 
     /// `world` ranks over loopback sockets, rank 0 the hub.
     pub(crate) fn channel(world: usize) -> Vec<Liveness> {

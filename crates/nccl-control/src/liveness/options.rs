@@ -130,7 +130,12 @@ impl LivenessOptions {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_env as env;
+
+    /// The lookup of an environment holding only `pairs`.
+    fn env(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+        let vars: std::collections::HashMap<&str, &str> = pairs.iter().copied().collect();
+        move |k| vars.get(k).map(|v| (*v).to_string())
+    }
 
     #[test]
     fn defaults_and_overrides() {

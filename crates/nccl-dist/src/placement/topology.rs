@@ -311,56 +311,51 @@ impl Topology {
     /// NVLinks, else the PCIe level, else `P2P`/`-` for peer access only;
     /// then the peer-access matrix with performance ranks and atomics.
     pub fn render(&self) -> String {
-        let n = self.gpus.len();
-        let head: String = self
-            .gpus
-            .iter()
-            .map(|g| format!("{:>8}", format!("GPU{}", g.ordinal)))
-            .collect();
-        let mut out = format!("{:8}{head}\n", "");
-        for i in 0..n {
-            out.push_str(&format!("{:8}", format!("GPU{}", self.gpus[i].ordinal)));
-            for j in 0..n {
-                let l = &self.links[i][j];
-                let cell = if i == j {
-                    "X".to_string()
-                } else if let Some(k) = l.nvlinks.filter(|k| *k > 0) {
-                    format!("NV{k}")
-                } else if let Some(level) = l.pcie {
-                    level.abbreviation().to_string()
-                } else if l.peer_access {
-                    "P2P".to_string()
-                } else {
-                    "-".to_string()
-                };
-                out.push_str(&format!("{cell:>8}"));
+        let mut out = self.grid(|l| {
+            if let Some(k) = l.nvlinks.filter(|k| *k > 0) {
+                format!("NV{k}")
+            } else if let Some(level) = l.pcie {
+                level.abbreviation().to_string()
+            } else if l.peer_access {
+                "P2P".to_string()
+            } else {
+                "-".to_string()
             }
-            out.push('\n');
-        }
+        });
         out.push_str("\npeer access (performance rank, A = native atomics):\n");
-        out.push_str(&format!("{:8}{head}\n", ""));
-        for i in 0..n {
-            out.push_str(&format!("{:8}", format!("GPU{}", self.gpus[i].ordinal)));
-            for j in 0..n {
-                let l = &self.links[i][j];
-                let cell = if i == j {
-                    "X".to_string()
-                } else if l.peer_access {
-                    let rank = l
-                        .performance_rank
-                        .map_or("?".to_string(), |r| r.to_string());
-                    format!("yes/{rank}{}", if l.native_atomics { " A" } else { "" })
-                } else {
-                    "no".to_string()
-                };
-                out.push_str(&format!("{cell:>8}"));
+        out.push_str(&self.grid(|l| {
+            if !l.peer_access {
+                return "no".to_string();
             }
-            out.push('\n');
-        }
+            let rank = l
+                .performance_rank
+                .map_or("?".to_string(), |r| r.to_string());
+            format!("yes/{rank}{}", if l.native_atomics { " A" } else { "" })
+        }));
         if let NvmlStatus::Missing(reason) = &self.nvml {
             out.push_str(&format!(
                 "\nNVML unavailable ({reason}): no NVLink or PCIe details\n"
             ));
+        }
+        out
+    }
+
+    /// A GPU-by-GPU table: a header of GPU names, then a row per GPU with
+    /// `cell(link)` for every other GPU and `X` on the diagonal.
+    fn grid(&self, cell: impl Fn(&Link) -> String) -> String {
+        let name = |g: &Gpu| format!("GPU{}", g.ordinal);
+        let mut out = format!("{:8}", "");
+        for g in &self.gpus {
+            out.push_str(&format!("{:>8}", name(g)));
+        }
+        out.push('\n');
+        for (i, row) in self.links.iter().enumerate() {
+            out.push_str(&format!("{:8}", name(&self.gpus[i])));
+            for (j, l) in row.iter().enumerate() {
+                let text = if i == j { "X".to_string() } else { cell(l) };
+                out.push_str(&format!("{text:>8}"));
+            }
+            out.push('\n');
         }
         out
     }

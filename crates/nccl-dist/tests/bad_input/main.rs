@@ -213,6 +213,10 @@ const NOTHING_TO_REFUSE: &[(&str, &str)] = &[
         "the watchdog's means over the channel: every wait is bounded by the duration given, and a channel that is gone answers at once",
     ),
     (
+        "wait::until at_most",
+        "waits on the caller's condition variable and lock: every wait ends by the deadline or limit given",
+    ),
+    (
         "gate_members seconds",
         "parsers: a key that is no gate's is None; a value that is no number of seconds is a BadValue naming its variable",
     ),

@@ -6,7 +6,7 @@
 //! inputs are chosen so every float result is exact (see `harness`), and
 //! every output has guard regions that must come back untouched.
 
-use nccl_safe::cudarc::driver::{CudaContext, DeviceSlice};
+use nccl_safe::cudarc::driver::{CudaContext, CudaView, CudaViewMut, DeviceSlice};
 
 use nccl_safe::{
     Comm, Config, DeviceBuffer, Error, Feature, NcclMemory, PreMulSum, ReduceOp, Registration,
@@ -149,6 +149,38 @@ fn label<T>(
 struct Pair<T: TestType> {
     send: Guarded<T>,
     recv: Guarded<T>,
+}
+
+impl<T: TestType> Pair<T> {
+    /// The data of both buffers, for a call that may write either (in
+    /// place or out of place).
+    fn both_mut(&mut self) -> (CudaViewMut<'_, T>, CudaViewMut<'_, T>) {
+        (self.send.data_mut(), self.recv.data_mut())
+    }
+
+    /// The send data to read and the receive data to write.
+    fn in_out(&mut self) -> (CudaView<'_, T>, CudaViewMut<'_, T>) {
+        (self.send.data(), self.recv.data_mut())
+    }
+}
+
+/// Every rank's send buffer of `send` elements (rank `r`'s element `i` is
+/// `input(r, i)`) and zeroed receive buffer of `recv` elements.
+fn pairs<T: TestType>(
+    ranks: &[Rank],
+    send: usize,
+    recv: usize,
+    input: impl Fn(usize, usize) -> f64,
+) -> TestResult<Vec<Pair<T>>> {
+    ranks
+        .iter()
+        .map(|r| {
+            Ok(Pair {
+                send: Guarded::new(r.stream(), send, |i| input(r.rank, i))?,
+                recv: Guarded::zeros(r.stream(), recv)?,
+            })
+        })
+        .collect()
 }
 
 #[test]

@@ -7,19 +7,8 @@ pub fn broadcast_case<T: TestType>(ranks: &mut [Rank]) -> TestResult {
     let world = ranks[0].world;
     for root in [0, world - 1] {
         for in_place in [false, true] {
-            let mut pairs: Vec<Pair<T>> = ranks
-                .iter()
-                .map(|r| {
-                    Ok(Pair {
-                        send: Guarded::new(r.stream(), N, |i| move_input(r.rank, i))?,
-                        recv: Guarded::zeros(r.stream(), N)?,
-                    })
-                })
-                .collect::<TestResult<_>>()?;
-            let mut views: Vec<_> = pairs
-                .iter_mut()
-                .map(|p| (p.send.data_mut(), p.recv.data_mut()))
-                .collect();
+            let mut pairs: Vec<Pair<T>> = pairs(ranks, N, N, move_input)?;
+            let mut views: Vec<_> = pairs.iter_mut().map(Pair::both_mut).collect();
             each_rank!(ranks, views, |on, r, v| {
                 if in_place {
                     on.broadcast_in_place(&mut v.0, root)
@@ -74,10 +63,7 @@ pub fn all_gather_case<T: TestType>(ranks: &mut [Rank]) -> TestResult {
                 })
             })
             .collect::<TestResult<_>>()?;
-        let mut views: Vec<_> = pairs
-            .iter_mut()
-            .map(|p| (p.send.data_mut(), p.recv.data_mut()))
-            .collect();
+        let mut views: Vec<_> = pairs.iter_mut().map(Pair::both_mut).collect();
         each_rank!(ranks, views, |on, r, v| {
             let _ = r;
             if in_place {
@@ -113,20 +99,10 @@ pub fn all_to_all_case<T: TestType>(ranks: &mut [Rank]) -> TestResult {
         for r in ranks.iter() {
             r.comm.force_send_recv_collectives(force_p2p);
         }
-        let mut pairs: Vec<Pair<T>> = ranks
-            .iter()
-            .map(|r| {
-                let rank = r.rank;
-                Ok(Pair {
-                    send: Guarded::new(r.stream(), world * N, |i| sent(rank, i / N, i % N))?,
-                    recv: Guarded::zeros(r.stream(), world * N)?,
-                })
-            })
-            .collect::<TestResult<_>>()?;
-        let mut views: Vec<_> = pairs
-            .iter_mut()
-            .map(|p| (p.send.data(), p.recv.data_mut()))
-            .collect();
+        let mut pairs: Vec<Pair<T>> = pairs(ranks, world * N, world * N, |rank, i| {
+            sent(rank, i / N, i % N)
+        })?;
+        let mut views: Vec<_> = pairs.iter_mut().map(Pair::in_out).collect();
         each_rank!(ranks, views, |on, r, v| {
             let _ = r;
             on.all_to_all(&v.0, &mut v.1)
@@ -228,19 +204,8 @@ pub fn gather_case<T: TestType>(ranks: &mut [Rank]) -> TestResult {
             r.comm.force_send_recv_collectives(force_p2p);
         }
         for root in [0, world - 1] {
-            let mut pairs: Vec<Pair<T>> = ranks
-                .iter()
-                .map(|r| {
-                    Ok(Pair {
-                        send: Guarded::new(r.stream(), N, |i| move_input(r.rank, i))?,
-                        recv: Guarded::zeros(r.stream(), world * N)?,
-                    })
-                })
-                .collect::<TestResult<_>>()?;
-            let mut views: Vec<_> = pairs
-                .iter_mut()
-                .map(|p| (p.send.data(), p.recv.data_mut()))
-                .collect();
+            let mut pairs: Vec<Pair<T>> = pairs(ranks, N, world * N, move_input)?;
+            let mut views: Vec<_> = pairs.iter_mut().map(Pair::in_out).collect();
             each_rank!(ranks, views, |on, r, v| on.gather(
                 &v.0,
                 (r.rank == root).then_some(&mut v.1),
@@ -313,21 +278,10 @@ pub fn scatter_case<T: TestType>(ranks: &mut [Rank]) -> TestResult {
             r.comm.force_send_recv_collectives(force_p2p);
         }
         for root in [0, world - 1] {
-            let mut pairs: Vec<Pair<T>> = ranks
-                .iter()
-                .map(|r| {
-                    Ok(Pair {
-                        send: Guarded::new(r.stream(), world * N, |i| {
-                            move_input(r.rank * 11 + i / N, i % N)
-                        })?,
-                        recv: Guarded::zeros(r.stream(), N)?,
-                    })
-                })
-                .collect::<TestResult<_>>()?;
-            let mut views: Vec<_> = pairs
-                .iter_mut()
-                .map(|p| (p.send.data(), p.recv.data_mut()))
-                .collect();
+            let mut pairs: Vec<Pair<T>> = pairs(ranks, world * N, N, |rank, i| {
+                move_input(rank * 11 + i / N, i % N)
+            })?;
+            let mut views: Vec<_> = pairs.iter_mut().map(Pair::in_out).collect();
             each_rank!(ranks, views, |on, r, v| on.scatter(
                 (r.rank == root).then_some(&v.0),
                 &mut v.1,
@@ -387,21 +341,10 @@ pub fn scatter_every_type_root_and_placement_native_and_send_recv() {
 
 pub fn send_recv_case<T: TestType>(ranks: &mut [Rank]) -> TestResult {
     let world = ranks[0].world;
-    let mut pairs: Vec<Pair<T>> = ranks
-        .iter()
-        .map(|r| {
-            Ok(Pair {
-                send: Guarded::new(r.stream(), N, |i| move_input(r.rank, i))?,
-                recv: Guarded::zeros(r.stream(), N)?,
-            })
-        })
-        .collect::<TestResult<_>>()?;
+    let mut pairs: Vec<Pair<T>> = pairs(ranks, N, N, move_input)?;
     // A ring: send to the next rank, receive from the previous one. Both
     // must progress together, so they share a group in every mode.
-    let mut views: Vec<_> = pairs
-        .iter_mut()
-        .map(|p| (p.send.data(), p.recv.data_mut()))
-        .collect();
+    let mut views: Vec<_> = pairs.iter_mut().map(Pair::in_out).collect();
     group(|g| {
         for (r, v) in ranks.iter().zip(views.iter_mut()) {
             let on = g.on(&r.comm);

@@ -15,19 +15,8 @@ pub fn all_reduce_case<T: TestType>(ranks: &mut [Rank]) -> TestResult {
         }
         let ops = make_ops::<T>(ranks, &scalars, op)?;
         // Out of place.
-        let mut pairs: Vec<Pair<T>> = ranks
-            .iter()
-            .map(|r| {
-                Ok(Pair {
-                    send: Guarded::new(r.stream(), N, |i| reduce_input(r.rank, i))?,
-                    recv: Guarded::zeros(r.stream(), N)?,
-                })
-            })
-            .collect::<TestResult<_>>()?;
-        let mut views: Vec<_> = pairs
-            .iter_mut()
-            .map(|p| (p.send.data(), p.recv.data_mut()))
-            .collect();
+        let mut pairs: Vec<Pair<T>> = pairs(ranks, N, N, reduce_input)?;
+        let mut views: Vec<_> = pairs.iter_mut().map(Pair::in_out).collect();
         each_rank!(ranks, views, |on, r, v| {
             let rank_op = &ops[r.rank - ranks[0].rank];
             with_op!(rank_op, |op| on.all_reduce(&v.0, &mut v.1, op))
@@ -84,19 +73,8 @@ pub fn reduce_case<T: TestType>(ranks: &mut [Rank]) -> TestResult {
             }
             let ops = make_ops::<T>(ranks, &scalars, op)?;
             for in_place in [false, true] {
-                let mut pairs: Vec<Pair<T>> = ranks
-                    .iter()
-                    .map(|r| {
-                        Ok(Pair {
-                            send: Guarded::new(r.stream(), N, |i| reduce_input(r.rank, i))?,
-                            recv: Guarded::zeros(r.stream(), N)?,
-                        })
-                    })
-                    .collect::<TestResult<_>>()?;
-                let mut views: Vec<_> = pairs
-                    .iter_mut()
-                    .map(|p| (p.send.data_mut(), p.recv.data_mut()))
-                    .collect();
+                let mut pairs: Vec<Pair<T>> = pairs(ranks, N, N, reduce_input)?;
+                let mut views: Vec<_> = pairs.iter_mut().map(Pair::both_mut).collect();
                 each_rank!(ranks, views, |on, r, v| {
                     let rank_op = &ops[r.rank - ranks[0].rank];
                     if in_place {
@@ -145,19 +123,8 @@ pub fn reduce_scatter_case<T: TestType>(ranks: &mut [Rank]) -> TestResult {
         }
         let ops = make_ops::<T>(ranks, &scalars, op)?;
         for in_place in [false, true] {
-            let mut pairs: Vec<Pair<T>> = ranks
-                .iter()
-                .map(|r| {
-                    Ok(Pair {
-                        send: Guarded::new(r.stream(), world * N, |i| reduce_input(r.rank, i))?,
-                        recv: Guarded::zeros(r.stream(), N)?,
-                    })
-                })
-                .collect::<TestResult<_>>()?;
-            let mut views: Vec<_> = pairs
-                .iter_mut()
-                .map(|p| (p.send.data_mut(), p.recv.data_mut()))
-                .collect();
+            let mut pairs: Vec<Pair<T>> = pairs(ranks, world * N, N, reduce_input)?;
+            let mut views: Vec<_> = pairs.iter_mut().map(Pair::both_mut).collect();
             each_rank!(ranks, views, |on, r, v| {
                 let rank_op = &ops[r.rank - ranks[0].rank];
                 if in_place {

@@ -445,18 +445,8 @@ mod tests {
 
     use super::*;
     use crate::culprit::Field;
-    use crate::liveness::engine::testing::channel;
+    use crate::liveness::engine::testing::{ar, channel};
     use crate::liveness::{Exchanger, Liveness};
-
-    fn ar(count: usize) -> Call {
-        Call {
-            op: "ncclAllReduce",
-            count,
-            dtype: ncclDataType_t::ncclFloat32,
-            peer: None,
-            reduction: Some(ncclRedOp_t::ncclSum),
-        }
-    }
 
     /// Every rank checks `call(rank)` as check `seq`; their outcomes.
     fn check_all(

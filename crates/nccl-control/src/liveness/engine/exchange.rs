@@ -322,22 +322,10 @@ impl Shared {
 
 #[cfg(test)]
 mod tests {
-    use nccl_sys::ncclDataType_t;
-
     use super::*;
     use crate::culprit::Field;
     use crate::liveness::Liveness;
-    use crate::liveness::engine::testing::channel;
-
-    fn ar(count: usize) -> Call {
-        Call {
-            op: "ncclAllReduce",
-            count,
-            dtype: ncclDataType_t::ncclFloat32,
-            peer: None,
-            reduction: Some(nccl_sys::ncclRedOp_t::ncclSum),
-        }
-    }
+    use crate::liveness::engine::testing::{ar, channel};
 
     /// Three ranks over loopback: rank 2 issued a different count at seq
     /// 5; only rank 1 times out, the hub asks the others, and every rank
