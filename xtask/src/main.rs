@@ -17,7 +17,7 @@
 //! cargo xtask bench            the benchmark in every launch mode, report and plot (see bench.rs)
 //! ```
 //!
-//! Every subcommand reads its flags through `flags.rs` (one declarative
+//! Every subcommand reads its flags through `nccl-flags` (one declarative
 //! table each) and answers `--help` from [`COMMANDS`].
 
 mod bench;
@@ -26,7 +26,7 @@ mod bindgen;
 mod examples;
 mod faults;
 mod fetch;
-mod flags;
+use nccl_flags as flags;
 mod fuzz;
 mod gpu_py;
 mod gpu_test;

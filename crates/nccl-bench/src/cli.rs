@@ -1,8 +1,11 @@
-//! Command-line flags of the bench, parsed by hand (nccl-tests' spellings
-//! where they have one).
+//! Command-line flags of the bench (nccl-tests' spellings where they
+//! have one), read through the declarative table of `nccl-flags`, as
+//! xtask's commands are.
 
 use std::path::PathBuf;
 use std::time::Duration;
+
+use nccl_flags::{self as flags, Flag, Parsed, Trailing, switch, value};
 
 use crate::coll::{Coll, Layer};
 
@@ -172,102 +175,155 @@ pub fn parse_size(text: &str) -> Result<usize, String> {
         .ok_or_else(|| format!("`{text}` is too large"))
 }
 
-fn number(flag: &str, text: &str) -> Result<usize, String> {
-    text.parse()
-        .map_err(|_| format!("{flag} wants a whole number, not `{text}`"))
+/// The bench's flags, in the declarative table xtask's commands use
+/// (`USAGE` says what each does).
+const FLAGS: &[Flag] = &[
+    value(&["--mode"]),
+    value(&["-g", "--gpus"]),
+    value(&["--ops"]),
+    value(&["--layers"]),
+    value(&["-b", "--min-bytes"]),
+    value(&["-e", "--max-bytes"]),
+    value(&["-f", "--step-factor"]),
+    value(&["-d", "--dtype"]),
+    value(&["-o", "--op"]),
+    value(&["-r", "--root"]),
+    value(&["-n", "--iters"]),
+    value(&["-w", "--warmup"]),
+    value(&["--rounds"]),
+    value(&["--min-ms"]),
+    switch(&["--nonblocking"]),
+    value(&["--in-place"]),
+    switch(&["-G", "--graph"]),
+    value(&["--graph-launches"]),
+    value(&["-c", "--check"]),
+    switch(&["--cudarc-events"]),
+    value(&["--timeout"]),
+    switch(&["--setup"]),
+    value(&["--setup-reps"]),
+    switch(&["--step"]),
+    switch(&["--async"]),
+    value(&["--json"]),
+    switch(&["-q", "--quiet"]),
+];
+
+/// The one value of `key` among `choices` (`(spelling, meaning)`), if
+/// given.
+fn choice<T: Copy>(p: &Parsed<'_>, key: &str, choices: &[(&str, T)]) -> Result<Option<T>, String> {
+    let Some(v) = p.value(key) else {
+        return Ok(None);
+    };
+    choices
+        .iter()
+        .find(|(name, _)| *name == v)
+        .map(|(_, t)| Some(*t))
+        .ok_or_else(|| format!("{key}: unknown `{v}`"))
 }
 
+/// A list flag: `all` or comma-separated names `parse` knows.
 fn list<T: Copy>(
-    flag: &str,
-    text: &str,
+    p: &Parsed<'_>,
+    key: &str,
     all: &[T],
     parse: impl Fn(&str) -> Option<T>,
-) -> Result<Vec<T>, String> {
+) -> Result<Option<Vec<T>>, String> {
+    let Some(text) = p.value(key) else {
+        return Ok(None);
+    };
     if text == "all" {
-        return Ok(all.to_vec());
+        return Ok(Some(all.to_vec()));
     }
     text.split(',')
-        .map(|item| parse(item.trim()).ok_or_else(|| format!("{flag}: unknown `{item}`")))
-        .collect()
+        .map(|item| parse(item.trim()).ok_or_else(|| format!("{key}: unknown `{item}`")))
+        .collect::<Result<Vec<T>, String>>()
+        .map(Some)
+}
+
+/// A positive, finite number of `what` from `key`, if given.
+fn positive(p: &Parsed<'_>, key: &str, what: &str, zero_ok: bool) -> Result<Option<f64>, String> {
+    let Some(v) = p.parsed::<f64>(key, what)? else {
+        return Ok(None);
+    };
+    if !v.is_finite() || v < 0.0 || (v == 0.0 && !zero_ok) {
+        return Err(format!("{key} takes {what}"));
+    }
+    Ok(Some(v))
 }
 
 /// Parses the flags; `Ok(None)` for `--help`.
 pub fn parse(args: &[String]) -> Result<Option<Opts>, String> {
-    let mut o = Opts::default();
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let mut value = || {
-            it.next()
-                .map(String::as_str)
-                .ok_or_else(|| format!("{flag} needs a value"))
-        };
-        match flag.as_str() {
-            "-h" | "--help" => return Ok(None),
-            "--mode" => {
-                o.mode = match value()? {
-                    "single" => Mode::Single,
-                    "threads" => Mode::Threads,
-                    "processes" => Mode::Processes,
-                    other => return Err(format!("--mode: unknown `{other}`")),
-                }
-            }
-            "-g" | "--gpus" => o.gpus = Some(number(flag, value()?)?),
-            "--ops" => o.ops = list(flag, value()?, &Coll::ALL, Coll::parse)?,
-            "--layers" => o.layers = list(flag, value()?, &Layer::ALL, Layer::parse)?,
-            "-b" | "--min-bytes" => o.min_bytes = parse_size(value()?)?,
-            "-e" | "--max-bytes" => o.max_bytes = parse_size(value()?)?,
-            "-f" | "--step-factor" => o.step = number(flag, value()?)?,
-            "-d" | "--dtype" => o.dtype = value()?.to_string(),
-            "-o" | "--op" => o.op = value()?.to_string(),
-            "-r" | "--root" => o.root = number(flag, value()?)?,
-            "-n" | "--iters" => o.iters = number(flag, value()?)?,
-            "-w" | "--warmup" => o.warmup = number(flag, value()?)?,
-            "--rounds" => o.rounds = number(flag, value()?)?,
-            "--min-ms" => {
-                o.min_ms = value()?
-                    .parse()
-                    .ok()
-                    .filter(|ms: &f64| *ms >= 0.0 && ms.is_finite())
-                    .ok_or("--min-ms wants milliseconds")?
-            }
-            "--nonblocking" => o.nonblocking = true,
-            "--in-place" => {
-                (o.out_of_place, o.in_place) = match value()? {
-                    "both" => (true, true),
-                    "only" => (false, true),
-                    "none" => (true, false),
-                    other => return Err(format!("--in-place: unknown `{other}`")),
-                }
-            }
-            "-G" | "--graph" => o.graph = true,
-            "--graph-launches" => o.graph_launches = number(flag, value()?)?,
-            "-c" | "--check" => {
-                o.check = match value()? {
-                    "full" | "1" => Check::Full,
-                    "sampled" => Check::Sampled,
-                    "off" | "0" => Check::Off,
-                    other => return Err(format!("--check: unknown `{other}`")),
-                }
-            }
-            "--cudarc-events" => o.cudarc_events = true,
-            "--timeout" => {
-                let secs: f64 = value()?
-                    .parse()
-                    .map_err(|_| "--timeout wants seconds".to_string())?;
-                if !(secs > 0.0 && secs.is_finite()) {
-                    return Err("--timeout must be positive".into());
-                }
-                o.timeout = Duration::from_secs_f64(secs);
-            }
-            "--setup" => o.setup = true,
-            "--setup-reps" => o.setup_reps = number(flag, value()?)?,
-            "--step" => o.step_phase = true,
-            "--async" => o.async_phase = true,
-            "--json" => o.json = Some(PathBuf::from(value()?)),
-            "-q" | "--quiet" => o.quiet = true,
-            other => return Err(format!("unknown flag `{other}`")),
-        }
+    if args.iter().any(|a| a == "-h" || a == "--help") {
+        return Ok(None);
     }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let p = flags::parse("bench", FLAGS, Trailing::None, &args)?;
+    let d = Opts::default();
+    let size = |key: &str, default: usize| p.value(key).map_or(Ok(default), parse_size);
+    let whole = |key: &str, default: usize| {
+        p.parsed::<usize>(key, "a whole number")
+            .map(|v| v.unwrap_or(default))
+    };
+    let (out_of_place, in_place) = choice(
+        &p,
+        "--in-place",
+        &[
+            ("both", (true, true)),
+            ("only", (false, true)),
+            ("none", (true, false)),
+        ],
+    )?
+    .unwrap_or((d.out_of_place, d.in_place));
+    let o = Opts {
+        mode: choice(
+            &p,
+            "--mode",
+            &[
+                ("single", Mode::Single),
+                ("threads", Mode::Threads),
+                ("processes", Mode::Processes),
+            ],
+        )?
+        .unwrap_or(d.mode),
+        gpus: p.parsed("-g", "a whole number")?,
+        ops: list(&p, "--ops", &Coll::ALL, Coll::parse)?.unwrap_or(d.ops),
+        layers: list(&p, "--layers", &Layer::ALL, Layer::parse)?.unwrap_or(d.layers),
+        min_bytes: size("-b", d.min_bytes)?,
+        max_bytes: size("-e", d.max_bytes)?,
+        step: whole("-f", d.step)?,
+        dtype: p.value("-d").map_or(d.dtype, str::to_string),
+        op: p.value("-o").map_or(d.op, str::to_string),
+        root: whole("-r", d.root)?,
+        iters: whole("-n", d.iters)?,
+        warmup: whole("-w", d.warmup)?,
+        rounds: whole("--rounds", d.rounds)?,
+        min_ms: positive(&p, "--min-ms", "milliseconds", true)?.unwrap_or(d.min_ms),
+        nonblocking: p.has("--nonblocking"),
+        out_of_place,
+        in_place,
+        graph: p.has("-G"),
+        graph_launches: whole("--graph-launches", d.graph_launches)?,
+        check: choice(
+            &p,
+            "-c",
+            &[
+                ("full", Check::Full),
+                ("1", Check::Full),
+                ("sampled", Check::Sampled),
+                ("off", Check::Off),
+                ("0", Check::Off),
+            ],
+        )?
+        .unwrap_or(d.check),
+        cudarc_events: p.has("--cudarc-events"),
+        timeout: positive(&p, "--timeout", "seconds", false)?
+            .map_or(d.timeout, Duration::from_secs_f64),
+        setup: p.has("--setup"),
+        setup_reps: whole("--setup-reps", d.setup_reps)?,
+        step_phase: p.has("--step"),
+        async_phase: p.has("--async"),
+        json: p.value("--json").map(PathBuf::from),
+        quiet: p.has("-q"),
+    };
     if o.min_bytes == 0 || o.min_bytes > o.max_bytes {
         return Err(format!(
             "sizes: need 0 < --min-bytes ({}) <= --max-bytes ({})",
@@ -303,4 +359,54 @@ pub fn sizes(o: &Opts) -> Vec<usize> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(args: &[&str]) -> Result<Option<Opts>, String> {
+        parse(&args.iter().map(|a| a.to_string()).collect::<Vec<_>>())
+    }
+
+    /// Both spellings of a flag, typed values, defaults where a flag is
+    /// absent, and typed refusals.
+    #[test]
+    fn flags_read_from_the_table_with_their_aliases() {
+        let o = opts(&["--mode", "single", "-b", "1K", "--max-bytes", "2M", "-G"])
+            .unwrap()
+            .unwrap();
+        assert_eq!(o.mode, Mode::Single);
+        assert_eq!((o.min_bytes, o.max_bytes), (1024, 2 << 20));
+        assert!(o.graph && !o.setup);
+        assert_eq!(o.iters, Opts::default().iters);
+        let o = opts(&[
+            "--in-place",
+            "only",
+            "-c",
+            "off",
+            "--timeout",
+            "2.5",
+            "--ops",
+            "all_reduce",
+        ])
+        .unwrap()
+        .unwrap();
+        assert!(o.in_place && !o.out_of_place);
+        assert_eq!(o.check, Check::Off);
+        assert_eq!(o.timeout, Duration::from_millis(2500));
+        assert_eq!(o.ops.len(), 1);
+        assert!(opts(&["--help"]).unwrap().is_none());
+        for bad in [
+            &["--bogus"][..],
+            &["-n"],
+            &["-n", "x"],
+            &["--timeout", "0"],
+            &["--mode", "both"],
+            &["--ops", "all_reduce,nope"],
+            &["--setup", "--step"],
+        ] {
+            assert!(opts(bad).is_err(), "{bad:?}");
+        }
+    }
 }

@@ -1,7 +1,8 @@
-//! The one flag parser of xtask: each subcommand declares its flags in a
-//! table ([`Flag`]), and [`parse`] reads its arguments against it; the
-//! subcommand then reads typed values from [`Parsed`]. `--help` is
-//! answered before any parsing, from `COMMANDS` in `main.rs`.
+//! The one flag parser of xtask and the bench: each command declares its
+//! flags in a table ([`Flag`]), and [`parse`] reads its arguments against
+//! it; the command then reads typed values from [`Parsed`]. `--help` is
+//! answered before any parsing, by the command's own text (xtask's
+//! `COMMANDS`, the bench's `USAGE`).
 //!
 //! A flag is a switch (`--quick`) or takes the next argument as its value
 //! (`--out DIR`); given twice, the last one counts. What a table does not
@@ -11,7 +12,8 @@
 
 use std::str::FromStr;
 
-use crate::Result;
+/// A refusal, in words that name the flag.
+pub type Result<T> = std::result::Result<T, String>;
 
 /// One flag: its spellings (the first is the name the subcommand asks
 /// for) and whether it takes a value.
@@ -72,7 +74,7 @@ pub fn parse<'a>(
     while let Some(arg) = it.next() {
         let Some(flag) = flags.iter().find(|f| f.names.contains(&arg)) else {
             if trailing == Trailing::None {
-                return Err(format!("unknown {command} argument {arg:?}").into());
+                return Err(format!("unknown {command} argument {arg:?}"));
             }
             if arg != "--" {
                 parsed.rest.push(arg);
@@ -111,7 +113,6 @@ impl<'a> Parsed<'a> {
         self.value(key)
             .map(|v| v.trim().parse().map_err(|_| format!("{key} takes {what}")))
             .transpose()
-            .map_err(Into::into)
     }
 
     /// The comma-separated list of `key`, each item checked against
@@ -133,7 +134,7 @@ impl<'a> Parsed<'a> {
             .map(str::to_string)
             .collect();
         if items.is_empty() {
-            return Err(format!("{key} takes a comma-separated list of {what}s").into());
+            return Err(format!("{key} takes a comma-separated list of {what}s"));
         }
         if let Some(known) = known
             && let Some(bad) = items.iter().find(|i| !known.contains(&i.as_str()))
@@ -142,8 +143,7 @@ impl<'a> Parsed<'a> {
                 "unknown {what} {bad:?} for {} {key}; {what}s: {}",
                 self.command,
                 known.join(", ")
-            )
-            .into());
+            ));
         }
         Ok(Some(items))
     }
