@@ -67,14 +67,17 @@ def main():
     prv = dist.get_global_rank(g_dp, (d - 1) % dp)
     avg_op, avg_name = premul_average(dp)
     bf, f32 = torch.bfloat16, torch.float32
+    # As the bench's step: the sizes rounded down to a multiple of dp.
+    a2a = 8192 // dp * dp
+    shard = 524288 // dp
     b = {
         "bcast": torch.ones(2, device=device, dtype=f32),
         "tp": torch.ones(32768, device=device, dtype=bf),
-        "a2a_in": torch.ones(8192, device=device, dtype=bf),
-        "a2a_out": torch.empty(8192, device=device, dtype=bf),
-        "grad": torch.ones(524288, device=device, dtype=bf),
-        "shard": torch.empty(524288 // dp, device=device, dtype=bf),
-        "gathered": torch.empty(524288, device=device, dtype=bf),
+        "a2a_in": torch.ones(a2a, device=device, dtype=bf),
+        "a2a_out": torch.empty(a2a, device=device, dtype=bf),
+        "grad": torch.ones(shard * dp, device=device, dtype=bf),
+        "shard": torch.empty(shard, device=device, dtype=bf),
+        "gathered": torch.empty(shard * dp, device=device, dtype=bf),
         "ring_out": torch.ones(1024, device=device, dtype=f32),
         "ring_in": torch.empty(1024, device=device, dtype=f32),
         "avg": torch.ones(65536, device=device, dtype=f32),

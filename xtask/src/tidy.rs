@@ -304,13 +304,19 @@ pub fn module_cycles(root: &Path) -> Vec<String> {
     cycles
 }
 
-/// A file's code before its first `#[cfg(test)]`, comments cut, lines
-/// joined (a doc link is not an import; a `use` may span lines).
+/// A file's code without its tests, comments cut, lines joined (a doc
+/// link is not an import; a `use` may span lines). A `#[cfg(test)]` item
+/// of one line (`mod vectors;`, a `use`) is left out alone; one that opens
+/// a block (the `tests` module, by convention last) ends the code.
 fn code_of(text: &str) -> String {
     let mut out = String::new();
-    for line in text.lines() {
+    let mut lines = text.lines();
+    while let Some(line) = lines.next() {
         if line.trim_start().starts_with("#[cfg(test)]") {
-            break;
+            match lines.next() {
+                Some(item) if item.trim_end().ends_with(';') => continue,
+                _ => break,
+            }
         }
         out.push_str(line.split("//").next().unwrap_or(""));
         out.push(' ');

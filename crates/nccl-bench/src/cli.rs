@@ -315,8 +315,11 @@ pub fn parse(args: &[String]) -> Result<Option<Opts>, String> {
         )?
         .unwrap_or(d.check),
         cudarc_events: p.has("--cudarc-events"),
-        timeout: positive(&p, "--timeout", "seconds", false)?
-            .map_or(d.timeout, Duration::from_secs_f64),
+        timeout: match positive(&p, "--timeout", "seconds", false)? {
+            Some(secs) => Duration::try_from_secs_f64(secs)
+                .map_err(|_| "--timeout takes seconds".to_string())?,
+            None => d.timeout,
+        },
         setup: p.has("--setup"),
         setup_reps: whole("--setup-reps", d.setup_reps)?,
         step_phase: p.has("--step"),

@@ -223,7 +223,8 @@ fn new_unique_id(py: Python<'_>) -> PyResult<Bound<'_, PyBytes>> {
 /// (its id is a fixed address anyone who reaches it can join) unless
 /// `NCCL_RS_ALLOW_COMM_ID=1`, as nccl-safe refuses it.
 fn fresh_id() -> PyResult<ncclUniqueId> {
-    let set = std::env::var_os(env::COMM_ID_ENV).is_some_and(|v| !v.is_empty());
+    let set =
+        std::env::var_os(env::COMM_ID_ENV).is_some_and(|v| !v.to_string_lossy().trim().is_empty());
     let allowed = std::env::var(env::ALLOW_COMM_ID_ENV).is_ok_and(|v| v.trim() == "1");
     if set && !allowed {
         return Err(PyRuntimeError::new_err(
@@ -248,15 +249,23 @@ fn fresh_id() -> PyResult<ncclUniqueId> {
 }
 
 /// libnccl, loaded once and never unloaded (an id's bootstrap may run a
-/// thread of NCCL's).
+/// thread of NCCL's). A failed load is tried again at the next call (the
+/// environment may have been fixed meanwhile), as nccl-safe does.
 fn library() -> PyResult<&'static Nccl> {
-    static LIB: OnceLock<Result<Nccl, String>> = OnceLock::new();
+    static LIB: OnceLock<Nccl> = OnceLock::new();
+    static LOADING: Mutex<()> = Mutex::new(());
+    if let Some(lib) = LIB.get() {
+        return Ok(lib);
+    }
+    let _one_at_a_time = LOADING.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(lib) = LIB.get() {
+        return Ok(lib);
+    }
     // SAFETY: the documented search order (NCCL_LIBRARY, NCCL_HOME, the
     // system loader, pip wheels) reads the process environment, trusted
     // like the dynamic loader's own.
-    LIB.get_or_init(|| unsafe { Nccl::load() }.map_err(|e| e.to_string()))
-        .as_ref()
-        .map_err(|e| PyRuntimeError::new_err(e.clone()))
+    let lib = unsafe { Nccl::load() }.map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+    Ok(LIB.get_or_init(|| lib))
 }
 
 /// The `nccl_rs` module.

@@ -535,7 +535,12 @@ pub fn setup_section(
                 f(r, "first_all_reduce_tp_ms"),
                 spans.join(" | "),
             )?;
-            if ranks == Some(4) && s(r, "state") == "warm" && !at_most(total, 200.0) {
+            // PyTorch's rows (`--python`) are beside ours, not held to our target.
+            if mode != "torch"
+                && ranks == Some(4)
+                && s(r, "state") == "warm"
+                && !at_most(total, 200.0)
+            {
                 misses.push(format!(
                     "setup {mode} rep {}: {total:.1} ms > 200",
                     r["rep"]

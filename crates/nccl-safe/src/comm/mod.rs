@@ -12,8 +12,10 @@
 //!
 //! # Teardown
 //!
-//! Dropping a `Comm` finalizes and destroys it, and aborts it if that
-//! fails; it never panics. `ncclCommFinalize` waits for the other local
+//! Dropping a `Comm` finalizes it and then frees it with `ncclCommAbort`
+//! (never `ncclCommDestroy`, which waits inside NCCL for every peer to
+//! finalize too), or aborts it without finalizing if its work does not
+//! finish in time; it never panics. `ncclCommFinalize` waits for the other local
 //! ranks, so communicators that one thread created together (`init_all`,
 //! `split_all`) are finalized together, in one group, when the last of them
 //! is dropped; they may be dropped in any order.

@@ -27,7 +27,7 @@ pub(crate) fn bounded(name: &str, deadline: Duration, job: impl FnOnce() + Send 
     let wait = WAITS_FOR_TEARDOWN.try_with(Cell::get).unwrap_or(false);
     // The drain's wait and the finalize's, then NCCL's abort: the exit
     // waits for all of it (the dropping thread only for `deadline`).
-    let hold = ExitHold::new(deadline.saturating_mul(2) + ABORT_ALLOWANCE);
+    let hold = ExitHold::new(deadline.saturating_mul(2).saturating_add(ABORT_ALLOWANCE));
     // Made here, so the teardown thread's end allocates nothing (a
     // benchmark counts allocations on every thread).
     let done = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
@@ -43,7 +43,7 @@ pub(crate) fn bounded(name: &str, deadline: Duration, job: impl FnOnce() + Send 
             *flag.lock().unwrap_or_else(|p| p.into_inner()) = true;
             cvar.notify_all();
         });
-    let grace = deadline + Duration::from_secs(1);
+    let grace = deadline.saturating_add(Duration::from_secs(1));
     let collected = wait
         && spawned.is_ok()
         && TOGETHER
@@ -121,7 +121,8 @@ impl ExitHold {
     /// Lets a live hold's work run up to `limit` (plus a second) at exit,
     /// if that is longer than asked for so far.
     pub(crate) fn extend(limit: Duration) {
-        let ms = u64::try_from((limit + Duration::from_secs(1)).as_millis()).unwrap_or(u64::MAX);
+        let ms = u64::try_from(limit.saturating_add(Duration::from_secs(1)).as_millis())
+            .unwrap_or(u64::MAX);
         EXIT_WAIT_MS.fetch_max(ms, Ordering::Relaxed);
     }
 }
@@ -136,16 +137,13 @@ impl Drop for ExitHold {
     }
 }
 
-/// At exit: waits (bounded) until no hold is left.
+/// At exit: waits (bounded) until no hold is left. It logs nothing: by
+/// now the exiting thread's thread-locals are gone, and a subscriber that
+/// uses one would panic here, which aborts the process.
 extern "C" fn wait_at_exit() {
     let limit = Duration::from_millis(EXIT_WAIT_MS.load(Ordering::Relaxed)).min(EXIT_WAIT_MAX);
     let n = IN_FLIGHT.lock().unwrap_or_else(|p| p.into_inner());
-    let holds = *n;
-    let started = Instant::now();
-    let (n, _) = SETTLED
-        .wait_timeout_while(n, limit, |n| *n > 0)
-        .unwrap_or_else(|p| p.into_inner());
-    tracing::debug!(holds, left = *n, waited = ?started.elapsed(), ?limit, "exit: waited for holds");
+    let _ = SETTLED.wait_timeout_while(n, limit, |n| *n > 0);
 }
 
 /// A teardown's end: set and signalled when its thread is done.
@@ -182,28 +180,46 @@ thread_local! {
 /// # }
 /// ```
 pub fn drop_together(comms: impl IntoIterator<Item = crate::Comm>) {
-    let outer = TOGETHER
-        .try_with(|t| t.borrow_mut().replace(Vec::new()))
-        .ok()
-        .flatten();
+    let together = Together {
+        outer: TOGETHER
+            .try_with(|t| t.borrow_mut().replace(Vec::new()))
+            .ok()
+            .flatten(),
+    };
     for comm in comms {
         drop(comm);
     }
-    let ends = TOGETHER
-        .try_with(|t| std::mem::replace(&mut *t.borrow_mut(), outer))
-        .ok()
-        .flatten()
-        .unwrap_or_default();
-    let Some(grace) = ends.iter().map(|(_, g)| *g).max() else {
-        return;
-    };
-    let until = Instant::now() + grace;
-    for (done, _) in ends {
-        await_teardown(
-            &done,
-            until.saturating_duration_since(Instant::now()),
-            grace,
-        );
+    drop(together);
+}
+
+/// The collecting scope of [`drop_together`]: its drop (on return or
+/// while unwinding) puts the outer collection back and waits for what
+/// was collected, so a panic in the middle leaves no thread collecting.
+struct Together {
+    outer: Option<Vec<(Done, Duration)>>,
+}
+
+impl Drop for Together {
+    fn drop(&mut self) {
+        let outer = self.outer.take();
+        let ends = TOGETHER
+            .try_with(|t| std::mem::replace(&mut *t.borrow_mut(), outer))
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        let Some(grace) = ends.iter().map(|(_, g)| *g).max() else {
+            return;
+        };
+        let until = Instant::now()
+            .checked_add(grace)
+            .unwrap_or_else(Instant::now);
+        for (done, _) in ends {
+            await_teardown(
+                &done,
+                until.saturating_duration_since(Instant::now()),
+                grace,
+            );
+        }
     }
 }
 

@@ -163,7 +163,7 @@ fn abort_elsewhere(shared: &Arc<Shared>, cause: AbortCause) {
         return;
     }
     let on_its_own = Arc::clone(shared);
-    let hold = crate::ExitHold::new(shared.timeout + crate::comm::ABORT_ALLOWANCE);
+    let hold = crate::ExitHold::new(shared.timeout.saturating_add(crate::comm::ABORT_ALLOWANCE));
     let spawned = std::thread::Builder::new()
         .name("nccl-completion-abort".into())
         .spawn(move || {

@@ -120,7 +120,10 @@ fn run() {
                     .iter()
                     .map(|e| e.remaining(active))
                     .max()
-                    .unwrap_or_default();
+                    .unwrap_or_default()
+                    // The work may outlive its deadline until the abort
+                    // that the deadline triggers has ended it.
+                    .saturating_add(crate::comm::ABORT_ALLOWANCE);
                 match &hold {
                     Some(_) => ExitHold::extend(limit),
                     None => hold = Some(ExitHold::new(limit)),

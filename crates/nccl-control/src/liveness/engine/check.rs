@@ -136,7 +136,10 @@ impl Shared {
                     checks.pending.push(Pending {
                         key: key.to_string(),
                         seq,
-                        deadline: Instant::now() + wait.mul_f64(HUB_SHARE),
+                        deadline: crate::frame::deadline_after(
+                            Instant::now(),
+                            wait.mul_f64(HUB_SHARE),
+                        ),
                         calls: Vec::with_capacity(self.world),
                         members: gate_members(key, self.world),
                     });
@@ -308,7 +311,7 @@ impl Shared {
         call: Call,
         within: Duration,
     ) -> Option<Checked> {
-        let until = Instant::now() + within;
+        let until = crate::frame::deadline_after(Instant::now(), within);
         match self.role {
             Role::Hub => {
                 self.add_check(key, seq, self.rank.unwrap_or(0), call);
@@ -348,7 +351,7 @@ impl Shared {
         me: usize,
         within: Duration,
     ) -> Vec<Option<Checked>> {
-        let until = Instant::now() + within;
+        let until = crate::frame::deadline_after(Instant::now(), within);
         let seq = match self.role {
             Role::Hub => {
                 for key in keys {

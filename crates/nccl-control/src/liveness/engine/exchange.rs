@@ -26,7 +26,7 @@ impl Exchanger {
     /// one (NCCL may see a dead peer's closed socket a moment before the
     /// channel names it). `None` without a channel or a loss.
     pub fn await_loss(&self, within: Duration) -> Option<crate::liveness::PeerLoss> {
-        let until = Instant::now() + within;
+        let until = crate::frame::deadline_after(Instant::now(), within);
         loop {
             let shared = self.0.upgrade()?;
             if let Some(loss) = lock(&shared.state).losses.first().cloned() {
@@ -165,7 +165,10 @@ impl Shared {
             let start = ex.gather.is_none();
             let g = ex.gather.get_or_insert_with(|| Gather {
                 key: key.to_string(),
-                deadline: Instant::now() + within.mul_f64(GATHER_SHARE),
+                deadline: crate::frame::deadline_after(
+                    Instant::now(),
+                    within.mul_f64(GATHER_SHARE),
+                ),
                 tails: Vec::new(),
                 answered: Vec::new(),
             });
@@ -287,7 +290,7 @@ impl Shared {
         tail: Vec<(u64, Call)>,
         within: Duration,
     ) -> Option<Box<Divergence>> {
-        let mut until = Instant::now() + within;
+        let mut until = crate::frame::deadline_after(Instant::now(), within);
         match self.role {
             Role::Hub => self.gather(key, 0, Some(tail), within),
             Role::Member => {
