@@ -140,8 +140,52 @@ const MAX_VERDICTS: usize = 8;
 #[derive(Default)]
 pub(super) struct Exchange {
     gather: Option<Gather>,
-    verdicts: Vec<(String, Option<Box<Divergence>>)>,
+    verdicts: Vec<Verdict>,
     source: Option<TailSource>,
+}
+
+/// How long a verdict stays after it was first taken: every thread of the
+/// rank that asked at about the same time (the watchdog's and the waiter's)
+/// gets it; a later timeout of the same label gathers afresh.
+const RETAIN: Duration = Duration::from_secs(2);
+
+/// The hub's verdict for one key, and when a thread of this rank first
+/// took it.
+struct Verdict {
+    key: String,
+    divergence: Option<Box<Divergence>>,
+    taken: Option<Instant>,
+}
+
+impl Exchange {
+    /// Drops the verdicts taken longer than [`RETAIN`] ago.
+    fn prune(&mut self, now: Instant) {
+        self.verdicts.retain(|v| {
+            v.taken
+                .is_none_or(|t| now.saturating_duration_since(t) < RETAIN)
+        });
+    }
+
+    /// The verdict for `key`, if one is here (and not stale).
+    fn verdict(&mut self, key: &str) -> Option<&mut Verdict> {
+        self.prune(Instant::now());
+        self.verdicts.iter_mut().find(|v| v.key == key)
+    }
+
+    /// Keeps a verdict that came in, unless one for its key is here.
+    fn keep(&mut self, key: String, divergence: Option<Box<Divergence>>) {
+        if self.verdict(&key).is_some() {
+            return;
+        }
+        if self.verdicts.len() >= MAX_VERDICTS {
+            self.verdicts.remove(0);
+        }
+        self.verdicts.push(Verdict {
+            key,
+            divergence,
+            taken: None,
+        });
+    }
 }
 
 impl Shared {
@@ -159,7 +203,7 @@ impl Shared {
     fn gather(&self, key: &str, rank: usize, tail: Option<Vec<(u64, Call)>>, within: Duration) {
         let start = {
             let mut ex = lock(&self.exchange);
-            if ex.verdicts.iter().any(|(k, _)| k == key) {
+            if ex.verdict(key).is_some() {
                 return;
             }
             let start = ex.gather.is_none();
@@ -220,10 +264,7 @@ impl Shared {
                 return;
             };
             let divergence = analyze(&g.tails).map(Box::new);
-            if ex.verdicts.len() >= MAX_VERDICTS {
-                ex.verdicts.remove(0);
-            }
-            ex.verdicts.push((g.key.clone(), divergence.clone()));
+            ex.keep(g.key.clone(), divergence.clone());
             (g.key, divergence)
         };
         for link in self.links() {
@@ -247,10 +288,8 @@ impl Shared {
     /// to that member at once.
     pub(super) fn on_tail(&self, link: &Arc<Link>, key: &str, calls: Vec<(u64, Call)>) {
         let known = lock(&self.exchange)
-            .verdicts
-            .iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, d)| d.clone());
+            .verdict(key)
+            .map(|v| v.divergence.clone());
         match known {
             Some(divergence) => {
                 link.send(&Msg::Verdict {
@@ -270,14 +309,7 @@ impl Shared {
 
     /// The hub's verdict came in.
     pub(super) fn on_verdict(&self, key: String, divergence: Option<Box<Divergence>>) {
-        let mut ex = lock(&self.exchange);
-        if !ex.verdicts.iter().any(|(k, _)| *k == key) {
-            if ex.verdicts.len() >= MAX_VERDICTS {
-                ex.verdicts.remove(0);
-            }
-            ex.verdicts.push((key, divergence));
-        }
-        drop(ex);
+        lock(&self.exchange).keep(key, divergence);
         self.exchange_cv.notify_all();
     }
 
@@ -313,11 +345,12 @@ impl Shared {
             }
             Role::InProcess | Role::Off => return None,
         }
-        // Taken, not kept: a later timeout on a communicator of the same
-        // label gathers afresh instead of reading this one.
+        // Kept for the rank's other asking thread a moment ([`RETAIN`]);
+        // a later timeout of the same label gathers afresh.
         let verdict = crate::wait::until(&self.exchange_cv, lock(&self.exchange), until, |ex| {
-            let i = ex.verdicts.iter().position(|(k, _)| k == key)?;
-            Some(ex.verdicts.remove(i).1)
+            let v = ex.verdict(key)?;
+            v.taken.get_or_insert_with(Instant::now);
+            Some(v.divergence.clone())
         });
         verdict.flatten()
     }
@@ -362,8 +395,8 @@ mod tests {
                         let mut ex = lock(&s.exchange);
                         let until = Instant::now() + WAIT * 2;
                         loop {
-                            if let Some((_, d)) = ex.verdicts.iter().find(|(k, _)| k == "world") {
-                                return d.clone();
+                            if let Some(v) = ex.verdicts.iter().find(|v| v.key == "world") {
+                                return v.divergence.clone();
                             }
                             if Instant::now() >= until {
                                 return None;
