@@ -99,6 +99,10 @@ pub struct ExitHold(());
 static IN_FLIGHT: Mutex<usize> = Mutex::new(0);
 static SETTLED: std::sync::Condvar = std::sync::Condvar::new();
 static EXIT_WAIT_MS: AtomicU64 = AtomicU64::new(0);
+/// Set (before it takes the lock) by the exit's wait: only then does the
+/// last hold's drop wake anyone. The completion waker takes and drops a
+/// hold with every burst of work, and a wake-up is a system call.
+static EXITING: AtomicBool = AtomicBool::new(false);
 static AT_EXIT: std::sync::Once = std::sync::Once::new();
 /// The longest an exit waits for holds.
 const EXIT_WAIT_MAX: Duration = Duration::from_secs(60);
@@ -131,7 +135,9 @@ impl Drop for ExitHold {
     fn drop(&mut self) {
         let mut n = IN_FLIGHT.lock().unwrap_or_else(|p| p.into_inner());
         *n = n.saturating_sub(1);
-        if *n == 0 {
+        // Read under the lock: an exit that set the flag before taking it
+        // either sees this decrement or waits and is woken here.
+        if *n == 0 && EXITING.load(Ordering::SeqCst) {
             SETTLED.notify_all();
         }
     }
@@ -142,6 +148,7 @@ impl Drop for ExitHold {
 /// uses one would panic here, which aborts the process.
 extern "C" fn wait_at_exit() {
     let limit = Duration::from_millis(EXIT_WAIT_MS.load(Ordering::Relaxed)).min(EXIT_WAIT_MAX);
+    EXITING.store(true, Ordering::SeqCst);
     let n = IN_FLIGHT.lock().unwrap_or_else(|p| p.into_inner());
     let _ = SETTLED.wait_timeout_while(n, limit, |n| *n > 0);
 }
