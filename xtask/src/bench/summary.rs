@@ -137,6 +137,10 @@ pub const TARGET_MODES: &[&str] = &["threads", "processes"];
 ///   mode's warm median of mesh + first call per axis, and of the world's
 ///   init, over PyTorch's (`init_device_mesh` and the first all_reduce
 ///   per axis; `init_process_group` with `device_id`) in the same run.
+/// - `graph_single_minus_threads_us`: the safe layer's 8 B all_reduce
+///   replayed from a CUDA graph, one thread capturing every GPU minus a
+///   thread per GPU (the `graph` phase's two jobs); missing when either
+///   job gave no such result (a capture that failed).
 /// - `step_over_torch` (with `--python`): the processes step job's median
 ///   default step over PyTorch's same step (`torch-step`), same run.
 /// - `allocs_per_call_max`: the most heap allocations per call, counted
@@ -275,6 +279,29 @@ pub fn summary(docs: &BTreeMap<String, Value>) -> (Value, Vec<Target>) {
         ))
     })();
     let mesh_over_torch = over_torch("mesh_and_first_all_reduces_ms");
+    // The 8 B all_reduce replayed from a graph: one thread capturing every
+    // GPU against a thread per GPU, the safe layer, out of place.
+    let graph_docs = [docs.get("graph-single"), docs.get("graph-threads")];
+    let graph_us = |doc: Option<&Value>| {
+        results(doc?)
+            .find(|r| {
+                s(r, "layer") == "safe"
+                    && s(r, "coll") == "all_reduce"
+                    && r["bytes"] == 8
+                    && r["in_place"] == false
+            })
+            .map(|r| f(r, "time_us"))
+    };
+    let graph_single = match graph_docs {
+        [Some(_), Some(_)] => Some(match (graph_us(graph_docs[0]), graph_us(graph_docs[1])) {
+            (Some(single), Some(threads)) => (
+                single - threads,
+                format!("graph-single {single:.2} µs minus graph-threads {threads:.2} µs"),
+            ),
+            _ => (f64::NAN, "no 8 B safe all_reduce in both graph jobs".into()),
+        }),
+        _ => None,
+    };
     let world_over_torch = over_torch("world_ms");
 
     let targets = vec![
@@ -305,6 +332,13 @@ pub fn summary(docs: &BTreeMap<String, Value>) -> (Value, Vec<Target>) {
             limit: 0.33,
             unit: "",
             phase: "step with --python",
+        },
+        Target {
+            key: "graph_single_minus_threads_us",
+            value: measured(graph_single, graph_docs.iter().any(Option::is_some)),
+            limit: 0.5,
+            unit: "µs",
+            phase: "graph",
         },
         Target {
             key: "default_minus_raw_small_us_max",
@@ -487,6 +521,28 @@ mod tests {
             })
             .collect();
         json!({"setup": rows})
+    }
+
+    /// The graph difference pairs the safe 8 B all_reduce of both graph
+    /// jobs; a job without it (a failed capture) is a miss, not a hit.
+    #[test]
+    fn graph_single_minus_threads_pairs_the_two_jobs() {
+        let job = |us: f64| {
+            json!({"results": [
+                {"layer": "raw", "coll": "all_reduce", "bytes": 8, "in_place": false, "time_us": 1.0},
+                {"layer": "safe", "coll": "all_reduce", "bytes": 8, "in_place": false, "time_us": us},
+            ]})
+        };
+        let mut docs = BTreeMap::new();
+        docs.insert("graph-threads".to_string(), job(5.5));
+        docs.insert("graph-single".to_string(), job(5.75));
+        let (flat, _) = summary(&docs);
+        assert_eq!(flat["graph_single_minus_threads_us"], json!(0.25));
+        assert_eq!(flat["graph_single_minus_threads_us_met"], json!(true));
+        docs.remove("graph-single");
+        let (flat, _) = summary(&docs);
+        assert!(flat["graph_single_minus_threads_us"].is_null());
+        assert_eq!(flat["graph_single_minus_threads_us_met"], json!(false));
     }
 
     /// The ratios over PyTorch divide warm medians (the cold rep left
