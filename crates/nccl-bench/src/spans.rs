@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::ThreadId;
 use std::time::Instant;
 
@@ -35,7 +35,17 @@ struct SpanTimes {
     state: Mutex<State>,
 }
 
-static TIMES: OnceLock<&'static SpanTimes> = OnceLock::new();
+impl Default for SpanTimes {
+    fn default() -> Self {
+        SpanTimes {
+            // Span ids start at 1 (0 is not a valid `Id`).
+            next: AtomicU64::new(1),
+            state: Mutex::new(State::default()),
+        }
+    }
+}
+
+static TIMES: OnceLock<Arc<SpanTimes>> = OnceLock::new();
 
 impl SpanTimes {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -101,13 +111,8 @@ impl Subscriber for SpanTimes {
 /// Installs the timing subscriber for the process (once; `false` when
 /// another subscriber was installed first).
 pub fn install() -> bool {
-    let times: &'static SpanTimes = TIMES.get_or_init(|| {
-        Box::leak(Box::new(SpanTimes {
-            next: AtomicU64::new(1),
-            state: Mutex::new(State::default()),
-        }))
-    });
-    tracing::subscriber::set_global_default(Forward(times)).is_ok()
+    let times = TIMES.get_or_init(|| Arc::new(SpanTimes::default()));
+    tracing::subscriber::set_global_default(Arc::clone(times)).is_ok()
 }
 
 /// Per span name, the milliseconds summed over one thread's spans, the
@@ -130,39 +135,6 @@ fn slowest_thread(done: HashMap<(&'static str, ThreadId), f64>) -> HashMap<&'sta
     out
 }
 
-/// The installed subscriber: forwards to the one `&'static` timer.
-struct Forward(&'static SpanTimes);
-
-impl Subscriber for Forward {
-    fn enabled(&self, metadata: &Metadata<'_>) -> bool {
-        self.0.enabled(metadata)
-    }
-    fn new_span(&self, span: &Attributes<'_>) -> Id {
-        self.0.new_span(span)
-    }
-    fn record(&self, id: &Id, values: &Record<'_>) {
-        self.0.record(id, values)
-    }
-    fn record_follows_from(&self, span: &Id, follows: &Id) {
-        self.0.record_follows_from(span, follows)
-    }
-    fn event(&self, event: &Event<'_>) {
-        self.0.event(event)
-    }
-    fn enter(&self, span: &Id) {
-        self.0.enter(span)
-    }
-    fn exit(&self, span: &Id) {
-        self.0.exit(span)
-    }
-    fn clone_span(&self, id: &Id) -> Id {
-        self.0.clone_span(id)
-    }
-    fn try_close(&self, id: Id) -> bool {
-        self.0.try_close(id)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -171,11 +143,8 @@ mod tests {
     /// timed.
     #[test]
     fn spans_are_summed_by_name() {
-        let times: &'static SpanTimes = Box::leak(Box::new(SpanTimes {
-            next: AtomicU64::new(1),
-            state: Mutex::new(State::default()),
-        }));
-        tracing::subscriber::with_default(Forward(times), || {
+        let times = Arc::new(SpanTimes::default());
+        tracing::subscriber::with_default(Arc::clone(&times), || {
             for _ in 0..2 {
                 let _s = tracing::debug_span!("nccl.split").entered();
                 std::thread::sleep(std::time::Duration::from_millis(2));
