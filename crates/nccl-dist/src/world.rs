@@ -28,6 +28,7 @@ use crate::liveness::{Liveness, LossCause, PeerLoss};
 use crate::rendezvous;
 use crate::watchdog::Watchdog;
 
+mod local;
 mod options;
 mod recover;
 mod resolved;
@@ -56,6 +57,9 @@ pub struct World {
     launch: Launch,
     watchdog: Option<Watchdog>,
     signal: AbortSignal,
+    /// A world with a thread per GPU: where its threads meet to rebuild
+    /// it after a loss ([`World::recover`]).
+    local: Option<Arc<local::Board>>,
 }
 
 /// This rank's membership in the liveness channel. Dropped normally, it
@@ -102,6 +106,21 @@ fn abort_on_loss(liveness: &Liveness, watchdog: Option<Watchdog>, signal: AbortS
             detail: loss.to_string(),
         });
     }));
+}
+
+/// What the threads of an in-process world of `n` ranks share: the
+/// watchdog, and (liveness on, more than one rank) the in-process
+/// channel, which gates their calls and aborts them all on a loss.
+fn local_team(resolved: &Resolved, n: usize) -> Result<(Option<Watchdog>, Option<Liveness>)> {
+    let watchdog = resolved.start_watchdog()?;
+    let liveness = (resolved.liveness.is_enabled() && n > 1).then(|| Liveness::in_process(n));
+    if let Some(l) = &liveness {
+        if let Some(w) = &watchdog {
+            w.gate_over(l);
+        }
+        abort_on_loss(l, watchdog.clone(), resolved.signal.clone());
+    }
+    Ok((watchdog, liveness))
 }
 
 /// Tells `spawn_local` that a rank's thread ended, and how, even when it
@@ -327,6 +346,7 @@ impl World {
             launch,
             watchdog,
             signal: resolved.signal,
+            local: None,
         })
     }
 
@@ -413,6 +433,7 @@ impl World {
                     launch: local_launch(rank, n),
                     watchdog: watchdog.clone(),
                     signal: resolved.signal.clone(),
+                    local: None,
                 }
             })
             .collect())
@@ -512,15 +533,10 @@ impl World {
         let resolved = Resolved::new(options)?;
         apply_encryption(options.encryption.as_ref())?;
         let id = UniqueId::new().map_err(Error::from)?;
-        let watchdog = resolved.start_watchdog()?;
-        let liveness = (resolved.liveness.is_enabled() && n > 1).then(|| Liveness::in_process(n));
-        if let Some(l) = &liveness {
-            if let Some(w) = &watchdog {
-                w.gate_over(l);
-            }
-            abort_on_loss(l, watchdog.clone(), resolved.signal.clone());
-        }
+        let (watchdog, liveness) = local_team(&resolved, n)?;
+        let board = Arc::new(local::Board::default());
         let (id, f, watchdog, liveness, resolved) = (&id, &f, &watchdog, &liveness, &resolved);
+        let board = &board;
         // Each rank says when it ends, and whether well, so the first to
         // fail (an error or a panic) aborts the others at once, whatever
         // order they end in: a rank waiting in a collective for a rank that
@@ -569,6 +585,7 @@ impl World {
                                 launch: local_launch(rank, n),
                                 watchdog: watchdog.clone(),
                                 signal: resolved.signal.clone(),
+                                local: Some(Arc::clone(board)),
                             })
                         })();
                         ended.failure = result.as_ref().err().map(|e| e.to_string());

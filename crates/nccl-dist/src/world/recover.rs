@@ -78,10 +78,13 @@ impl World {
     /// refused by the rendezvous with a typed error, within the options'
     /// rendezvous timeout. A world without a liveness channel (liveness
     /// off, a file rendezvous, [`World::from_unique_id`]) is
-    /// [`Error::InvalidArgument`] before anything happens, and so is a
-    /// world with one thread per GPU (its survivors are threads of this
-    /// process: make a new world with
-    /// [`World::spawn_local_with_options`]). A rank that knows of no loss
+    /// [`Error::InvalidArgument`] before anything happens. In a world with
+    /// a thread per GPU ([`World::spawn_local`]) the survivors are threads
+    /// of this process: they meet in memory instead of a rendezvous (the
+    /// first survivor makes the new world's id, channel and watchdog, the
+    /// others take them within the options' rendezvous timeout), and each
+    /// keeps its GPU; the silent or failed thread's own world stays given
+    /// up. A rank that knows of no loss
     /// waits up to 2 s for its channel to name one (NCCL may fail a moment
     /// before), then gets [`Error::InvalidArgument`] too, as does a rank
     /// that the others count as lost.
@@ -101,7 +104,7 @@ impl World {
     /// ```
     pub fn recover(self, options: &WorldOptions) -> Result<World> {
         let (liveness, survivors) = self.settle("World::recover", options)?;
-        self.rebuild(&liveness, survivors, options)
+        self.rebuild_any(&liveness, survivors, options)
     }
 
     /// As [`World::recover`], with the new world's ranks chosen: `keep`
@@ -146,7 +149,7 @@ impl World {
                     ranks: keep.to_vec(),
                     me,
                 };
-                self.rebuild(&liveness, survivors, options).map(Some)
+                self.rebuild_any(&liveness, survivors, options).map(Some)
             }
         }
     }
@@ -178,9 +181,9 @@ impl World {
                 "this world has no liveness channel (liveness off, a file rendezvous, or a world from a unique id)",
             ));
         };
-        if liveness.rank().is_none() {
+        if liveness.rank().is_none() && self.local.is_none() {
             return Err(refuse(
-                "the ranks of this world are threads of one process: make a new world for the survivors",
+                "the ranks of this world are threads of one process that share no board: make a new world for the survivors",
             ));
         }
         let survivors = settled(
@@ -191,6 +194,23 @@ impl World {
         )
         .map_err(refuse)?;
         Ok((liveness, survivors))
+    }
+
+    /// The new world of `survivors`: through a board in memory for a
+    /// world with a thread per GPU, else through a rendezvous that its
+    /// first rank serves.
+    fn rebuild_any(
+        mut self,
+        liveness: &Liveness,
+        survivors: Survivors,
+        options: &WorldOptions,
+    ) -> Result<World> {
+        match self.local.take() {
+            Some(board) if liveness.rank().is_none() => {
+                self.rebuild_local(&board, survivors, options)
+            }
+            _ => self.rebuild(liveness, survivors, options),
+        }
     }
 
     /// The new world of `survivors`, through a rendezvous that its first

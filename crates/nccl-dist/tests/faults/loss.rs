@@ -261,6 +261,8 @@ fn h_thread_panics_mid_collective() {
             .and_then(|()| nccl_dist::synchronize(comm, comm.stream()));
         expect_peer_lost(r, waited, since)?;
         drop(buf);
+        // The survivors rebuild without the panicked thread, in memory.
+        let world = recover_checked(r, world)?;
         drop(world);
         kernel_runs(r.device)?;
         r.note("kernel", "ok")

@@ -2,9 +2,9 @@
 //! connection inside NCCL (s1–s4): every other rank must end within the
 //! operation timeout + 2 s with the connection gate's refusal naming the
 //! silent rank (`CheckFailure::Silent`), before entering NCCL; the silent
-//! rank, when it wakes and calls, gets a typed error too; with a process
-//! per GPU the others then `World::recover` without it and all-reduce
-//! bit-exact.
+//! rank, when it wakes and calls, gets a typed error too; the others then
+//! `World::recover` without it (a process per GPU through the rendezvous,
+//! a thread per GPU in memory) and all-reduce bit-exact.
 
 use std::time::{Duration, Instant};
 
@@ -12,7 +12,7 @@ use nccl_dist::nccl_safe::{GroupGuard, ReduceOp};
 use nccl_dist::{CheckFailure, DeviceMesh, Error, World};
 
 use crate::rejoin::recover_checked;
-use crate::{Mode, OP_TIMEOUT, Rank, TestResult, checked_all_reduce, cuda, run};
+use crate::{OP_TIMEOUT, Rank, TestResult, checked_all_reduce, cuda, run};
 
 /// How long the silent rank sleeps before its call: past the others'
 /// timeout and their report of it.
@@ -81,10 +81,10 @@ fn silent_case(
             return Err(format!("refused after {after:?}, beyond {limit:?}").into());
         }
     }
-    if r.mode == Mode::Processes {
-        let world = recover_checked(r, world)?;
-        checked_all_reduce(&world, 1 << 16)?;
-    }
+    // Every survivor, a process or a thread, recovers and all-reduces
+    // bit-exact on the world without the silent rank.
+    let world = recover_checked(r, world)?;
+    checked_all_reduce(&world, 1 << 16)?;
     Ok(())
 }
 

@@ -1,0 +1,214 @@
+//! Recovery of a world with a thread per GPU ([`World::spawn_local`]):
+//! the survivors are threads of this process, so they meet on a board in
+//! memory instead of a rendezvous. The first survivor makes what the new
+//! world's ranks share (its unique id, in-process liveness channel,
+//! watchdog and abort signal) and posts it; the others take it, each
+//! within the options' rendezvous timeout.
+
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Instant;
+
+use nccl_safe::UniqueId;
+
+use super::options::WorldOptions;
+use super::recover::Survivors;
+use super::resolved::{Resolved, Shape};
+use super::{Presence, World, local_launch, local_team, watched};
+use crate::error::{Error, Result};
+use crate::liveness::{Liveness, LossCause, PeerLoss};
+use crate::watchdog::Watchdog;
+
+const OP: &str = "World::recover";
+
+/// Where the threads of one in-process world meet to rebuild it: one
+/// posting, for the one world that follows this one.
+#[derive(Default)]
+pub(super) struct Board {
+    posted: Mutex<Option<Posted>>,
+    cv: Condvar,
+}
+
+impl std::fmt::Debug for Board {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Board").finish_non_exhaustive()
+    }
+}
+
+/// What the first survivor posted: the new world's shared parts, or why
+/// it could not make them.
+type Posted = std::result::Result<Arc<Team>, String>;
+
+/// What the ranks of the rebuilt world share.
+struct Team {
+    /// The old ranks that make the new world, in new-rank order.
+    survivors: Vec<usize>,
+    id: UniqueId,
+    resolved: Resolved,
+    watchdog: Option<Watchdog>,
+    liveness: Option<Liveness>,
+    /// The board of the new world, for its own recovery.
+    next: Arc<Board>,
+}
+
+impl Board {
+    /// Posts once; a later posting (none is made: one leader per world)
+    /// would be ignored.
+    fn post(&self, posted: Posted) {
+        let mut slot = self.posted.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_none() {
+            *slot = Some(posted);
+        }
+        self.cv.notify_all();
+    }
+
+    /// The posting, once there, or `None` at `until`.
+    fn take(&self, until: Instant) -> Option<Posted> {
+        let guard = self.posted.lock().unwrap_or_else(|p| p.into_inner());
+        nccl_control::wait::until(&self.cv, guard, until, |slot| slot.clone())
+    }
+}
+
+impl World {
+    /// [`World::recover`] for a world whose ranks are threads of this
+    /// process: `survivors` as this rank counted them.
+    pub(super) fn rebuild_local(
+        self,
+        board: &Board,
+        survivors: Survivors,
+        options: &WorldOptions,
+    ) -> Result<World> {
+        let refuse = |reason: String| Error::InvalidArgument { op: OP, reason };
+        let _span = tracing::debug_span!(
+            "nccl.world_recover",
+            rank = self.launch.rank,
+            new_rank = survivors.me,
+            survivors = survivors.ranks.len(),
+            local = true
+        )
+        .entered();
+        let n = survivors.ranks.len();
+        let team = if survivors.me == 0 {
+            let made = Team::new(survivors.ranks.clone(), options);
+            board.post(made.as_ref().map(Arc::clone).map_err(|e| e.to_string()));
+            made?
+        } else {
+            let until = Instant::now() + options.timeout;
+            match board.take(until) {
+                Some(Ok(team)) => team,
+                Some(Err(reason)) => {
+                    return Err(refuse(format!(
+                        "the first survivor could not make the new world: {reason}"
+                    )));
+                }
+                None => {
+                    return Err(refuse(format!(
+                        "the first survivor (old rank {}) posted no new world within {:?}",
+                        survivors.leader(),
+                        options.timeout
+                    )));
+                }
+            }
+        };
+        if team.survivors != survivors.ranks {
+            return Err(refuse(format!(
+                "the survivors were counted differently: ranks {:?} here, {:?} by the first survivor",
+                survivors.ranks, team.survivors
+            )));
+        }
+        let me = survivors.me;
+        let device = self.comm.device();
+        let made = team
+            .resolved
+            .make_comms(&team.id, me, n, device, Shape::Split);
+        let (comm, control, child_config) = match made {
+            Ok(m) => m,
+            Err(e) => {
+                // The others wait for this rank inside their init: its
+                // loss aborts them at once.
+                if let Some(l) = &team.liveness
+                    && e.lost_rank().is_none()
+                {
+                    l.report(PeerLoss {
+                        rank: me,
+                        cause: LossCause::Exited {
+                            reason: e.to_string(),
+                        },
+                        seen_by: me,
+                    });
+                }
+                return Err(e);
+            }
+        };
+        watched(&comm, &team.watchdog, true);
+        let world = World {
+            presence: Presence {
+                rank: me,
+                liveness: team.liveness.clone(),
+            },
+            comm,
+            control,
+            child_config,
+            launch: local_launch(me, n),
+            watchdog: team.watchdog.clone(),
+            signal: team.resolved.signal.clone(),
+            local: Some(Arc::clone(&team.next)),
+        };
+        // The old world (its aborted communicators) goes only now.
+        drop(self);
+        Ok(world)
+    }
+}
+
+impl Team {
+    fn new(survivors: Vec<usize>, options: &WorldOptions) -> Result<Arc<Team>> {
+        let resolved = Resolved::new(options)?;
+        let id = UniqueId::new()?;
+        let (watchdog, liveness) = local_team(&resolved, survivors.len())?;
+        Ok(Arc::new(Team {
+            survivors,
+            id,
+            resolved,
+            watchdog,
+            liveness,
+            next: Arc::default(),
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_posting_reaches_every_waiter_and_the_first_one_stays() {
+        let board = Arc::new(Board::default());
+        let waiters: Vec<_> = (0..3)
+            .map(|_| {
+                let board = Arc::clone(&board);
+                std::thread::spawn(move || {
+                    board
+                        .take(Instant::now() + Duration::from_secs(10))
+                        .map(|p| p.err())
+                })
+            })
+            .collect();
+        board.post(Err("first".into()));
+        board.post(Err("second".into()));
+        for w in waiters {
+            assert_eq!(w.join().unwrap(), Some(Some("first".to_string())));
+        }
+    }
+
+    #[test]
+    fn a_wait_without_a_posting_ends_at_its_deadline() {
+        let board = Board::default();
+        let started = Instant::now();
+        assert!(
+            board
+                .take(Instant::now() + Duration::from_millis(50))
+                .is_none()
+        );
+        assert!(started.elapsed() >= Duration::from_millis(50));
+    }
+}
