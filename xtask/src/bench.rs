@@ -30,8 +30,11 @@
 //!   Python with PyTorch), PyTorch's equivalents run on the same GPUs in
 //!   the same run (`python/examples/torch_setup.py`, a process per GPU:
 //!   `init_process_group` with `device_id`, `init_device_mesh`, the first
-//!   all_reduce per axis), reported as mode `torch`; the summary's
-//!   `mesh_over_torch` and `world_over_torch` divide by them.
+//!   all_reduce per axis; 3 reps, each its own `torch.distributed.run`
+//!   launch, the first cold from process start, the warm ones timing
+//!   `init_process_group` after making the CUDA context, as our warm
+//!   reps), reported as mode `torch`; the summary's `mesh_over_torch` and
+//!   `world_over_torch` divide by them.
 //! - `step`: the training-like step over a 2-D `DeviceMesh` (the bench's
 //!   `crates/nccl-bench/src/step/`), default options against raw nccl-sys, 500 steps per
 //!   measurement, 11 interleaved rounds, threads and processes. With
@@ -49,6 +52,7 @@
 //! flat `summary` object: see [`summary`]) and `busbw.svg` (busbw against
 //! size). Exits non-zero when a result is wrong or a target is missed.
 
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -271,7 +275,7 @@ pub fn run(args: &[&str]) -> Result<()> {
         } else {
             args.extend(["--gpus".into(), n.to_string()]);
             let log = o.out.join(format!("{}.log", job.name));
-            run_logged(Command::new(&bin).args(&args), &log, left)?
+            run_logged(Command::new(&bin).args(&args), &log, left, false)?
         };
         if !ok {
             eprintln!("xtask: bench: {} failed", job.name);
@@ -279,22 +283,30 @@ pub fn run(args: &[&str]) -> Result<()> {
         }
     }
     if let Some(python) = &o.python {
-        // PyTorch's side of the phases that have one: (phase, script,
-        // result, the script's arguments).
-        let sides: [(&str, &str, &str, &[&str]); 2] = [
-            ("setup", TORCH_SETUP, "setup-torch", &["--reps", "3"]),
-            (
-                "step",
-                TORCH_STEP,
-                "torch-step",
-                &["--iters", "500", "--warmup", "50", "--rounds", "11"],
-            ),
+        let sides = [
+            TorchSide {
+                phase: "setup",
+                script: TORCH_SETUP,
+                name: "setup-torch",
+                args: &[],
+                // A launch per rep: with PyTorch 2.11 on 2 H200s both
+                // ranks died (SIGSEGV) in a second rep that initialised
+                // again after `destroy_process_group` in the same process.
+                reps: Some(3),
+            },
+            TorchSide {
+                phase: "step",
+                script: TORCH_STEP,
+                name: "torch-step",
+                args: &["--iters", "500", "--warmup", "50", "--rounds", "11"],
+                reps: None,
+            },
         ];
-        for (phase, script, name, args) in sides {
-            if o.phases.iter().any(|p| p == phase)
-                && !torch_side(&o, python, n, deadline, script, name, args)?
+        for side in &sides {
+            if o.phases.iter().any(|p| p == side.phase)
+                && !torch_side(&o, python, n, deadline, side)?
             {
-                failed.push(name.into());
+                failed.push(side.name.into());
             }
         }
     }
@@ -305,49 +317,100 @@ pub fn run(args: &[&str]) -> Result<()> {
     verdict
 }
 
-/// PyTorch's side of a phase: `script` (in `python/examples`, a
-/// bundle's `python`) under `torch.distributed.run`, a process per GPU,
-/// writing `NAME.json` beside the bench's own results.
+/// PyTorch's side of a phase: a script in `python/examples` (a bundle's
+/// `python`) run under `torch.distributed.run`, a process per GPU.
+struct TorchSide {
+    /// The phase it stands beside.
+    phase: &'static str,
+    script: &'static str,
+    /// Its results: `NAME.json` (and `NAME.log`, `NAME.err`) in `--out`.
+    name: &'static str,
+    /// The script's arguments, after `--json NAME.json`.
+    args: &'static [&'static str],
+    /// `Some(n)`: `n` launches, each one rep (`--rep I`, 0 cold), each
+    /// adding its row to `NAME.json`; `None`: one launch.
+    reps: Option<usize>,
+}
+
+/// Runs `side` on `n` GPUs, writing `NAME.json` beside the bench's own
+/// results, each launch with what is left of the deadline; every
+/// launch's output goes to the same `NAME.log` and `NAME.err`, one after
+/// the other. False when any launch fails (the launches after it do not
+/// run).
 fn torch_side(
     o: &Options,
     python: &Path,
     n: usize,
     deadline: Instant,
-    script: &str,
-    name: &str,
-    args: &[&str],
+    side: &TorchSide,
 ) -> Result<bool> {
+    let name = side.name;
     let script = match &o.from_bundle {
-        Some(dir) => dir.join("python").join(script),
-        None => workspace_root().join("python/examples").join(script),
+        Some(dir) => dir.join("python").join(side.script),
+        None => workspace_root().join("python/examples").join(side.script),
     };
     let json = o.out.join(format!("{name}.json"));
-    let _ = std::fs::remove_file(&json);
-    eprintln!(
-        "xtask: bench: PyTorch's {name} on {n} GPUs ({})",
-        python.display()
-    );
     let log = o.out.join(format!("{name}.log"));
-    let left = deadline.saturating_duration_since(Instant::now());
-    run_logged(
-        Command::new(python)
-            .args(["-m", "torch.distributed.run", "--standalone"])
+    for path in [&json, &log, &log.with_extension("err")] {
+        let _ = std::fs::remove_file(path);
+    }
+    let launches: Vec<Option<usize>> = match side.reps {
+        Some(reps) => (0..reps).map(Some).collect(),
+        None => vec![None],
+    };
+    for rep in launches {
+        let mut cmd = Command::new(python);
+        cmd.args(["-m", "torch.distributed.run", "--standalone"])
             .arg(format!("--nproc-per-node={n}"))
             .arg(&script)
             .arg("--json")
             .arg(&json)
-            .args(args),
-        &log,
-        left,
-    )
+            .args(side.args);
+        let what = match rep {
+            Some(rep) => {
+                cmd.arg("--rep").arg(rep.to_string());
+                format!(" rep {rep} ({})", if rep == 0 { "cold" } else { "warm" })
+            }
+            None => String::new(),
+        };
+        eprintln!(
+            "xtask: bench: PyTorch's {name}{what} on {n} GPUs ({})",
+            python.display()
+        );
+        if rep.is_some() {
+            // Where each launch's output starts in the shared logs.
+            for path in [log.clone(), log.with_extension("err")] {
+                let mut file = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)?;
+                writeln!(file, "--- xtask: {name}{what}")?;
+            }
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || !run_logged(&mut cmd, &log, left, true)? {
+            eprintln!("xtask: bench: PyTorch's {name}{what} failed");
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
-/// Runs `cmd` with its output in `log`, killing it at the deadline; on
-/// failure the log's last lines are shown.
-fn run_logged(cmd: &mut Command, log: &Path, left: Duration) -> Result<bool> {
+/// Runs `cmd` with its stdout in `log` and its stderr beside it
+/// (`.err`), added to what they hold when `append`, killing it at the
+/// deadline; on failure the logs' last lines are shown.
+fn run_logged(cmd: &mut Command, log: &Path, left: Duration, append: bool) -> Result<bool> {
+    let open = |path: &Path| {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .append(append)
+            .truncate(!append)
+            .open(path)
+    };
     let ok = run_with_deadline(
-        cmd.stdout(std::fs::File::create(log)?)
-            .stderr(std::fs::File::create(log.with_extension("err"))?),
+        cmd.stdout(open(log)?)
+            .stderr(open(&log.with_extension("err"))?),
         left,
     )?;
     if !ok {

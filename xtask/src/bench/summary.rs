@@ -578,4 +578,79 @@ mod tests {
         assert_eq!(flat["step_over_torch_met"], json!(true));
         assert_eq!(flat["world_over_torch_met"], json!(false));
     }
+
+    /// `setup-torch.json` as `python/examples/torch_setup.py` writes it:
+    /// three launches (`--rep 0`, `1`, `2`), rep 0 making the file and
+    /// each later one adding its row. The summary divides by its warm
+    /// reps and the report lists every row under mode `torch`.
+    #[test]
+    fn setup_torch_of_three_launches_parses() {
+        let torch: Value = serde_json::from_str(
+            r#"{
+  "meta": {
+    "setup": true,
+    "mode": "torch",
+    "ranks": 2,
+    "mesh": [
+      1,
+      2
+    ],
+    "torch": "2.11.0+cu130",
+    "nccl": "2.28.9"
+  },
+  "setup": [
+    {
+      "rep": 0,
+      "state": "cold",
+      "world_ms": 3494.7,
+      "mesh_ms": 65.9,
+      "first_all_reduce_dp_ms": 27.0,
+      "first_all_reduce_tp_ms": 144.8,
+      "mesh_and_first_all_reduces_ms": 237.70000000000002
+    },
+    {
+      "rep": 1,
+      "state": "warm",
+      "world_ms": 250.0,
+      "mesh_ms": 20.0,
+      "first_all_reduce_dp_ms": 5.0,
+      "first_all_reduce_tp_ms": 5.0,
+      "mesh_and_first_all_reduces_ms": 30.0
+    },
+    {
+      "rep": 2,
+      "state": "warm",
+      "world_ms": 150.0,
+      "mesh_ms": 10.0,
+      "first_all_reduce_dp_ms": 5.0,
+      "first_all_reduce_tp_ms": 5.0,
+      "mesh_and_first_all_reduces_ms": 20.0
+    }
+  ]
+}"#,
+        )
+        .unwrap();
+        let mut docs = BTreeMap::new();
+        docs.insert(
+            "setup-processes".to_string(),
+            setup_doc([900.0, 500.0, 300.0], [500.0, 60.0, 45.0]),
+        );
+        docs.insert("setup-torch".to_string(), torch);
+        let (flat, _) = summary(&docs);
+        // Warm medians: ours 500 (of 300, 500) over 250 (of 250, 150);
+        // 60 (of 45, 60) over 30 (of 30, 20).
+        assert_eq!(flat["world_over_torch"], json!(2.0), "{flat}");
+        assert_eq!(flat["mesh_over_torch"], json!(2.0), "{flat}");
+        let mut md = String::new();
+        let mut misses = Vec::new();
+        crate::bench::report::setup_section(&mut md, &docs, &mut misses).unwrap();
+        for row in [
+            "| torch | 0 | cold | 3494.7 | 65.9 | 27.0 | 144.8 | 237.7 |",
+            "| torch | 1 | warm | 250.0 | 20.0 | 5.0 | 5.0 | 30.0 |",
+            "| torch | 2 | warm | 150.0 | 10.0 | 5.0 | 5.0 | 20.0 |",
+        ] {
+            assert!(md.contains(row), "{row} not in\n{md}");
+        }
+        assert!(misses.is_empty(), "{misses:?}");
+    }
 }
