@@ -6,8 +6,11 @@
 //!
 //! Each repetition also breaks the set-up down by the crates' `tracing`
 //! spans (`spans.rs`): library load, rendezvous, communicator init, splits
-//! and the topology probe, summed per rank (the slowest rank's, or in one
-//! process the slowest thread's). They nest inside world and mesh.
+//! the topology probe and the connection gates, summed per rank (the
+//! slowest rank's, or in one process the slowest thread's). They nest
+//! inside world, mesh and the first calls. With a thread or a process per
+//! rank, each first call is also split into making its buffer, the call
+//! and the stream's synchronisation.
 //!
 //! The worlds are made with default options (`WorldOptions::new()`;
 //! `World::local`'s configuration in single mode), as a user gets them:
@@ -24,7 +27,7 @@ use crate::cli::{Mode, Opts};
 use crate::error::{BoxError, Result};
 
 /// The spans reported per phase: (JSON key, column, the span names summed).
-const SPAN_PHASES: [(&str, &str, &[&str]); 5] = [
+const SPAN_PHASES: [(&str, &str, &[&str]); 6] = [
     ("library_load_ms", "load", &["nccl.library_load"]),
     (
         "rendezvous_ms",
@@ -34,6 +37,19 @@ const SPAN_PHASES: [(&str, &str, &[&str]); 5] = [
     ("init_ms", "init", &["nccl.init_rank", "nccl.init_all"]),
     ("split_ms", "splits", &["nccl.split"]),
     ("topology_probe_ms", "probe", &["nccl.topology_probe"]),
+    ("gate_ms", "gates", &["nccl.gate"]),
+];
+
+/// The parts of each first call (JSON keys), per axis: the one-element
+/// buffer made and filled, the all-reduce call returning, and the stream
+/// synchronised.
+const FIRST_PARTS: [&str; 6] = [
+    "first_dp_alloc_ms",
+    "first_dp_call_ms",
+    "first_dp_sync_ms",
+    "first_tp_alloc_ms",
+    "first_tp_call_ms",
+    "first_tp_sync_ms",
 ];
 
 /// Milliseconds of each phase, on one rank.
@@ -45,12 +61,15 @@ struct Phases {
     first_tp: f64,
     /// [`SPAN_PHASES`], in order.
     spans: [f64; SPAN_PHASES.len()],
+    /// [`FIRST_PARTS`], in order (thread or process per rank only).
+    parts: [f64; FIRST_PARTS.len()],
 }
 
 impl Phases {
     fn to_vec(self) -> Vec<f64> {
         let mut v = vec![self.world, self.mesh, self.first_dp, self.first_tp];
         v.extend(self.spans);
+        v.extend(self.parts);
         v
     }
 
@@ -74,15 +93,28 @@ fn axes(n: usize) -> [(&'static str, usize); 2] {
     [("dp", n / tp), ("tp", tp)]
 }
 
-/// One first all-reduce per axis on one rank (thread or process per rank).
+/// One first all-reduce per axis on one rank (thread or process per
+/// rank), with its parts ([`FIRST_PARTS`]).
 fn first_on_axes(mesh: &DeviceMesh, phases: &mut Phases) -> Result<()> {
-    for (name, slot) in [("dp", &mut phases.first_dp), ("tp", &mut phases.first_tp)] {
+    for (axis, name) in ["dp", "tp"].into_iter().enumerate() {
         let t = Instant::now();
         let comm = mesh.axis(name)?;
         let mut x = comm.stream().clone_htod(&[1f32])?;
+        let made = ms(t);
         comm.all_reduce_in_place(&mut x, ReduceOp::Sum)?;
+        let called = ms(t);
         comm.synchronize(comm.stream())?;
-        *slot = ms(t);
+        let total = ms(t);
+        *(if axis == 0 {
+            &mut phases.first_dp
+        } else {
+            &mut phases.first_tp
+        }) = total;
+        phases.parts[3 * axis..3 * axis + 3].copy_from_slice(&[
+            made,
+            called - made,
+            total - called,
+        ]);
     }
     Ok(())
 }
@@ -95,13 +127,17 @@ fn slowest(world: &Comm, p: Phases) -> Result<Phases> {
     world.synchronize(stream)?;
     let v = stream.clone_dtoh(&buf)?;
     let mut spans = [0.0; SPAN_PHASES.len()];
-    spans.copy_from_slice(&v[4..4 + SPAN_PHASES.len()]);
+    let rest = &v[4..];
+    spans.copy_from_slice(&rest[..SPAN_PHASES.len()]);
+    let mut parts = [0.0; FIRST_PARTS.len()];
+    parts.copy_from_slice(&rest[SPAN_PHASES.len()..]);
     Ok(Phases {
         world: v[0],
         mesh: v[1],
         first_dp: v[2],
         first_tp: v[3],
         spans,
+        parts,
     })
 }
 
@@ -264,6 +300,11 @@ pub fn run(opts: &Opts) -> Result<()> {
         for ((key, _, _), ms) in SPAN_PHASES.iter().zip(p.spans) {
             row[*key] = json!(ms);
         }
+        if opts.mode != Mode::Single {
+            for (key, ms) in FIRST_PARTS.iter().zip(p.parts) {
+                row[*key] = json!(ms);
+            }
+        }
         rows.push(row);
     }
     println!("# spans (ms, inside world and mesh), per rep:");
@@ -273,7 +314,12 @@ pub fn run(opts: &Opts) -> Result<()> {
             .zip(p.spans)
             .map(|((_, col, _), ms)| format!("{col} {ms:.1}"))
             .collect();
-        println!("  {i:>4} {}", cells.join(", "));
+        let parts: Vec<String> = FIRST_PARTS
+            .iter()
+            .zip(p.parts)
+            .map(|(key, ms)| format!("{} {ms:.2}", &key[..key.len() - 3]))
+            .collect();
+        println!("  {i:>4} {}; {}", cells.join(", "), parts.join(", "));
     }
     if let Some(path) = &opts.json {
         let doc = json!({

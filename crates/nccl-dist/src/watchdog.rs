@@ -334,6 +334,9 @@ impl OpObserver for Watch {
     }
 
     fn gate(&self, calls: &[(OpInfo, &[usize])]) -> std::result::Result<(), CheckError> {
+        // Only calls that may connect come here (a communicator's first
+        // collective, new point-to-point peers): not the hot path.
+        let _span = tracing::debug_span!("nccl.gate", calls = calls.len()).entered();
         self.gate_calls(calls)
     }
 

@@ -505,7 +505,7 @@ pub fn setup_section(
     docs: &BTreeMap<String, Value>,
     misses: &mut Vec<String>,
 ) -> Result<()> {
-    let heading = "## Set-up\n\nms, slowest rank. world = communicator init (from process start in the first processes rep); mesh = `DeviceMesh::new` dp×tp; target: mesh + first all_reduce on each axis ≤ 200 ms on 4 GPUs (warm reps). The span columns break world and mesh down by the crates' `tracing` spans (summed per rank; in one process, the slowest thread's): libnccl load, rendezvous, communicator init, splits, topology probe.\n\n| mode | rep | state | world | mesh | first dp | first tp | mesh + firsts | load | rendezvous | init | splits | probe |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+    let heading = "## Set-up\n\nms, slowest rank. world = communicator init (from process start in the first processes rep); mesh = `DeviceMesh::new` dp×tp; target: mesh + first all_reduce on each axis ≤ 200 ms on 4 GPUs (warm reps). The span columns break world and mesh down by the crates' `tracing` spans (summed per rank; in one process, the slowest thread's): libnccl load, rendezvous, communicator init, splits, topology probe, connection gates. The last column splits the first tp call (a thread or process per rank): making and filling its one-element buffer / the all_reduce call / the stream's synchronisation.\n\n| mode | rep | state | world | mesh | first dp | first tp | mesh + firsts | load | rendezvous | init | splits | probe | gates | first tp: buffer / call / sync |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
     let found = phase(md, docs, "setup-", heading);
     for &(mode, doc) in &found {
         let ranks = doc["meta"]["ranks"].as_u64();
@@ -517,16 +517,28 @@ pub fn setup_section(
                 "init_ms",
                 "split_ms",
                 "topology_probe_ms",
+                "gate_ms",
             ]
             .iter()
             .map(|k| match r.get(*k).and_then(Value::as_f64) {
-                Some(v) => format!("{v:.1}"),
+                // `+ 0.0` prints a negative zero (a max over zeros) as 0.0.
+                Some(v) => format!("{:.1}", v + 0.0),
                 None => "-".to_string(),
             })
             .collect();
+            let parts: Vec<String> = ["first_tp_alloc_ms", "first_tp_call_ms", "first_tp_sync_ms"]
+                .iter()
+                .filter_map(|k| r.get(*k).and_then(Value::as_f64))
+                .map(|v| format!("{v:.2}"))
+                .collect();
+            let parts = if parts.len() == 3 {
+                parts.join(" / ")
+            } else {
+                "-".to_string()
+            };
             writeln!(
                 md,
-                "| {mode} | {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {total:.1} | {} |",
+                "| {mode} | {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {total:.1} | {} | {parts} |",
                 r["rep"],
                 s(r, "state"),
                 f(r, "world_ms"),
