@@ -12,6 +12,11 @@
 //! rank, each first call is also split into making its buffer, the call
 //! and the stream's synchronisation.
 //!
+//! With a process per rank, a warm repetition starts on every rank 2 s
+//! after the ranks last met in the one before, so that the teardown of
+//! the previous world (which ends at different moments on different
+//! ranks) does not count as the next world's rendezvous.
+//!
 //! The worlds are made with default options (`WorldOptions::new()`;
 //! `World::local`'s configuration in single mode), as a user gets them:
 //! a nonblocking init, the blocking communicator split from it, the
@@ -83,6 +88,10 @@ impl Phases {
     }
 }
 
+/// How long after the ranks last met a warm rep with a process per rank
+/// starts: past the previous rep's teardown on every rank.
+const ALIGN: std::time::Duration = std::time::Duration::from_secs(2);
+
 fn ms(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1e3
 }
@@ -144,7 +153,14 @@ fn slowest(world: &Comm, p: Phases) -> Result<Phases> {
 /// One repetition in a thread (or process) per rank, after the world;
 /// `dropped` runs once the mesh is gone. `own_spans`: this rank is the
 /// process, so it reads the span times before the ranks take the slowest.
-fn per_rank(world: &World, mut p: Phases, own_spans: bool, dropped: impl Fn()) -> Result<Phases> {
+/// Also returns when the ranks met last (the slowest-rank all-reduce's
+/// end).
+fn per_rank(
+    world: &World,
+    mut p: Phases,
+    own_spans: bool,
+    dropped: impl Fn(),
+) -> Result<(Phases, Instant)> {
     let n = world.size();
     let t = Instant::now();
     let mesh = DeviceMesh::new(world, &axes(n))?;
@@ -154,9 +170,10 @@ fn per_rank(world: &World, mut p: Phases, own_spans: bool, dropped: impl Fn()) -
         p = p.with_spans();
     }
     let worst = slowest(world.comm(), p)?;
+    let met = Instant::now();
     drop(mesh);
     dropped();
-    Ok(worst)
+    Ok((worst, met))
 }
 
 /// One repetition with one thread driving every GPU.
@@ -210,6 +227,9 @@ pub fn run(opts: &Opts) -> Result<()> {
     let mut reps = Vec::new();
     let mut leader = true;
     let mut n = 0;
+    // Processes: when the ranks last met (the end of a rep's slowest-rank
+    // all-reduce, the same moment on every rank to within microseconds).
+    let mut met: Option<Instant> = None;
     for rep in 0..opts.setup_reps {
         let p = match opts.mode {
             Mode::Single => {
@@ -238,6 +258,7 @@ pub fn run(opts: &Opts) -> Result<()> {
                     per_rank(&world, p, false, || {
                         dropped.wait();
                     })
+                    .map(|(p, _)| p)
                     .map_err(|e| nccl_dist::Error::InvalidArgument {
                         op: "bench --setup",
                         reason: e.to_string(),
@@ -252,6 +273,19 @@ pub fn run(opts: &Opts) -> Result<()> {
                 let launch = Launch::detect()
                     .map_err(|e| format!("--mode processes needs a launcher ({e})"))?;
                 leader = launch.rank == 0;
+                // A warm rep starts on every rank at once: each waits until
+                // ALIGN after the ranks last met, so the previous rep's
+                // teardown (which ends at different times on different
+                // ranks) is not counted as the next world's rendezvous.
+                if let Some(at) = met {
+                    let left = (at + ALIGN).saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        eprintln!(
+                            "bench: rep {rep}: the teardown outlasted {ALIGN:?}; this rep starts unaligned"
+                        );
+                    }
+                    std::thread::sleep(left);
+                }
                 // The first world counts from process start: what a job
                 // pays before its first collective.
                 let t = if rep == 0 { started } else { Instant::now() };
@@ -261,7 +295,9 @@ pub fn run(opts: &Opts) -> Result<()> {
                     world: ms(t),
                     ..Phases::default()
                 };
-                per_rank(&world, p, true, || ())?
+                let (worst, at) = per_rank(&world, p, true, || ())?;
+                met = Some(at);
+                worst
             }
         };
         reps.push(p);
