@@ -15,9 +15,7 @@ use std::time::{Duration, Instant};
 
 use nccl_dist::Communicator;
 use nccl_dist::DType;
-use nccl_dist::nccl_safe::cudarc::driver::{
-    CudaGraph, CudaSlice, CudaStream, DevicePtr, result as cuda, sys,
-};
+use nccl_dist::nccl_safe::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, sys};
 use nccl_dist::nccl_safe::nccl_sys::{cudaStream_t, ncclComm_t, ncclResult_t};
 use nccl_dist::nccl_safe::{Comm, GroupGuard, OnStream, OpObserver, ReduceOp};
 
@@ -28,6 +26,8 @@ use crate::cli::{Check, Opts};
 use crate::coll::{Coll, Elem, Layer, Shape, Spec};
 use crate::error::{BoxError, Result, cuda_err};
 use crate::fns::Fns;
+
+mod graph;
 
 /// The communicators of one rank that this thread drives.
 pub struct RankComms<'c> {
@@ -493,61 +493,6 @@ impl<'c, T: Elem> Driver<'c, T> {
             allocs_per_call: worst[1],
             allocs_per_call_thread: worst[2],
         })
-    }
-
-    /// (seconds per call, calls captured per rank, allocations while
-    /// capturing).
-    fn measure_graph(&mut self, layer: Layer, spec: &Spec) -> Result<(f64, usize, (u64, u64))> {
-        self.wait()?;
-        let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
-        for r in &self.ranks {
-            r.stream
-                .begin_capture(mode)
-                .map_err(cuda_err("beginning a capture"))?;
-        }
-        let open = self.window_open()?;
-        // SAFETY: the buffers and communicators of `prepare` outlive the
-        // graphs below, whose launches are waited for before they go.
-        let issued = unsafe {
-            nccl_dist::nccl_safe::allow_capture(|| {
-                self.held_for(layer, |d| {
-                    for _ in 0..d.iters {
-                        d.issue(layer, spec)?;
-                    }
-                    Ok(())
-                })
-            })
-        };
-        let allocs = self.window_close(open)?;
-        // Every capture is ended, even after a failure, so no stream is
-        // left capturing.
-        let graphs: Vec<Result<Option<CudaGraph>, cuda::DriverError>> = self
-            .ranks
-            .iter()
-            .map(|r| r.stream.end_capture(sys::CUgraphInstantiate_flags(0)))
-            .collect();
-        issued?;
-        let graphs = graphs
-            .into_iter()
-            .map(|g| {
-                g.map_err(cuda_err("ending the capture"))?
-                    .ok_or_else(|| BoxError::from("the capture recorded nothing"))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        for g in &graphs {
-            g.upload().map_err(cuda_err("uploading the graph"))?;
-            g.launch().map_err(cuda_err("launching the graph"))?;
-        }
-        self.barrier()?;
-        let t0 = Instant::now();
-        for _ in 0..self.graph_launches {
-            for g in &graphs {
-                g.launch().map_err(cuda_err("launching the graph"))?;
-            }
-        }
-        self.wait()?;
-        let calls = (self.iters * self.graph_launches) as f64;
-        Ok((t0.elapsed().as_secs_f64() / calls, self.iters, allocs))
     }
 
     /// Fills the inputs with known values, runs `spec` once through

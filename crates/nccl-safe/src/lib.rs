@@ -69,7 +69,10 @@ mod validate;
 pub use abort::{AbortCause, AbortSignal};
 pub use buffer::{Access, DeviceBuffer, DeviceBufferMut, RawBuffer};
 pub use capabilities::{Capabilities, FP8_REDUCTION_MIN_CC, Feature};
-pub use capture::{Captured, CapturedGraph, Capturing, Opened, allow_capture, capture};
+pub use capture::{
+    Captured, CapturedGraph, CapturedGroup, Capturing, CapturingGroup, Opened, allow_capture,
+    capture, capture_group,
+};
 pub use comm::{
     AbortHandle, Comm, CommStatus, ExitHold, WeakAbortHandle, drop_together, require_cuda_driver,
     require_gpus,

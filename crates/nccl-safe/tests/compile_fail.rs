@@ -11,7 +11,8 @@
 //! - `Library::load_from` (it runs the file's initialisers) needs `unsafe`.
 //! - A graph made by `nccl_safe::capture` owns its buffers (they are moved
 //!   in; borrowed ones are refused) and borrows its communicators: none of
-//!   them can go while the graph may still launch.
+//!   them can go while the graph may still launch; so does a group captured
+//!   over several GPUs with `nccl_safe::capture_group`.
 //!
 //! Regenerate the messages after a compiler or API change with
 //! `TRYBUILD=overwrite cargo test -p nccl-safe --test compile_fail`, then

@@ -5,7 +5,7 @@
 //! are safe functions, and nothing in them ties a captured collective to
 //! its buffers or its communicator: a launch after either is gone reads and
 //! writes freed memory. So the safe API refuses to enqueue on a stream that
-//! is being captured ([`crate::Error::Capturing`]), and offers two ways to
+//! is being captured ([`crate::Error::Capturing`]), and offers three ways to
 //! capture:
 //!
 //! - [`capture`]: the graph ([`CapturedGraph`]) owns the buffers the
@@ -27,9 +27,14 @@
 //! # Ok(()) }
 //! ```
 //!
+//! - [`capture_group`] (`grouped.rs`): one thread driving several GPUs
+//!   captures one NCCL group over all of them into one graph
+//!   ([`CapturedGroup`]), which owns a set of buffers per communicator and
+//!   borrows the communicators, with the same rules as [`capture`].
+//!
 //! - [`allow_capture`]: an `unsafe` scope in which the safe API enqueues on
 //!   capturing streams; its caller keeps everything alive for every launch
-//!   (several streams, groups over several GPUs, PreMulSum).
+//!   (several streams, PreMulSum).
 //!
 //! ```no_run
 //! # fn demo(comm: &nccl_safe::Comm, x: &mut nccl_safe::cudarc::driver::CudaSlice<f32>)
@@ -66,6 +71,9 @@ use crate::ops::OnStream;
 use crate::{Error, Result};
 
 pub use crate::capture_state::allow_capture;
+pub use grouped::{CapturedGroup, CapturingGroup, capture_group};
+
+mod grouped;
 
 /// The device buffers of one [`Captured`] value, opened on a stream: the
 /// address and size in bytes of each, and the access that orders it with
@@ -248,7 +256,7 @@ impl<B: Captured> std::fmt::Debug for CapturedGraph<'_, B> {
 /// launch runs there too, after the work queued on `stream` before it and
 /// before the work queued on `stream` after it. Calls go straight to NCCL,
 /// not in a group: for one thread driving several GPUs, whose calls need a
-/// group, use [`allow_capture`].
+/// group, use [`capture_group`].
 pub fn capture<'c, B: Captured>(
     stream: &Arc<CudaStream>,
     mut buffers: B,

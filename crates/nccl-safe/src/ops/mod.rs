@@ -172,6 +172,25 @@ impl<'s, 'a> OnStream<'s, 'a> {
         }
     }
 
+    /// Calls captured into a graph that owns the buffers at `extents`,
+    /// issued into the group whose hold is `hold` (one thread capturing a
+    /// group over several GPUs: [`crate::capture_group`]).
+    pub(crate) fn capturing_grouped(
+        comm: &'a Comm,
+        stream: &'a CudaStream,
+        home: &'a CudaStream,
+        extents: &'s [(u64, u64)],
+        hold: &'s RefCell<GroupHold<'a>>,
+    ) -> Self {
+        OnStream {
+            comm,
+            stream,
+            access: home,
+            hold: Some(hold),
+            capture: Some(extents),
+        }
+    }
+
     /// `buffer` opened for reading; while capturing, it must be one the
     /// graph owns.
     fn read_buf<T: NcclType>(

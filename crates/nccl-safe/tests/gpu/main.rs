@@ -269,6 +269,12 @@ fn graph_capture_replays_collectives() {
 
 #[test]
 #[ignore = "needs GPUs: cargo xtask gpu-test"]
+fn one_thread_captures_one_graph_over_its_gpus_and_replays_bit_exact() {
+    capture::one_thread_captures_one_graph_over_its_gpus_and_replays_bit_exact()
+}
+
+#[test]
+#[ignore = "needs GPUs: cargo xtask gpu-test"]
 fn group_simulate_estimates_without_launching() {
     features::group_simulate_estimates_without_launching()
 }
@@ -317,6 +323,7 @@ fn expect(label: &str, got: nccl_safe::Result<()>, ok: impl Fn(&Error) -> bool) 
     }
 }
 
+mod capture;
 mod comms;
 mod features;
 mod movement;
