@@ -24,7 +24,7 @@ use std::time::Duration;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaEvent, CudaGraph, CudaStream, DriverError};
 
-use super::{Captured, Opened, open_owned};
+use super::{Captured, Opened, abort_unlaunched, open_owned};
 use crate::capture_state::{is_capturing, refuse_capture, spoil};
 use crate::comm::poll::poll_with_backoff;
 use crate::comm::{AbortHandle, Comm};
@@ -230,6 +230,9 @@ pub struct CapturedGroup<'c, B: Captured> {
     lanes: Vec<Lane>,
     buffers: Option<Vec<B>>,
     comms: Vec<(AbortHandle, Duration)>,
+    /// Whether the graph ran once: until then, its drop aborts the
+    /// communicators ([`abort_unlaunched`]).
+    launched: bool,
     _comms: PhantomData<&'c Comm>,
 }
 
@@ -281,6 +284,11 @@ impl<B: Captured> std::fmt::Debug for CapturedGroup<'_, B> {
 /// assert_eq!(comms[0].stream().clone_dtoh(&buffers[0].1)?[0], comms.len() as f32);
 /// # Ok(()) }
 /// ```
+///
+/// As with [`crate::capture`], a capture that fails and a graph dropped
+/// or given back before its first launch abort every communicator of the
+/// group (NCCL may have made connections inside the capture that only a
+/// launch completes).
 pub fn capture_group<'c, B: Captured>(
     lanes: &[(&'c Comm, &Arc<CudaStream>)],
     mut buffers: Vec<B>,
@@ -350,12 +358,22 @@ pub fn capture_group<'c, B: Captured>(
     // Always closed, so no capture outlives this call.
     let closed = fork.close();
     drop(fork);
-    issued?;
-    let graph = closed.map_err(cuda)?;
-    let comms = lanes
+    let comms: Vec<(AbortHandle, Duration)> = lanes
         .iter()
         .map(|(comm, _)| (comm.abort_handle(), comm.timeout()))
         .collect();
+    let graph = match (issued, closed) {
+        (Ok(()), Ok(graph)) => graph,
+        (issued, closed) => {
+            // A capture that recorded nothing made no NCCL call (the
+            // closure was refused before NCCL saw anything).
+            if !matches!(closed, Ok(None)) {
+                abort_unlaunched(&comms);
+            }
+            issued?;
+            return Err(cuda(closed.err().expect("one of the two failed")));
+        }
+    };
     let lanes = lanes
         .iter()
         .zip(privates)
@@ -371,6 +389,7 @@ pub fn capture_group<'c, B: Captured>(
         lanes,
         buffers: Some(buffers),
         comms,
+        launched: false,
         _comms: PhantomData,
     };
     // `f` had the buffers mutably: one it replaced was captured at an
@@ -461,6 +480,7 @@ impl<'c, B: Captured> CapturedGroup<'c, B> {
                 first.private.join(&lane.private).map_err(cuda)?;
             }
             graph.launch().map_err(cuda)?;
+            self.launched = true;
             // Every lane's stream after the launch, so that the accesses
             // record it for each buffer as they go and the home streams
             // can follow.
@@ -560,6 +580,9 @@ impl<'c, B: Captured> CapturedGroup<'c, B> {
 
 impl<B: Captured> Drop for CapturedGroup<'_, B> {
     fn drop(&mut self) {
+        if !self.launched && self.graph.is_some() {
+            abort_unlaunched(&self.comms);
+        }
         if self.buffers.is_none() {
             return;
         }

@@ -61,6 +61,7 @@ use std::time::Duration;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaGraph, CudaSlice, CudaStream};
 
+use crate::abort::AbortCause;
 use crate::buffer::{Access, DeviceBuffer, DeviceBufferMut};
 use crate::capture_state::{is_capturing, refuse_capture, spoil};
 use crate::comm::poll::poll_with_backoff;
@@ -214,6 +215,9 @@ pub struct CapturedGraph<'c, B: Captured> {
     buffers: Option<B>,
     extents: Vec<(u64, u64)>,
     comms: Vec<(AbortHandle, Duration)>,
+    /// Whether the graph ran once: until then, its drop aborts the
+    /// communicators ([`abort_unlaunched`]).
+    launched: bool,
     _comms: PhantomData<&'c Comm>,
 }
 
@@ -257,6 +261,13 @@ impl<B: Captured> std::fmt::Debug for CapturedGraph<'_, B> {
 /// before the work queued on `stream` after it. Calls go straight to NCCL,
 /// not in a group: for one thread driving several GPUs, whose calls need a
 /// group, use [`capture_group`].
+///
+/// A capture that fails (the closure's error, or CUDA's at its end), and a
+/// graph dropped or given back ([`CapturedGraph::into_buffers`]) before its
+/// first launch, abort the communicators that had calls in it: NCCL may
+/// have made connections inside the capture that only a launch completes
+/// (see `abort_unlaunched`). Launch a graph once before relying on its
+/// communicators elsewhere.
 pub fn capture<'c, B: Captured>(
     stream: &Arc<CudaStream>,
     mut buffers: B,
@@ -295,21 +306,61 @@ pub fn capture<'c, B: Captured>(
     drop(unwind);
     // Always ended, so no capture outlives this call.
     let ended = private.end_capture(CUgraphInstantiate_flags(0));
-    issued?;
-    let graph = ended.map_err(cuda)?;
+    let comms = comms.into_inner();
+    let graph = match (issued, ended) {
+        (Ok(()), Ok(graph)) => graph,
+        (issued, ended) => {
+            // A capture that recorded nothing made no NCCL call (the
+            // closure was refused before NCCL saw anything).
+            if !matches!(ended, Ok(None)) {
+                abort_unlaunched(&comms);
+            }
+            issued?;
+            return Err(cuda(ended.err().expect("one of the two failed")));
+        }
+    };
     let mut graph = CapturedGraph {
         graph,
         home: Arc::clone(stream),
         private,
         buffers: Some(buffers),
         extents,
-        comms: comms.into_inner(),
+        comms,
+        launched: false,
         _comms: PhantomData,
     };
     // `f` had the buffers mutably: one it replaced was captured at an
     // address the graph no longer owns.
     graph.check_extents(OP)?;
     Ok(graph)
+}
+
+/// Why the communicators of a graph dropped unlaunched are aborted.
+const UNLAUNCHED: &str = "a CUDA graph of its calls was dropped before its first launch, and NCCL may have made connections inside the capture that only a launch completes";
+
+/// Aborts the communicators of a capture whose graph will never run.
+///
+/// NCCL makes some connections lazily, inside the call that first needs
+/// them (a communicator's first collective, a new peer, an algorithm not
+/// used before), and inside a capture part of that set-up is recorded
+/// into the graph. A graph dropped before its first launch leaves those
+/// connections half made: on 2 H200s with a thread per GPU (NCCL 2.28.3)
+/// the next launch on the communicator failed with
+/// `CUDA_ERROR_ILLEGAL_ADDRESS`, and with `NCCL_RUNTIME_CONNECT=0` (every
+/// connection made at init) it did not. Which calls set up what is
+/// NCCL's to decide, so every communicator with calls in such a capture
+/// is aborted: later calls on it return [`Error::Aborted`] naming this,
+/// instead of running on a broken state.
+pub(crate) fn abort_unlaunched(comms: &[(AbortHandle, Duration)]) {
+    for (handle, _) in comms {
+        if handle.is_aborted() {
+            continue;
+        }
+        tracing::warn!("aborting a communicator: {UNLAUNCHED}");
+        if let Err(e) = handle.abort_with(AbortCause::Other(UNLAUNCHED.to_string())) {
+            tracing::error!("could not abort a communicator of a graph dropped unlaunched: {e}");
+        }
+    }
 }
 
 /// The graph's buffers opened on `stream`, refused when they were given
@@ -372,6 +423,7 @@ impl<'c, B: Captured> CapturedGraph<'c, B> {
         }
         let opened = open_owned(self.buffers.as_mut(), &self.private, &self.extents, OP)?;
         graph.launch().map_err(cuda)?;
+        self.launched = true;
         // The accesses record the launch for each buffer as they go.
         drop(opened);
         if self.home.join(&self.private).is_err() {
@@ -453,6 +505,9 @@ impl<'c, B: Captured> CapturedGraph<'c, B> {
 
 impl<B: Captured> Drop for CapturedGraph<'_, B> {
     fn drop(&mut self) {
+        if !self.launched && self.graph.is_some() {
+            abort_unlaunched(&self.comms);
+        }
         if self.buffers.is_none() {
             return;
         }

@@ -179,28 +179,6 @@ pub fn one_thread_captures_one_graph_over_its_gpus_and_replays_bit_exact() {
         refusals(ranks)?;
         none_capturing(ranks, "the refusals")?;
         checkpoint(ranks, "the refusals")?;
-        // A closure that fails after its calls: the capture is ended, the
-        // graph dropped unlaunched (on every rank alike), and the
-        // communicators still work.
-        let lanes: Vec<_> = ranks.iter().map(|r| (&r.comm, r.stream())).collect();
-        let failed = capture_group(
-            &lanes,
-            sets(ranks, 1, "the failing capture")?,
-            |cap, bufs| {
-                for (r, (send, recv)) in ranks.iter().zip(bufs) {
-                    cap.on(&r.comm)?.all_reduce(send, recv, ReduceOp::Sum)?;
-                }
-                Err(Error::InvalidArgument {
-                    op: "test",
-                    reason: "the closure fails on purpose",
-                })
-            },
-        );
-        expect("a failing closure", failed.map(drop), |e| {
-            matches!(e, Error::InvalidArgument { op: "test", .. })
-        })?;
-        none_capturing(ranks, "a failed capture")?;
-        checkpoint(ranks, "the failing capture")?;
         let mut graph =
             capture_all_reduce(ranks, sets(ranks, 1, "the capture")?).map_err(at("the capture"))?;
         none_capturing(ranks, "the capture")?;
@@ -249,6 +227,38 @@ pub fn one_thread_captures_one_graph_over_its_gpus_and_replays_bit_exact() {
         }
         drop(back);
         checkpoint(ranks, "the graph's drop")?;
+        // A closure that fails after its calls: the capture is ended, the
+        // graph dropped unlaunched (on every rank alike), and, since NCCL
+        // may have made connections inside the capture that only a launch
+        // completes, every communicator in it is aborted: later calls get
+        // a typed error instead of running on a broken state.
+        let lanes: Vec<_> = ranks.iter().map(|r| (&r.comm, r.stream())).collect();
+        let failed = capture_group(
+            &lanes,
+            sets(ranks, 1, "the failing capture")?,
+            |cap, bufs| {
+                for (r, (send, recv)) in ranks.iter().zip(bufs) {
+                    cap.on(&r.comm)?.all_reduce(send, recv, ReduceOp::Sum)?;
+                }
+                Err(Error::InvalidArgument {
+                    op: "test",
+                    reason: "the closure fails on purpose",
+                })
+            },
+        );
+        expect("a failing closure", failed.map(drop), |e| {
+            matches!(e, Error::InvalidArgument { op: "test", .. })
+        })?;
+        none_capturing(ranks, "a failed capture")?;
+        for r in ranks {
+            if !r.comm.abort_handle().is_aborted() {
+                return Err(format!(
+                    "rank {}: a capture dropped unlaunched left its communicator unaborted",
+                    r.rank
+                )
+                .into());
+            }
+        }
         Ok(())
     });
 }
