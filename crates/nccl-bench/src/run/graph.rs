@@ -14,6 +14,27 @@ use crate::error::{BoxError, Result, cuda_err};
 impl<T: Elem> Driver<'_, T> {
     /// (seconds per call, calls captured per rank, allocations while
     /// capturing).
+    /// `spec`'s timed iterations through `layer`, issued inside
+    /// `allow_capture` (onto the streams being captured).
+    ///
+    /// # Safety
+    ///
+    /// The buffers and communicators of `prepare` outlive every launch of
+    /// the graph being captured.
+    unsafe fn issue_captured(&mut self, layer: Layer, spec: &Spec) -> Result<()> {
+        // SAFETY: the caller's promise.
+        unsafe {
+            nccl_dist::nccl_safe::allow_capture(|| {
+                self.held_for(layer, |d| {
+                    for _ in 0..d.iters {
+                        d.issue(layer, spec)?;
+                    }
+                    Ok(())
+                })
+            })
+        }
+    }
+
     pub(super) fn measure_graph(
         &mut self,
         layer: Layer,
@@ -32,16 +53,7 @@ impl<T: Elem> Driver<'_, T> {
         let open = self.window_open()?;
         // SAFETY: the buffers and communicators of `prepare` outlive the
         // graphs below, whose launches are waited for before they go.
-        let issued = unsafe {
-            nccl_dist::nccl_safe::allow_capture(|| {
-                self.held_for(layer, |d| {
-                    for _ in 0..d.iters {
-                        d.issue(layer, spec)?;
-                    }
-                    Ok(())
-                })
-            })
-        };
+        let issued = unsafe { self.issue_captured(layer, spec) };
         let allocs = self.window_close(open)?;
         // Every capture is ended, even after a failure, so no stream is
         // left capturing.
@@ -113,16 +125,7 @@ impl<T: Elem> Driver<'_, T> {
                 // SAFETY: the buffers and communicators of `prepare`
                 // outlive the graph below, whose launches are waited for
                 // before it goes.
-                let issued = unsafe {
-                    nccl_dist::nccl_safe::allow_capture(|| {
-                        self.held_for(layer, |d| {
-                            for _ in 0..d.iters {
-                                d.issue(layer, spec)?;
-                            }
-                            Ok(())
-                        })
-                    })
-                };
+                let issued = unsafe { self.issue_captured(layer, spec) };
                 allocs = self.window_close(open);
                 issued
             }

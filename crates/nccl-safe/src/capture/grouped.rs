@@ -24,9 +24,10 @@ use std::time::Duration;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaEvent, CudaGraph, CudaStream, DriverError};
 
-use super::{Captured, Opened, abort_unlaunched, open_owned};
+use super::{
+    Captured, Opened, abort_unlaunched, give_back, longest_timeout, open_owned, settle_launches,
+};
 use crate::capture_state::{is_capturing, refuse_capture, spoil};
-use crate::comm::poll::poll_with_backoff;
 use crate::comm::{AbortHandle, Comm};
 use crate::error::Role;
 use crate::group::{self, GroupGuard};
@@ -499,7 +500,7 @@ impl<'c, B: Captured> CapturedGroup<'c, B> {
             // results; it did not finish in time.
             return Err(Error::Timeout {
                 op: OP,
-                waited: self.timeout(),
+                waited: longest_timeout(&self.comms),
             });
         }
         Ok(())
@@ -516,35 +517,18 @@ impl<'c, B: Captured> CapturedGroup<'c, B> {
     /// Waits for the launches (at most the communicators' timeout) and
     /// hands the buffer sets back.
     pub fn into_buffers(mut self) -> Result<Vec<B>> {
-        const OP: &str = "CapturedGroup::into_buffers";
-        if !self.settle() {
-            // Still running: the memory stays with no one (leaked), and the
-            // drop does not wait a second time.
-            std::mem::forget(self.buffers.take());
-            return Err(Error::Timeout {
-                op: OP,
-                waited: self.timeout(),
-            });
-        }
-        self.buffers.take().ok_or(Error::InvalidArgument {
-            op: OP,
-            reason: "the graph gave its buffers back",
-        })
+        let settled = self.settle();
+        give_back(
+            settled,
+            &mut self.buffers,
+            &self.comms,
+            "CapturedGroup::into_buffers",
+        )
     }
 
-    fn timeout(&self) -> Duration {
-        self.comms
-            .iter()
-            .map(|(_, t)| *t)
-            .max()
-            .unwrap_or(crate::DEFAULT_TIMEOUT)
-    }
-
-    /// Waits for the work queued on every lane's private stream; when it
-    /// does not finish within the timeout, aborts the communicators (their
-    /// kernels then stop) and waits once more. Whether it finished.
+    /// Waits for the work queued on every lane's private stream (see
+    /// [`settle_launches`]). Whether it finished.
     fn settle(&mut self) -> bool {
-        let timeout = self.timeout();
         let Ok(events) = self
             .lanes
             .iter()
@@ -553,28 +537,7 @@ impl<'c, B: Captured> CapturedGroup<'c, B> {
         else {
             return false;
         };
-        let done = || {
-            poll_with_backoff(timeout, || {
-                events.iter().try_fold(true, |all, e| {
-                    let complete = e.try_is_complete().map_err(|source| Error::Cuda {
-                        op: "CapturedGroup",
-                        source,
-                    })?;
-                    Ok(all && complete)
-                })
-            })
-        };
-        if matches!(done(), Ok(None)) {
-            return true;
-        }
-        // NCCL's abort waits until no graph refers to the communicator:
-        // the graph goes first (CUDA keeps a running launch's resources
-        // until it ends; the abort then stops its kernels).
-        drop(self.graph.take());
-        for (h, _) in &self.comms {
-            let _ = h.abort();
-        }
-        matches!(done(), Ok(None))
+        settle_launches(&mut self.graph, &self.comms, &events, "CapturedGroup")
     }
 }
 

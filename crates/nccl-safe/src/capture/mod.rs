@@ -59,7 +59,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::{CudaGraph, CudaSlice, CudaStream};
+use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice, CudaStream};
 
 use crate::abort::AbortCause;
 use crate::buffer::{Access, DeviceBuffer, DeviceBufferMut};
@@ -449,58 +449,92 @@ impl<'c, B: Captured> CapturedGraph<'c, B> {
     /// Waits for the launches (at most the communicators' timeout) and
     /// hands the buffers back.
     pub fn into_buffers(mut self) -> Result<B> {
-        const OP: &str = "CapturedGraph::into_buffers";
-        if !self.settle() {
-            // Still running: the memory stays with no one (leaked), and the
-            // drop does not wait a second time.
-            std::mem::forget(self.buffers.take());
-            return Err(Error::Timeout {
-                op: OP,
-                waited: self.timeout(),
-            });
-        }
-        self.buffers.take().ok_or(Error::InvalidArgument {
-            op: OP,
-            reason: "the graph gave its buffers back",
-        })
+        let settled = self.settle();
+        give_back(
+            settled,
+            &mut self.buffers,
+            &self.comms,
+            "CapturedGraph::into_buffers",
+        )
     }
 
     fn timeout(&self) -> Duration {
-        self.comms
-            .iter()
-            .map(|(_, t)| *t)
-            .max()
-            .unwrap_or(crate::DEFAULT_TIMEOUT)
+        longest_timeout(&self.comms)
     }
 
-    /// Waits for the work queued on the graph's stream; when it does not
-    /// finish within the timeout, aborts the communicators (their kernels
-    /// then stop) and waits once more. Whether it finished.
+    /// Waits for the work queued on the graph's stream (see
+    /// [`settle_launches`]). Whether it finished.
     fn settle(&mut self) -> bool {
-        let timeout = self.timeout();
         let Ok(event) = self.private.record_event(None) else {
             return false;
         };
-        let done = || {
-            poll_with_backoff(timeout, || {
-                event.try_is_complete().map_err(|source| Error::Cuda {
-                    op: "CapturedGraph",
-                    source,
-                })
-            })
-        };
-        if matches!(done(), Ok(None)) {
-            return true;
-        }
-        // NCCL's abort waits until no graph refers to the communicator:
-        // the graph goes first (CUDA keeps a running launch's resources
-        // until it ends; the abort then stops its kernels).
-        drop(self.graph.take());
-        for (h, _) in &self.comms {
-            let _ = h.abort();
-        }
-        matches!(done(), Ok(None))
+        settle_launches(&mut self.graph, &self.comms, &[event], "CapturedGraph")
     }
+}
+
+/// The longest timeout of `comms` (the default without any).
+pub(crate) fn longest_timeout(comms: &[(AbortHandle, Duration)]) -> Duration {
+    comms
+        .iter()
+        .map(|(_, t)| *t)
+        .max()
+        .unwrap_or(crate::DEFAULT_TIMEOUT)
+}
+
+/// Waits for `events` (recorded after a graph's launches, on each stream
+/// it runs on) at most the communicators' timeout; when they do not
+/// finish, aborts the communicators (their kernels then stop) and waits
+/// once more. Whether they finished.
+pub(crate) fn settle_launches(
+    graph: &mut Option<CudaGraph>,
+    comms: &[(AbortHandle, Duration)],
+    events: &[CudaEvent],
+    op: &'static str,
+) -> bool {
+    let timeout = longest_timeout(comms);
+    let done = || {
+        poll_with_backoff(timeout, || {
+            events.iter().try_fold(true, |all, e| {
+                let complete = e
+                    .try_is_complete()
+                    .map_err(|source| Error::Cuda { op, source })?;
+                Ok(all && complete)
+            })
+        })
+    };
+    if matches!(done(), Ok(None)) {
+        return true;
+    }
+    // NCCL's abort waits until no graph refers to the communicator: the
+    // graph goes first (CUDA keeps a running launch's resources until it
+    // ends; the abort then stops its kernels).
+    drop(graph.take());
+    for (h, _) in comms {
+        let _ = h.abort();
+    }
+    matches!(done(), Ok(None))
+}
+
+/// The buffers handed back once the launches `settled`; while they still
+/// run, the memory stays with no one (leaked, and the drop does not wait
+/// a second time) and the caller gets the timeout.
+pub(crate) fn give_back<T>(
+    settled: bool,
+    buffers: &mut Option<T>,
+    comms: &[(AbortHandle, Duration)],
+    op: &'static str,
+) -> Result<T> {
+    if !settled {
+        std::mem::forget(buffers.take());
+        return Err(Error::Timeout {
+            op,
+            waited: longest_timeout(comms),
+        });
+    }
+    buffers.take().ok_or(Error::InvalidArgument {
+        op,
+        reason: "the graph gave its buffers back",
+    })
 }
 
 impl<B: Captured> Drop for CapturedGraph<'_, B> {
