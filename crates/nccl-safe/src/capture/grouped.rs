@@ -546,10 +546,8 @@ impl<B: Captured> Drop for CapturedGroup<'_, B> {
         if !self.launched && self.graph.is_some() {
             abort_unlaunched(&self.comms);
         }
-        if self.buffers.is_none() {
-            return;
-        }
-        if !self.settle() {
+        // Still running at the end of the wait: the buffers are leaked.
+        if self.buffers.is_some() && !self.settle() {
             tracing::warn!("a captured group's launches did not finish: its buffers are leaked");
             std::mem::forget(self.buffers.take());
         }
