@@ -233,6 +233,10 @@ const NOTHING_TO_REFUSE: &[(&str, &str)] = &[
         "its refusals (memory the graph does not own, a PreMulSum, a replaced buffer) need a GPU: a_captured_graph_owns_its_buffers_and_replays_bit_exact in tests/abort.rs",
     ),
     (
+        "capture_group",
+        "its refusals before the capture begins (no communicator, a buffer set too many, a communicator twice, a stream on another GPU or already capturing, a group open) are unit-tested in capture/grouped.rs; a call on a communicator outside the capture and a replaced buffer need GPUs: one_thread_captures_one_graph_over_its_gpus_and_replays_bit_exact in tests/gpu",
+    ),
+    (
         "CapturedGraph::buffers into_buffers",
         "accessors of what the graph owns; into_buffers waits with the communicators' deadline",
     ),
