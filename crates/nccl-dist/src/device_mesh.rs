@@ -4,7 +4,10 @@
 //! A mesh `[("dp", 2), ("tp", 2)]` over four ranks puts them on a 2×2
 //! grid, row-major (the last axis varies fastest). The `"tp"` communicator
 //! of a rank joins the ranks on its row, the `"dp"` one those on its
-//! column; both come from `ncclCommSplit` on the world communicator.
+//! column; both come from `ncclCommSplit` on the world communicator. An
+//! axis that holds every rank (the others have size 1, as `tp` in
+//! `[("dp", 1), ("tp", 4)]`) is the whole mesh's communicator itself: no
+//! split, and no second set of connections for NCCL to make.
 //!
 //! ```no_run
 //! use nccl_dist::{DeviceMesh, World};
@@ -34,7 +37,11 @@ use crate::world::World;
 struct Group {
     name: String,
     axes: Vec<String>,
-    comm: Comm,
+    /// `None`: the group holds every rank of the mesh in its order (an
+    /// axis all others of which have size 1), so it is the whole mesh's
+    /// communicator: no second split, and no second set of connections
+    /// for NCCL to make at its first call.
+    comm: Option<Comm>,
 }
 
 /// The world on named axes, with one communicator per axis (and per
@@ -57,7 +64,9 @@ impl Drop for DeviceMesh {
         let groups = std::mem::take(&mut self.groups);
         // SAFETY: `whole` is taken once, here, and not used afterwards.
         let whole = unsafe { ManuallyDrop::take(&mut self.whole) };
-        nccl_safe::drop_together(std::iter::once(whole).chain(groups.into_iter().map(|g| g.comm)));
+        nccl_safe::drop_together(
+            std::iter::once(whole).chain(groups.into_iter().filter_map(|g| g.comm)),
+        );
     }
 }
 
@@ -77,6 +86,13 @@ fn splits(
     Ok((colors, keys))
 }
 
+/// Whether `axis` holds every rank of the mesh (every other axis has
+/// size 1): its communicator is then the whole mesh's, in the same order
+/// (the position along it is the mesh position).
+fn spans_the_mesh(shape: &MeshShape, axis: &str) -> Result<bool> {
+    Ok(shape.axis_size(axis)? == shape.size())
+}
+
 fn split_missing() -> Error {
     Error::InvalidArgument {
         op: "DeviceMesh",
@@ -86,7 +102,8 @@ fn split_missing() -> Error {
 
 impl DeviceMesh {
     /// The mesh over `world` in rank order: every rank calls this with the
-    /// same axes (it is collective: one `ncclCommSplit` per axis).
+    /// same axes (it is collective: one `ncclCommSplit` for the whole mesh
+    /// and one per axis that does not hold every rank).
     pub fn new(world: &World, axes: &[(&str, usize)]) -> Result<DeviceMesh> {
         DeviceMesh::new_with(world, axes, Placement::RankOrder)
     }
@@ -123,10 +140,15 @@ impl DeviceMesh {
         inherit_ranks(world.comm(), &whole, "mesh", Some(ranks.clone()));
         let mut groups = Vec::new();
         for name in shape.names() {
-            let (c, k) = shape.split_for(position, &[name])?;
-            let comm = split(c, k)?;
-            let members = world_ranks(&shape, &ranks, position, &[name]);
-            inherit_ranks(&whole, &comm, name, members);
+            let comm = if spans_the_mesh(&shape, name)? {
+                None
+            } else {
+                let (c, k) = shape.split_for(position, &[name])?;
+                let comm = split(c, k)?;
+                let members = world_ranks(&shape, &ranks, position, &[name]);
+                inherit_ranks(&whole, &comm, name, members);
+                Some(comm)
+            };
             groups.push(Group {
                 name: name.to_string(),
                 axes: vec![name.to_string()],
@@ -185,6 +207,17 @@ impl DeviceMesh {
         let comms: Vec<&Comm> = wholes.iter().collect();
         let mut per_rank: Vec<Vec<Group>> = (0..n).map(|_| Vec::new()).collect();
         for name in shape.names() {
+            let axes = vec![name.to_string()];
+            if spans_the_mesh(&shape, name)? {
+                for groups in per_rank.iter_mut() {
+                    groups.push(Group {
+                        name: name.to_string(),
+                        axes: axes.clone(),
+                        comm: None,
+                    });
+                }
+                continue;
+            }
             let (colors, keys) = splits(&shape, &positions, &[name])?;
             let made = Comm::split_all(&comms, &colors, &keys, None)?;
             for ((groups, comm), whole) in per_rank.iter_mut().zip(made).zip(&wholes) {
@@ -192,8 +225,8 @@ impl DeviceMesh {
                 inherit(whole, &comm, name);
                 groups.push(Group {
                     name: name.to_string(),
-                    axes: vec![name.to_string()],
-                    comm,
+                    axes: axes.clone(),
+                    comm: Some(comm),
                 });
             }
         }
@@ -291,7 +324,7 @@ impl DeviceMesh {
 
     /// The communicator along `axis` (a mesh axis or a flattened name).
     pub fn axis(&self, axis: &str) -> Result<&Comm> {
-        Ok(&self.group(axis)?.comm)
+        Ok(self.group(axis)?.comm.as_ref().unwrap_or(&self.whole))
     }
 
     /// Ranks along `axis`.
@@ -357,9 +390,9 @@ impl DeviceMesh {
         self.groups.push(Group {
             name: name.to_string(),
             axes: axes.iter().map(|a| a.to_string()).collect(),
-            comm,
+            comm: Some(comm),
         });
-        Ok(&self.groups[self.groups.len() - 1].comm)
+        self.axis(name)
     }
 
     /// The axes a name covers (one for a mesh axis, several for a
@@ -447,4 +480,39 @@ fn world_ranks(
 ) -> Option<Vec<usize>> {
     let members = shape.group_members(position, axes).ok()?;
     members.iter().map(|&p| ranks.get(p).copied()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An axis that holds every rank keys each rank by its mesh position,
+    /// as the whole mesh's split does: so that communicator serves it.
+    #[test]
+    fn an_axis_over_every_rank_orders_them_as_the_whole_mesh() {
+        let shapes: [&[(&str, usize)]; 4] = [
+            &[("dp", 1), ("tp", 4)],
+            &[("dp", 4), ("tp", 1)],
+            &[("pp", 1), ("dp", 8), ("tp", 1)],
+            &[("x", 2)],
+        ];
+        for axes in shapes {
+            let n = axes.iter().map(|(_, s)| s).product();
+            let shape = MeshShape::new(axes, n).unwrap();
+            let spanning: Vec<&str> = shape
+                .names()
+                .into_iter()
+                .filter(|a| spans_the_mesh(&shape, a).unwrap())
+                .collect();
+            assert_eq!(spanning.len(), 1, "{axes:?}");
+            for p in 0..n {
+                let (color, key) = shape.split_for(p, &spanning).unwrap();
+                assert_eq!(key, p as i32, "{axes:?} position {p}");
+                assert_eq!(color, shape.split_for(0, &spanning).unwrap().0);
+            }
+        }
+        let two_by_two = MeshShape::new(&[("dp", 2), ("tp", 2)], 4).unwrap();
+        assert!(!spans_the_mesh(&two_by_two, "dp").unwrap());
+        assert!(!spans_the_mesh(&two_by_two, "tp").unwrap());
+    }
 }
