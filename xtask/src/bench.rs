@@ -2,7 +2,7 @@
 //! report.
 //!
 //! ```text
-//! cargo xtask bench [--gpus N] [--quick] [--phases sweep,latency,graph,events,setup,step]
+//! cargo xtask bench [--gpus N] [--quick] [--phases sweep,latency,graph,events,setup,step,async,recover]
 //!                   [--out DIR] [--timeout SECS] [--python PATH]
 //! DIR/xtask bench --from-bundle DIR ...     # on a GPU host without cargo
 //! cargo xtask bench --report DIR            # redo the report from DIR's JSON
@@ -41,6 +41,10 @@
 //!   `--python PATH`, the same step in PyTorch on a `DeviceMesh` of the
 //!   same shape (`python/examples/torch_step.py`, a process per GPU, same
 //!   GPUs, same run): the summary's `step_over_torch`.
+//! - `recover`: a thread per GPU, the last rank lost on purpose (its
+//!   thread panics), `World::recover` and the first all-reduce on the new
+//!   world, timed from the loss known (3 reps; the summary's
+//!   `recover_ms`). Needs 2 GPUs.
 //!
 //! The raw and safe layers run on blocking communicators without a
 //! watchdog (as in nccl-tests); the dist layer and the step's mesh on the
@@ -63,7 +67,7 @@ use crate::launch::{Ended, launch_ranks};
 use crate::{Result, cargo, gpu_count, release_dir, workspace_root};
 
 const PHASES: &[&str] = &[
-    "sweep", "latency", "graph", "events", "setup", "step", "async",
+    "sweep", "latency", "graph", "events", "setup", "step", "async", "recover",
 ];
 const MODES: &[&str] = &["single", "threads", "processes"];
 
@@ -214,6 +218,13 @@ fn jobs(o: &Options) -> Vec<Job> {
                 args: w("--step -n 500 -w 50 --rounds 11"),
             });
         }
+    }
+    if want("recover") {
+        jobs.push(Job {
+            name: "recover-threads".into(),
+            mode: "threads",
+            args: w("--recover --setup-reps 3"),
+        });
     }
     if want("async") {
         jobs.push(Job {

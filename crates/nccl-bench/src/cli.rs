@@ -54,7 +54,11 @@ What to run:
   --timeout SECS                   deadline for every wait on the GPUs [120]
   --setup                          time communicator init, DeviceMesh 2x2 creation
                                    and the first all_reduce on each axis instead
-  --setup-reps N                   set-up repetitions (the first is cold) [3]
+  --setup-reps N                   set-up (and --recover) repetitions (the first
+                                   set-up rep is cold) [3]
+  --recover                        time World::recover after a lost rank (the last
+                                   thread panics on purpose) and the first
+                                   all_reduce on the new world; threads mode
   --step                           time a training-like step over a 2-D DeviceMesh
                                    (dp x tp) with default options against the same
                                    step in raw nccl-sys calls, interleaved (-n steps
@@ -120,6 +124,7 @@ pub struct Opts {
     pub setup_reps: usize,
     pub step_phase: bool,
     pub async_phase: bool,
+    pub recover_phase: bool,
     pub json: Option<PathBuf>,
     pub quiet: bool,
 }
@@ -153,6 +158,7 @@ impl Default for Opts {
             setup_reps: 3,
             step_phase: false,
             async_phase: false,
+            recover_phase: false,
             json: None,
             quiet: false,
         }
@@ -203,6 +209,7 @@ const FLAGS: &[Flag] = &[
     value(&["--setup-reps"]),
     switch(&["--step"]),
     switch(&["--async"]),
+    switch(&["--recover"]),
     value(&["--json"]),
     switch(&["-q", "--quiet"]),
 ];
@@ -324,6 +331,7 @@ pub fn parse(args: &[String]) -> Result<Option<Opts>, String> {
         setup_reps: whole("--setup-reps", d.setup_reps)?,
         step_phase: p.has("--step"),
         async_phase: p.has("--async"),
+        recover_phase: p.has("--recover"),
         json: p.value("--json").map(PathBuf::from),
         quiet: p.has("-q"),
     };
@@ -341,8 +349,9 @@ pub fn parse(args: &[String]) -> Result<Option<Opts>, String> {
             "--iters, --rounds, --graph-launches and --setup-reps must be at least 1".into(),
         );
     }
-    if o.setup && o.step_phase {
-        return Err("--setup and --step are separate runs".into());
+    let phases = [o.setup, o.step_phase, o.async_phase, o.recover_phase];
+    if phases.iter().filter(|&&on| on).count() > 1 {
+        return Err("--setup, --step, --async and --recover are separate runs".into());
     }
     if o.gpus == Some(0) {
         return Err("--gpus must be at least 1".into());

@@ -46,6 +46,7 @@ mod coll;
 mod env;
 mod error;
 mod fns;
+mod recover;
 mod run;
 mod setup;
 mod spans;
@@ -211,6 +212,9 @@ fn main_typed<T: Elem>(opts: &Opts) -> Result<()> {
     }
     if opts.async_phase {
         return awaited::run(opts);
+    }
+    if opts.recover_phase {
+        return recover::run(opts);
     }
     let mut opts = opts.clone();
     if opts.mode == Mode::Single && opts.layers.contains(&Layer::Dist) {

@@ -74,6 +74,7 @@ pub fn report(dir: &Path) -> Result<()> {
     graph_section(&mut md, &docs, &mut misses)?;
     allocation_section(&mut md, &docs, &mut misses)?;
     setup_section(&mut md, &docs, &mut misses)?;
+    recover_section(&mut md, &docs)?;
 
     writeln!(md, "## Verdict\n")?;
     if misses.is_empty() {
@@ -558,6 +559,28 @@ pub fn setup_section(
                     r["rep"]
                 ));
             }
+        }
+    }
+    if !found.is_empty() {
+        writeln!(md)?;
+    }
+    Ok(())
+}
+
+/// The recover phase: per rep, the slowest survivor's `World::recover`
+/// and recover + first all-reduce, from the loss known.
+pub fn recover_section(md: &mut String, docs: &BTreeMap<String, Value>) -> Result<()> {
+    let heading = "## Recovery\n\nms from a survivor knowing of the loss (a thread per GPU, the last rank's thread panics on purpose), slowest survivor: `World::recover`, then with the first all-reduce on the recovered world done (`recover_ms`: the median of the second column).\n\n| mode | rep | recover | recover + first all-reduce |\n|---|---|---|---|\n";
+    let found = phase(md, docs, "recover-", heading);
+    for &(mode, doc) in &found {
+        for r in doc["recover"].as_array().into_iter().flatten() {
+            writeln!(
+                md,
+                "| {mode} | {} | {:.1} | {:.1} |",
+                r["rep"],
+                f(r, "recover_ms"),
+                f(r, "recover_and_first_all_reduce_ms"),
+            )?;
         }
     }
     if !found.is_empty() {

@@ -133,6 +133,10 @@ pub const TARGET_MODES: &[&str] = &["threads", "processes"];
 ///   threads, processes) the median over the warm reps of `DeviceMesh::new`
 ///   plus the first all_reduce on each axis (slowest rank); the worst
 ///   mode.
+/// - `recover_ms`: from the recover phase (a thread per GPU, the last
+///   rank lost on purpose), the median over reps of the slowest
+///   survivor's time from the loss known to the first all-reduce done on
+///   the world `World::recover` made.
 /// - `mesh_over_torch`, `world_over_torch` (with `--python`): processes
 ///   mode's warm median of mesh + first call per axis, and of the world's
 ///   init, over PyTorch's (`init_device_mesh` and the first all_reduce
@@ -303,6 +307,22 @@ pub fn summary(docs: &BTreeMap<String, Value>) -> (Value, Vec<Target>) {
         _ => None,
     };
     let world_over_torch = over_torch("world_ms");
+    // From a loss known to the first all-reduce done on the recovered
+    // world: the median over reps of the slowest survivor.
+    let recover_doc = docs.get("recover-threads");
+    let recover = recover_doc.and_then(|d| {
+        let mut all: Vec<f64> = d["recover"]
+            .as_array()?
+            .iter()
+            .map(|r| f(r, "recover_and_first_all_reduce_ms"))
+            .collect();
+        all.sort_by(f64::total_cmp);
+        let median = *all.get(all.len() / 2)?;
+        Some((
+            median,
+            format!("recover-threads, median of {} reps", all.len()),
+        ))
+    });
 
     let targets = vec![
         Target {
@@ -311,6 +331,13 @@ pub fn summary(docs: &BTreeMap<String, Value>) -> (Value, Vec<Target>) {
             limit: 60.0,
             unit: "ms",
             phase: "setup",
+        },
+        Target {
+            key: "recover_ms",
+            value: measured(recover, recover_doc.is_some()),
+            limit: 150.0,
+            unit: "ms",
+            phase: "recover",
         },
         Target {
             key: "mesh_over_torch",
@@ -652,5 +679,25 @@ mod tests {
             assert!(md.contains(row), "{row} not in\n{md}");
         }
         assert!(misses.is_empty(), "{misses:?}");
+    }
+
+    #[test]
+    fn recover_ms_is_the_median_rep_of_the_slowest_survivor() {
+        let doc = json!({
+            "meta": {"recover": true, "mode": "threads", "ranks": 4, "lost": 3},
+            "recover": [
+                {"rep": 0, "recover_ms": 300.0, "recover_and_first_all_reduce_ms": 340.0},
+                {"rep": 1, "recover_ms": 100.0, "recover_and_first_all_reduce_ms": 120.0},
+                {"rep": 2, "recover_ms": 110.0, "recover_and_first_all_reduce_ms": 130.0},
+            ],
+        });
+        let mut docs = BTreeMap::new();
+        docs.insert("recover-threads".to_string(), doc);
+        let (flat, _) = summary(&docs);
+        assert_eq!(flat["recover_ms"], json!(130.0), "{flat}");
+        assert_eq!(flat["recover_ms_met"], json!(true), "{flat}");
+        let mut md = String::new();
+        crate::bench::report::recover_section(&mut md, &docs).unwrap();
+        assert!(md.contains("| threads | 1 | 100.0 | 120.0 |"), "{md}");
     }
 }

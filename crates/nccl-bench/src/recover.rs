@@ -1,0 +1,161 @@
+//! `--recover`: how long a world takes to go on without a lost rank,
+//! with a thread per GPU. Each repetition makes a world with default
+//! options (`World::spawn_local_with_options`), runs one all-reduce on
+//! every rank (its connections made), then the last rank's thread panics
+//! (a lost rank: its presence reports it to the others). Each survivor
+//! issues all-reduces until one fails with `Error::PeerLost`; from then
+//! (the loss known) it times `World::recover` and the first all-reduce
+//! on the recovered world, synchronised. The slowest survivor's times are
+//! reported (`recover_ms` in the summary: the median over repetitions).
+//!
+//! The panic prints its message on stderr: it is the lost rank, on
+//! purpose. A process per GPU needs a rank killed, which the launcher
+//! reports as a failed job; this phase does not do it (the fault suite's
+//! cases `a`, `a0` and `n` time `World::recover` there, as `rebuilt_ms`).
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use nccl_dist::nccl_safe::ReduceOp;
+use nccl_dist::{Error, World};
+use serde_json::json;
+
+use crate::cli::{Mode, Opts};
+use crate::error::{BoxError, Result};
+
+/// How long a survivor keeps calling before it gives up on learning of
+/// the loss.
+const LEARN_WITHIN: Duration = Duration::from_secs(30);
+
+/// One survivor's times, in ms: `World::recover`, then the first
+/// all-reduce on the new world, from the loss known.
+#[derive(Debug, Clone, Copy, Default)]
+struct Times {
+    rebuild: f64,
+    total: f64,
+}
+
+fn ms(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e3
+}
+
+/// One all-reduce of one element on `world`'s communicator, synchronised.
+fn all_reduce(world: &World) -> std::result::Result<(), Error> {
+    let comm = world.comm();
+    let mut x = comm
+        .stream()
+        .clone_htod(&[1f32])
+        .map_err(|e| Error::InvalidArgument {
+            op: "bench --recover",
+            reason: format!("a one-element buffer: {e}"),
+        })?;
+    comm.all_reduce_in_place(&mut x, ReduceOp::Sum)?;
+    nccl_dist::synchronize(comm, comm.stream())
+}
+
+/// A survivor's side: calls until the loss is known, then recovers.
+fn survive(world: World, options: &nccl_dist::WorldOptions) -> std::result::Result<Times, Error> {
+    let started = Instant::now();
+    loop {
+        match all_reduce(&world) {
+            // The loss, named, or arriving as another error of the
+            // aborted call.
+            Err(Error::PeerLost(_)) => break,
+            Err(_) if !world.lost_ranks().is_empty() => break,
+            Err(e) => return Err(e),
+            Ok(()) if started.elapsed() > LEARN_WITHIN => {
+                return Err(Error::InvalidArgument {
+                    op: "bench --recover",
+                    reason: format!("no loss known after {LEARN_WITHIN:?}"),
+                });
+            }
+            Ok(()) => {}
+        }
+    }
+    let known = Instant::now();
+    let world = world.recover(options)?;
+    let rebuild = ms(known);
+    all_reduce(&world)?;
+    Ok(Times {
+        rebuild,
+        total: ms(known),
+    })
+}
+
+/// One repetition: the slowest survivor's times.
+fn one_rep(devices: &[usize], options: &nccl_dist::WorldOptions) -> Result<Times> {
+    let n = devices.len();
+    let times = Mutex::new(Vec::new());
+    // The lost rank's panic ends `spawn_local` with `RankPanicked`; the
+    // survivors' results come back through `times`.
+    let ended: std::result::Result<Vec<()>, Error> =
+        World::spawn_local_with_options(devices, options, |world| {
+            all_reduce(&world)?;
+            if world.rank() == n - 1 {
+                panic!(
+                    "bench --recover: rank {} is lost on purpose (not an error)",
+                    n - 1
+                );
+            }
+            let t = survive(world, options)?;
+            times.lock().unwrap_or_else(|p| p.into_inner()).push(t);
+            Ok(())
+        });
+    let times = times.into_inner().unwrap_or_else(|p| p.into_inner());
+    if times.len() != n - 1 {
+        let why = match ended {
+            Err(e) => e.to_string(),
+            Ok(_) => "the lost rank did not panic".into(),
+        };
+        return Err(format!("{} of {} survivors recovered ({why})", times.len(), n - 1).into());
+    }
+    Ok(times.iter().fold(Times::default(), |a, t| Times {
+        rebuild: a.rebuild.max(t.rebuild),
+        total: a.total.max(t.total),
+    }))
+}
+
+pub fn run(opts: &Opts) -> Result<()> {
+    if opts.mode != Mode::Threads {
+        return Err("--recover runs with a thread per GPU (--mode threads)".into());
+    }
+    let devices = crate::devices(opts)?;
+    let n = devices.len();
+    if n < 2 {
+        return Err(format!("--recover needs 2 GPUs or more ({n} visible)").into());
+    }
+    let options = crate::world_options(opts);
+    println!(
+        "# nccl-rs bench --recover: {n} threads, rank {} lost each rep",
+        n - 1
+    );
+    println!(
+        "# {:>4} {:>16} {:>24}",
+        "rep", "recover(ms)", "recover+first(ms)"
+    );
+    let mut rows = Vec::new();
+    for rep in 0..opts.setup_reps {
+        let t = one_rep(&devices, &options)?;
+        println!("  {rep:>4} {:>16.1} {:>24.1}", t.rebuild, t.total);
+        rows.push(json!({
+            "rep": rep,
+            "recover_ms": t.rebuild,
+            "recover_and_first_all_reduce_ms": t.total,
+        }));
+    }
+    if let Some(path) = &opts.json {
+        let doc = json!({
+            "meta": {
+                "recover": true,
+                "mode": opts.mode.name(),
+                "ranks": n,
+                "lost": n - 1,
+            },
+            "recover": rows,
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&doc)?)
+            .map_err(|e| BoxError::from(format!("writing {}: {e}", path.display())))?;
+        eprintln!("bench: wrote {}", path.display());
+    }
+    Ok(())
+}
