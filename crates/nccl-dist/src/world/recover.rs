@@ -19,6 +19,11 @@ use crate::rendezvous;
 /// to it to stop changing) before it counts the survivors.
 const SETTLE: Duration = Duration::from_millis(300);
 
+/// [`SETTLE`] among threads of one process: they share one channel, so
+/// every survivor sees a loss the moment it is reported; this only lets
+/// losses that happen together (threads failing at once) all arrive.
+const SETTLE_IN_PROCESS: Duration = Duration::from_millis(20);
+
 /// How long a rank that knows of no loss waits for one before it says
 /// that nothing was lost (the channel names a dead rank within 2 s).
 const FIRST_LOSS: Duration = Duration::from_secs(2);
@@ -407,7 +412,8 @@ fn bind(host: &str, port: u16) -> std::io::Result<TcpListener> {
 }
 
 /// The survivors once the losses this rank knows have not changed for
-/// [`SETTLE`] (at most `within`). Where this rank knows of no loss it
+/// [`SETTLE`] ([`SETTLE_IN_PROCESS`] among threads of one process; at
+/// most `within`). Where this rank knows of no loss it
 /// waits at most [`FIRST_LOSS`] for one (a caller that saw NCCL fail a
 /// moment before the channel named the dead rank), then gives up: `Err`
 /// names which of "nothing lost" and "this rank itself counts as lost"
@@ -418,6 +424,12 @@ fn settled(
     rank: usize,
     within: Duration,
 ) -> std::result::Result<Survivors, &'static str> {
+    let settle = if liveness.rank().is_none() {
+        SETTLE_IN_PROCESS
+    } else {
+        SETTLE
+    };
+    let step = (settle / 4).min(Duration::from_millis(20));
     let started = Instant::now();
     let until = started + within;
     let count = || Survivors::of(world, rank, |r| liveness.is_lost(r));
@@ -427,12 +439,12 @@ fn settled(
         if seen.is_none() && started.elapsed() >= FIRST_LOSS {
             break;
         }
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(step);
         let now = count();
         if now != seen {
             seen = now;
             stable_since = Instant::now();
-        } else if seen.is_some() && stable_since.elapsed() >= SETTLE {
+        } else if seen.is_some() && stable_since.elapsed() >= settle {
             break;
         }
     }
