@@ -209,6 +209,13 @@ fn jobs(o: &Options) -> Vec<Job> {
             mode: "threads",
             args: w("--setup --setup-reps 3 --nonblocking"),
         });
+        // The mesh that keeps its world (`DeviceMesh::from_world`), beside
+        // `DeviceMesh::new`; not in `setup_ms`, which is `new`'s.
+        jobs.push(Job {
+            name: "setup-processes-keeps-world".into(),
+            mode: "processes",
+            args: w("--setup --setup-reps 3 --mesh-keeps-world"),
+        });
     }
     if want("step") {
         for mode in ["threads", "processes"] {

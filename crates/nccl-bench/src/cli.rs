@@ -56,6 +56,10 @@ What to run:
                                    and the first all_reduce on each axis instead
   --setup-reps N                   set-up (and --recover) repetitions (the first
                                    set-up rep is cold) [3]
+  --mesh-keeps-world               with --setup: DeviceMesh::from_world (the mesh
+                                   keeps the world and shares its communicator
+                                   where the ranks are the same) instead of
+                                   DeviceMesh::new; threads or processes mode
   --recover                        time World::recover after a lost rank (the last
                                    thread panics on purpose) and the first
                                    all_reduce on the new world; threads mode
@@ -125,6 +129,7 @@ pub struct Opts {
     pub step_phase: bool,
     pub async_phase: bool,
     pub recover_phase: bool,
+    pub mesh_keeps_world: bool,
     pub json: Option<PathBuf>,
     pub quiet: bool,
 }
@@ -159,6 +164,7 @@ impl Default for Opts {
             step_phase: false,
             async_phase: false,
             recover_phase: false,
+            mesh_keeps_world: false,
             json: None,
             quiet: false,
         }
@@ -210,6 +216,7 @@ const FLAGS: &[Flag] = &[
     switch(&["--step"]),
     switch(&["--async"]),
     switch(&["--recover"]),
+    switch(&["--mesh-keeps-world"]),
     value(&["--json"]),
     switch(&["-q", "--quiet"]),
 ];
@@ -332,6 +339,7 @@ pub fn parse(args: &[String]) -> Result<Option<Opts>, String> {
         step_phase: p.has("--step"),
         async_phase: p.has("--async"),
         recover_phase: p.has("--recover"),
+        mesh_keeps_world: p.has("--mesh-keeps-world"),
         json: p.value("--json").map(PathBuf::from),
         quiet: p.has("-q"),
     };

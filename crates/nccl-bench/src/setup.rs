@@ -155,23 +155,37 @@ fn slowest(world: &Comm, p: Phases) -> Result<Phases> {
 /// process, so it reads the span times before the ranks take the slowest.
 /// Also returns when the ranks met last (the slowest-rank all-reduce's
 /// end).
+/// `keep`: the mesh keeps the world (`DeviceMesh::from_world`, sharing
+/// its communicator where the ranks are the same) instead of
+/// `DeviceMesh::new`.
 fn per_rank(
-    world: &World,
+    world: World,
     mut p: Phases,
     own_spans: bool,
+    keep: bool,
     dropped: impl Fn(),
 ) -> Result<(Phases, Instant)> {
     let n = world.size();
     let t = Instant::now();
-    let mesh = DeviceMesh::new(world, &axes(n))?;
+    let (mesh, world) = if keep {
+        (DeviceMesh::from_world(world, &axes(n))?, None)
+    } else {
+        (DeviceMesh::new(&world, &axes(n))?, Some(world))
+    };
     p.mesh = ms(t);
     first_on_axes(&mesh, &mut p)?;
     if own_spans {
         p = p.with_spans();
     }
-    let worst = slowest(world.comm(), p)?;
+    let comm = world
+        .as_ref()
+        .or(mesh.world())
+        .ok_or("the mesh kept no world")?
+        .comm();
+    let worst = slowest(comm, p)?;
     let met = Instant::now();
     drop(mesh);
+    drop(world);
     dropped();
     Ok((worst, met))
 }
@@ -255,7 +269,7 @@ pub fn run(opts: &Opts) -> Result<()> {
                         world: ms(t),
                         ..Phases::default()
                     };
-                    per_rank(&world, p, false, || {
+                    per_rank(world, p, false, opts.mesh_keeps_world, || {
                         dropped.wait();
                     })
                     .map(|(p, _)| p)
@@ -295,7 +309,7 @@ pub fn run(opts: &Opts) -> Result<()> {
                     world: ms(t),
                     ..Phases::default()
                 };
-                let (worst, at) = per_rank(&world, p, true, || ())?;
+                let (worst, at) = per_rank(world, p, true, opts.mesh_keeps_world, || ())?;
                 met = Some(at);
                 worst
             }

@@ -32,6 +32,46 @@ use crate::placement::{Placement, nvlink_ranks, ranks_on_one_host};
 use crate::watchdog::{inherit, inherit_ranks};
 use crate::world::World;
 
+/// [`DeviceMesh::from_world`]'s error, with the world it was given
+/// ([`FromWorldError::into_world`]). `Send` and `Sync`, as boxed errors
+/// want, though a `World` is not `Sync`.
+#[derive(Debug)]
+pub struct FromWorldError {
+    /// What went wrong (a bad shape before anything happened, or a split
+    /// that failed).
+    pub error: Error,
+    world: Box<std::sync::Mutex<World>>,
+}
+
+impl FromWorldError {
+    /// The world, as it was left: usable after a bad shape; after a
+    /// failed split, as its error says (a lost peer aborts it).
+    pub fn into_world(self) -> World {
+        (*self.world)
+            .into_inner()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl std::fmt::Display for FromWorldError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DeviceMesh::from_world: {}", self.error)
+    }
+}
+
+impl std::error::Error for FromWorldError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+impl From<FromWorldError> for Error {
+    /// The error alone (the world is dropped).
+    fn from(e: FromWorldError) -> Error {
+        e.error
+    }
+}
+
 /// A communicator over some axes of the mesh, under a name.
 #[derive(Debug)]
 struct Group {
@@ -52,8 +92,13 @@ pub struct DeviceMesh {
     position: usize,
     ranks: Vec<usize>,
     /// Taken only by the drop (which drops every communicator together).
-    whole: ManuallyDrop<Comm>,
+    /// `None`: the whole mesh is the world's own communicator, in rank
+    /// order ([`DeviceMesh::from_world`]; `world` is then `Some`).
+    whole: ManuallyDrop<Option<Comm>>,
     groups: Vec<Group>,
+    /// The world, for a mesh that owns it ([`DeviceMesh::from_world`]).
+    /// Dropped after the mesh's own communicators.
+    world: Option<World>,
 }
 
 impl Drop for DeviceMesh {
@@ -65,7 +110,9 @@ impl Drop for DeviceMesh {
         // SAFETY: `whole` is taken once, here, and not used afterwards.
         let whole = unsafe { ManuallyDrop::take(&mut self.whole) };
         nccl_safe::drop_together(
-            std::iter::once(whole).chain(groups.into_iter().filter_map(|g| g.comm)),
+            whole
+                .into_iter()
+                .chain(groups.into_iter().filter_map(|g| g.comm)),
         );
     }
 }
@@ -114,6 +161,77 @@ impl DeviceMesh {
         axes: &[(&str, usize)],
         placement: Placement,
     ) -> Result<DeviceMesh> {
+        DeviceMesh::build(world, axes, placement, false)
+    }
+
+    /// The mesh over `world` in rank order, keeping the world: the whole
+    /// mesh is then the world's own communicator (no split), and so is
+    /// every axis that holds every rank (as `dp` of `[("dp", n)]` or `tp`
+    /// of `[("dp", 1), ("tp", n)]`). NCCL connects a communicator's ranks
+    /// lazily at its first call (136–149 ms between two processes on 2
+    /// H200s, NCCL 2.28), once per communicator: such an axis shares the
+    /// world's connections instead of making its own. Collective, as
+    /// [`DeviceMesh::new`], for a thread or a process per rank (one thread
+    /// driving several worlds makes their meshes together with
+    /// [`DeviceMesh::new_all`]); [`DeviceMesh::world`] and
+    /// [`DeviceMesh::into_world`] give the world back.
+    ///
+    /// ```no_run
+    /// use nccl_dist::{DeviceMesh, World};
+    /// use nccl_dist::nccl_safe::ReduceOp;
+    ///
+    /// let world = World::init()?;
+    /// let n = world.size();
+    /// let mesh = DeviceMesh::from_world(world, &[("dp", 1), ("tp", n)])?;
+    /// let tp = mesh.axis("tp")?; // the world's own communicator
+    /// let mut x = tp.stream().clone_htod(&[1.0f32; 1024])?;
+    /// mesh.all_reduce_in_place("tp", &mut x, ReduceOp::Sum)?;
+    /// let world = mesh.into_world();
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// An error gives the world back with it ([`FromWorldError`]; `?`
+    /// into this crate's [`Error`] drops the world).
+    pub fn from_world(
+        world: World,
+        axes: &[(&str, usize)],
+    ) -> std::result::Result<DeviceMesh, FromWorldError> {
+        match DeviceMesh::build(&world, axes, Placement::RankOrder, true) {
+            Ok(mut mesh) => {
+                mesh.world = Some(world);
+                Ok(mesh)
+            }
+            Err(error) => Err(FromWorldError {
+                error,
+                world: Box::new(std::sync::Mutex::new(world)),
+            }),
+        }
+    }
+
+    /// The world of a mesh made by [`DeviceMesh::from_world`].
+    pub fn world(&self) -> Option<&World> {
+        self.world.as_ref()
+    }
+
+    /// The world of a mesh made by [`DeviceMesh::from_world`], after the
+    /// mesh's own communicators are dropped (as the mesh's drop does).
+    pub fn into_world(mut self) -> Option<World> {
+        let world = self.world.take();
+        // The drop leaves the world's communicator alone: the groups that
+        // are it hold no communicator of their own.
+        drop(self);
+        world
+    }
+
+    /// The mesh over `world`; `reuse`: its whole communicator is the
+    /// world's own (rank order only), for [`DeviceMesh::from_world`],
+    /// which then hands the world to the mesh.
+    fn build(
+        world: &World,
+        axes: &[(&str, usize)],
+        placement: Placement,
+        reuse: bool,
+    ) -> Result<DeviceMesh> {
         let shape = MeshShape::new(axes, world.size())?;
         let _span = tracing::debug_span!("nccl.device_mesh", %shape, rank = world.rank()).entered();
         let ranks = match placement {
@@ -136,8 +254,14 @@ impl DeviceMesh {
                 .map_err(|e| world.explain(e))?
                 .ok_or_else(split_missing)
         };
-        let whole = split(0, position as i32)?;
-        inherit_ranks(world.comm(), &whole, "mesh", Some(ranks.clone()));
+        let own_whole = if reuse && placement == Placement::RankOrder {
+            None
+        } else {
+            let whole = split(0, position as i32)?;
+            inherit_ranks(world.comm(), &whole, "mesh", Some(ranks.clone()));
+            Some(whole)
+        };
+        let whole = own_whole.as_ref().unwrap_or(world.comm());
         let mut groups = Vec::new();
         for name in shape.names() {
             let comm = if spans_the_mesh(&shape, name)? {
@@ -146,7 +270,7 @@ impl DeviceMesh {
                 let (c, k) = shape.split_for(position, &[name])?;
                 let comm = split(c, k)?;
                 let members = world_ranks(&shape, &ranks, position, &[name]);
-                inherit_ranks(&whole, &comm, name, members);
+                inherit_ranks(whole, &comm, name, members);
                 Some(comm)
             };
             groups.push(Group {
@@ -159,8 +283,9 @@ impl DeviceMesh {
             shape,
             position,
             ranks,
-            whole: ManuallyDrop::new(whole),
+            whole: ManuallyDrop::new(own_whole),
             groups,
+            world: None,
         })
     }
 
@@ -238,8 +363,9 @@ impl DeviceMesh {
                 shape: shape.clone(),
                 position,
                 ranks: ranks.clone(),
-                whole: ManuallyDrop::new(whole),
+                whole: ManuallyDrop::new(Some(whole)),
                 groups,
+                world: None,
             })
             .collect())
     }
@@ -319,12 +445,23 @@ impl DeviceMesh {
     /// position (so under [`Placement::NvlinkIslands`] neighbours in it
     /// share NVLink).
     pub fn comm(&self) -> &Comm {
-        &self.whole
+        match (&*self.whole, &self.world) {
+            (Some(whole), _) => whole,
+            (None, Some(world)) => world.comm(),
+            // `from_world` is the only maker of a mesh without a whole
+            // communicator of its own, and it sets the world.
+            (None, None) => {
+                unreachable!("a DeviceMesh without its own whole communicator owns its world")
+            }
+        }
     }
 
     /// The communicator along `axis` (a mesh axis or a flattened name).
     pub fn axis(&self, axis: &str) -> Result<&Comm> {
-        Ok(self.group(axis)?.comm.as_ref().unwrap_or(&self.whole))
+        Ok(match &self.group(axis)?.comm {
+            Some(comm) => comm,
+            None => self.comm(),
+        })
     }
 
     /// Ranks along `axis`.
@@ -352,7 +489,7 @@ impl DeviceMesh {
     pub fn flatten(&mut self, axes: &[&str], name: &str) -> Result<&Comm> {
         self.check_flatten(axes, name)?;
         let (c, k) = self.shape.split_for(self.position, axes)?;
-        let comm = self.whole.split(Some(c), k, None)?;
+        let comm = self.comm().split(Some(c), k, None)?;
         let comm = comm.ok_or_else(split_missing)?;
         self.push_group(axes, name, comm)
     }
@@ -368,7 +505,7 @@ impl DeviceMesh {
             return Ok(());
         };
         let (colors, keys) = splits(&first.shape, &positions, axes)?;
-        let parents: Vec<&Comm> = meshes.iter().map(|m| &*m.whole).collect();
+        let parents: Vec<&Comm> = meshes.iter().map(DeviceMesh::comm).collect();
         let made = Comm::split_all(&parents, &colors, &keys, None)?;
         for (m, comm) in meshes.iter_mut().zip(made) {
             m.push_group(axes, name, comm.ok_or_else(split_missing)?)?;
@@ -386,7 +523,7 @@ impl DeviceMesh {
 
     fn push_group(&mut self, axes: &[&str], name: &str, comm: Comm) -> Result<&Comm> {
         let members = world_ranks(&self.shape, &self.ranks, self.position, axes);
-        inherit_ranks(&self.whole, &comm, name, members);
+        inherit_ranks(self.comm(), &comm, name, members);
         self.groups.push(Group {
             name: name.to_string(),
             axes: axes.iter().map(|a| a.to_string()).collect(),

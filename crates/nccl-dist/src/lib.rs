@@ -58,7 +58,7 @@ pub mod watchdog;
 mod world;
 
 pub use communicator::{Communicator, DType};
-pub use device_mesh::{DeviceMesh, SubMesh};
+pub use device_mesh::{DeviceMesh, FromWorldError, SubMesh};
 pub use error::{Error, PeerLost, Result};
 pub use host::{CommEvent, CommStream, HostCollectives};
 pub use launch::{Launch, LaunchError, Launcher};

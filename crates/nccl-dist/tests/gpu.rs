@@ -23,16 +23,18 @@ use nccl_testkit::{Mode, TestResult, TestType, mode, world};
 /// Runs `body` with the worlds this thread drives: all of them in `single`
 /// mode, its own in the other two.
 fn run(body: impl Fn(&mut [World]) -> TestResult + Sync) {
+    run_owned(|mut worlds| body(&mut worlds));
+}
+
+/// As [`run`], handing the worlds over (for calls that keep them).
+fn run_owned(body: impl Fn(Vec<World>) -> TestResult + Sync) {
     let n = world();
     let m = mode();
     let outcome: TestResult = match m {
-        Mode::Single => World::local(n)
-            .map_err(Into::into)
-            .and_then(|mut worlds| body(&mut worlds)),
+        Mode::Single => World::local(n).map_err(Into::into).and_then(&body),
         Mode::Threads => World::spawn_local(n, |w| {
             let rank = w.rank();
-            let mut one = [w];
-            body(&mut one).map_err(|e| {
+            body(vec![w]).map_err(|e| {
                 // Said at once: the other ranks may now wait for this one
                 // until the cell's deadline.
                 eprintln!("rank {rank} failed: {e}");
@@ -46,8 +48,7 @@ fn run(body: impl Fn(&mut [World]) -> TestResult + Sync) {
         .map_err(Into::into),
         Mode::Processes => World::init().map_err(Into::into).and_then(|w| {
             assert_eq!(w.size(), n, "WORLD_SIZE");
-            let mut one = [w];
-            body(&mut one)
+            body(vec![w])
         }),
     };
     if let Err(e) = outcome {
@@ -400,6 +401,66 @@ fn three_dimensional_mesh_reduces_along_each_axis_bit_exact() {
             check_groups(&ms, &bufs, "dp_tp", &["dp", "tp"], len)?;
             drop(ms);
             dropped.wait();
+        }
+        Ok(())
+    });
+}
+
+#[test]
+#[ignore = "needs GPUs: cargo xtask gpu-test"]
+fn a_mesh_that_keeps_its_world_uses_the_worlds_communicator_bit_exact() {
+    // A thread or a process per rank: one thread driving several worlds
+    // makes its meshes together (`DeviceMesh::new_all`).
+    let threads = if mode() == Mode::Threads { world() } else { 1 };
+    let dropped = std::sync::Barrier::new(threads);
+    run_owned(|worlds| {
+        if worlds.len() > 1 {
+            eprintln!(
+                "one thread drives every world: DeviceMesh::from_world is for a thread or a process per rank"
+            );
+            return Ok(());
+        }
+        let n = world();
+        // A shape that does not fit is refused before any NCCL call, and
+        // the world comes back with the error.
+        let w = worlds.into_iter().next().ok_or("no world")?;
+        let w = match DeviceMesh::from_world(w, &[("dp", n + 1)]) {
+            Err(e) if matches!(e.error, Error::Mesh(MeshError::ShapeMismatch { .. })) => {
+                e.into_world()
+            }
+            other => return Err(format!("a shape of {} ranks on {n}: {other:?}", n + 1).into()),
+        };
+        let axes = [("dp", 1), ("tp", n)];
+        let ms = vec![DeviceMesh::from_world(w, &axes)?];
+        let m = &ms[0];
+        let w = m.world().ok_or("the mesh keeps its world")?;
+        assert_eq!((m.size("tp")?, m.local_rank("tp")?), (n, w.rank()));
+        assert_eq!((m.size("dp")?, m.local_rank("dp")?), (1, 0));
+        // The whole mesh and the axis over every rank are the world's
+        // own communicator, not splits of it.
+        assert!(std::ptr::eq(m.comm(), w.comm()));
+        assert!(std::ptr::eq(m.axis("tp")?, w.comm()));
+        assert!(!std::ptr::eq(m.axis("dp")?, w.comm()));
+        let len = 1025;
+        for (name, _) in axes {
+            let mut bufs = upload_along(&ms, name, len)?;
+            all_reduce_along(&ms, &mut bufs, name)?;
+            check_groups(&ms, &bufs, name, &[name], len)?;
+        }
+        // The world comes back whole once the mesh's own communicators
+        // are gone, and still all-reduces.
+        let world = ms
+            .into_iter()
+            .next()
+            .and_then(DeviceMesh::into_world)
+            .ok_or("into_world gave no world")?;
+        dropped.wait();
+        let comm = world.comm();
+        let mut x = upload(comm, &values::<f32>(world.rank(), len))?;
+        comm.all_reduce_in_place(&mut x, ReduceOp::Sum)?;
+        let all: Vec<usize> = (0..n).collect();
+        if download(comm, &x)? != sum_of::<f32>(&all, len) {
+            return Err("the world's all-reduce after into_world is wrong".into());
         }
         Ok(())
     });

@@ -114,6 +114,14 @@ const NOTHING_TO_REFUSE: &[(&str, &str)] = &[
     ),
     ("nccl_safe::cudarc", "re-export"),
     ("DeviceMesh::shape coordinate position comm", "accessor"),
+    (
+        "DeviceMesh::from_world",
+        "the shape check of DeviceMesh::new, before any NCCL call, with the world given back (FromWorldError): a_mesh_that_keeps_its_world_uses_the_worlds_communicator_bit_exact in tests/gpu.rs (it consumes a world, which the bad-input table's worlds are not)",
+    ),
+    (
+        "DeviceMesh::world into_world FromWorldError::into_world",
+        "accessors of the world a mesh keeps (None for a mesh made from a borrowed world) or an error gives back",
+    ),
     ("SubMesh::shape coordinate", "accessor"),
     (
         "nccl_dist::device_order positions_on_host",
