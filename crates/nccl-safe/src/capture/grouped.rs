@@ -106,6 +106,9 @@ fn check_lanes(op: &'static str, lanes: &[LaneFacts], buffer_sets: usize) -> Res
 /// stream was joined back, so no stream is left capturing.
 struct Fork<'a> {
     streams: &'a [Arc<CudaStream>],
+    /// The lanes' communicators: aborted when the capture is dropped
+    /// unlaunched after NCCL recorded work ([`super::discard`]).
+    comms: &'a [(AbortHandle, Duration)],
     /// How many streams after the first joined the capture.
     joined: usize,
     open: bool,
@@ -113,7 +116,10 @@ struct Fork<'a> {
 
 impl<'a> Fork<'a> {
     /// Begins the capture on `streams[0]` and forks the others into it.
-    fn begin(streams: &'a [Arc<CudaStream>]) -> std::result::Result<Fork<'a>, DriverError> {
+    fn begin(
+        streams: &'a [Arc<CudaStream>],
+        comms: &'a [(AbortHandle, Duration)],
+    ) -> std::result::Result<Fork<'a>, DriverError> {
         let (origin, others) = streams
             .split_first()
             .expect("check_lanes: at least one lane");
@@ -123,6 +129,7 @@ impl<'a> Fork<'a> {
         origin.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
         let mut fork = Fork {
             streams,
+            comms,
             joined: 0,
             open: true,
         };
@@ -165,8 +172,10 @@ impl Drop for Fork<'_> {
     fn drop(&mut self) {
         if self.open {
             // An early return or a panic: the graph, if any, is destroyed
-            // unlaunched.
-            let _ = self.close();
+            // unlaunched, and with it the communicators NCCL recorded work
+            // for.
+            let ended = self.close();
+            super::discard(ended, self.comms);
         }
     }
 }
@@ -232,8 +241,10 @@ pub struct CapturedGroup<'c, B: Captured> {
     buffers: Option<Vec<B>>,
     comms: Vec<(AbortHandle, Duration)>,
     /// Whether the graph ran once: until then, its drop aborts the
-    /// communicators ([`abort_unlaunched`]).
+    /// communicators ([`abort_unlaunched`]) if NCCL recorded work in it.
     launched: bool,
+    /// Whether the capture recorded work (any node but an empty one).
+    recorded: bool,
     _comms: PhantomData<&'c Comm>,
 }
 
@@ -329,7 +340,11 @@ pub fn capture_group<'c, B: Captured>(
             opened.extents()
         })
         .collect();
-    let mut fork = Fork::begin(&privates).map_err(cuda)?;
+    let comms: Vec<(AbortHandle, Duration)> = lanes
+        .iter()
+        .map(|(comm, _)| (comm.abort_handle(), comm.timeout()))
+        .collect();
+    let mut fork = Fork::begin(&privates, &comms).map_err(cuda)?;
     let issued = {
         let views: Vec<LaneRef<'_>> = lanes
             .iter()
@@ -359,22 +374,16 @@ pub fn capture_group<'c, B: Captured>(
     // Always closed, so no capture outlives this call.
     let closed = fork.close();
     drop(fork);
-    let comms: Vec<(AbortHandle, Duration)> = lanes
-        .iter()
-        .map(|(comm, _)| (comm.abort_handle(), comm.timeout()))
-        .collect();
     let graph = match (issued, closed) {
         (Ok(()), Ok(graph)) => graph,
         (issued, closed) => {
-            // A capture that recorded nothing made no NCCL call (the
-            // closure was refused before NCCL saw anything).
-            if !matches!(closed, Ok(None)) {
-                abort_unlaunched(&comms);
-            }
+            let failed = closed.as_ref().err().cloned();
+            super::discard(closed, &comms);
             issued?;
-            return Err(cuda(closed.err().expect("one of the two failed")));
+            return Err(cuda(failed.expect("one of the two failed")));
         }
     };
+    let recorded = graph.as_ref().is_some_and(super::recorded_work);
     let lanes = lanes
         .iter()
         .zip(privates)
@@ -391,6 +400,7 @@ pub fn capture_group<'c, B: Captured>(
         buffers: Some(buffers),
         comms,
         launched: false,
+        recorded,
         _comms: PhantomData,
     };
     // `f` had the buffers mutably: one it replaced was captured at an
@@ -543,7 +553,9 @@ impl<'c, B: Captured> CapturedGroup<'c, B> {
 
 impl<B: Captured> Drop for CapturedGroup<'_, B> {
     fn drop(&mut self) {
-        if !self.launched && self.graph.is_some() {
+        if !self.launched && self.recorded {
+            // The graph goes first: NCCL's abort waits for it.
+            drop(self.graph.take());
             abort_unlaunched(&self.comms);
         }
         // Still running at the end of the wait: the buffers are leaked.

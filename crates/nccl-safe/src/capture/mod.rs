@@ -216,8 +216,10 @@ pub struct CapturedGraph<'c, B: Captured> {
     extents: Vec<(u64, u64)>,
     comms: Vec<(AbortHandle, Duration)>,
     /// Whether the graph ran once: until then, its drop aborts the
-    /// communicators ([`abort_unlaunched`]).
+    /// communicators ([`abort_unlaunched`]) if NCCL recorded work in it.
     launched: bool,
+    /// Whether the capture recorded work (any node but an empty one).
+    recorded: bool,
     _comms: PhantomData<&'c Comm>,
 }
 
@@ -225,14 +227,19 @@ pub struct CapturedGraph<'c, B: Captured> {
 /// survives the buffers (declared after them, it drops first).
 struct EndOnUnwind<'a> {
     stream: &'a Arc<CudaStream>,
+    comms: &'a RefCell<Vec<(AbortHandle, Duration)>>,
     armed: bool,
 }
 
 impl Drop for EndOnUnwind<'_> {
     fn drop(&mut self) {
         if self.armed {
-            // The graph, if any, is destroyed unlaunched.
-            let _ = self.stream.end_capture(CUgraphInstantiate_flags(0));
+            // The graph, if any, is destroyed unlaunched; the communicators
+            // NCCL recorded work for go with it.
+            let ended = self.stream.end_capture(CUgraphInstantiate_flags(0));
+            if let Ok(comms) = self.comms.try_borrow() {
+                discard(ended, &comms);
+            }
         }
     }
 }
@@ -262,11 +269,13 @@ impl<B: Captured> std::fmt::Debug for CapturedGraph<'_, B> {
 /// not in a group: for one thread driving several GPUs, whose calls need a
 /// group, use [`capture_group`].
 ///
-/// A capture that fails (the closure's error, or CUDA's at its end), and a
-/// graph dropped or given back ([`CapturedGraph::into_buffers`]) before its
-/// first launch, abort the communicators that had calls in it: NCCL may
-/// have made connections inside the capture that only a launch completes
-/// (see `abort_unlaunched`). Launch a graph once before relying on its
+/// A capture that fails (the closure's error or panic, or CUDA's at its
+/// end), and a graph dropped or given back
+/// ([`CapturedGraph::into_buffers`]) before its first launch, abort the
+/// communicators that had calls in it once NCCL recorded work there: NCCL
+/// may have made connections inside the capture that only a launch
+/// completes (see `abort_unlaunched`). A call refused before NCCL saw it
+/// aborts nothing. Launch a graph once before relying on its
 /// communicators elsewhere.
 pub fn capture<'c, B: Captured>(
     stream: &Arc<CudaStream>,
@@ -290,6 +299,7 @@ pub fn capture<'c, B: Captured>(
         .map_err(cuda)?;
     let mut unwind = EndOnUnwind {
         stream: &private,
+        comms: &comms,
         armed: true,
     };
     let issued = {
@@ -310,15 +320,13 @@ pub fn capture<'c, B: Captured>(
     let graph = match (issued, ended) {
         (Ok(()), Ok(graph)) => graph,
         (issued, ended) => {
-            // A capture that recorded nothing made no NCCL call (the
-            // closure was refused before NCCL saw anything).
-            if !matches!(ended, Ok(None)) {
-                abort_unlaunched(&comms);
-            }
+            let failed = ended.as_ref().err().cloned();
+            discard(ended, &comms);
             issued?;
-            return Err(cuda(ended.err().expect("one of the two failed")));
+            return Err(cuda(failed.expect("one of the two failed")));
         }
     };
+    let recorded = graph.as_ref().is_some_and(recorded_work);
     let mut graph = CapturedGraph {
         graph,
         home: Arc::clone(stream),
@@ -327,6 +335,7 @@ pub fn capture<'c, B: Captured>(
         extents,
         comms,
         launched: false,
+        recorded,
         _comms: PhantomData,
     };
     // `f` had the buffers mutably: one it replaced was captured at an
@@ -351,16 +360,68 @@ const UNLAUNCHED: &str = "a CUDA graph of its calls was dropped before its first
 /// NCCL's to decide, so every communicator with calls in such a capture
 /// is aborted: later calls on it return [`Error::Aborted`] naming this,
 /// instead of running on a broken state.
+///
+/// Call it once the graph is destroyed: NCCL's abort waits until no graph
+/// refers to the communicator. The abort is requested, never waited for:
+/// the cause is set at once (every later call fails with it), and inside
+/// a group open on this thread the abort itself runs at the group's end.
 pub(crate) fn abort_unlaunched(comms: &[(AbortHandle, Duration)]) {
     for (handle, _) in comms {
         if handle.is_aborted() {
             continue;
         }
         tracing::warn!("aborting a communicator: {UNLAUNCHED}");
-        if let Err(e) = handle.abort_with(AbortCause::Other(UNLAUNCHED.to_string())) {
-            tracing::error!("could not abort a communicator of a graph dropped unlaunched: {e}");
-        }
+        handle.request_abort(AbortCause::Other(UNLAUNCHED.to_string()));
     }
+}
+
+/// The end of a capture whose graph will never run: the graph destroyed
+/// first, then the communicators aborted when NCCL recorded work in it
+/// (or when that cannot be known: the end failed).
+pub(crate) fn discard(
+    ended: std::result::Result<Option<CudaGraph>, cudarc::driver::DriverError>,
+    comms: &[(AbortHandle, Duration)],
+) {
+    let recorded = match &ended {
+        Ok(graph) => graph.as_ref().is_some_and(recorded_work),
+        Err(_) => true,
+    };
+    drop(ended);
+    if recorded {
+        abort_unlaunched(comms);
+    }
+}
+
+/// Whether a captured graph holds work: any node but an empty one (the
+/// joins of streams may leave those). Unknown (a query failed) counts as
+/// work.
+pub(crate) fn recorded_work(graph: &CudaGraph) -> bool {
+    use cudarc::driver::sys::{self, CUgraphNodeType, CUresult};
+    let g = graph.cu_graph();
+    let mut count = 0usize;
+    // SAFETY: `g` is the live graph `graph` owns; a null node array asks
+    // for the count only.
+    if unsafe { sys::cuGraphGetNodes(g, std::ptr::null_mut(), &mut count) }
+        != CUresult::CUDA_SUCCESS
+    {
+        return true;
+    }
+    if count == 0 {
+        return false;
+    }
+    let mut nodes = vec![std::ptr::null_mut(); count];
+    // SAFETY: `nodes` has room for `count` handles, which CUDA fills and
+    // which stay valid while the graph lives (it does, borrowed).
+    if unsafe { sys::cuGraphGetNodes(g, nodes.as_mut_ptr(), &mut count) } != CUresult::CUDA_SUCCESS
+    {
+        return true;
+    }
+    nodes.iter().take(count).any(|&node| {
+        let mut kind = CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
+        // SAFETY: `node` belongs to the live graph; `kind` is written.
+        let queried = unsafe { sys::cuGraphNodeGetType(node, &mut kind) };
+        queried != CUresult::CUDA_SUCCESS || kind != CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY
+    })
 }
 
 /// The graph's buffers opened on `stream`, refused when they were given
@@ -539,7 +600,9 @@ pub(crate) fn give_back<T>(
 
 impl<B: Captured> Drop for CapturedGraph<'_, B> {
     fn drop(&mut self) {
-        if !self.launched && self.graph.is_some() {
+        if !self.launched && self.recorded {
+            // The graph goes first: NCCL's abort waits for it.
+            drop(self.graph.take());
             abort_unlaunched(&self.comms);
         }
         // Still running at the end of the wait: the buffers are leaked.
