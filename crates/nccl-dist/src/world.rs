@@ -596,6 +596,20 @@ impl World {
             drop(ended_tx);
             for (rank, failure) in ended_rx.iter() {
                 if let Some(detail) = failure {
+                    // The channel learns of it too, so the survivors can
+                    // `World::recover` without it (a panic's presence
+                    // reports itself; an error returned does not).
+                    if let Some(l) = liveness
+                        && !l.is_lost(rank)
+                    {
+                        l.report(PeerLoss {
+                            rank,
+                            cause: LossCause::Exited {
+                                reason: detail.clone(),
+                            },
+                            seen_by: rank,
+                        });
+                    }
                     // Ends the others' NCCL calls (the signal aborts every
                     // communicator of this world); a no-op after the first.
                     resolved.signal.trigger(AbortCause::PeerLost {

@@ -3,7 +3,16 @@
 //! memory instead of a rendezvous. The first survivor makes what the new
 //! world's ranks share (its unique id, in-process liveness channel,
 //! watchdog and abort signal) and posts it; the others take it, each
-//! within the options' rendezvous timeout.
+//! within the options' rendezvous timeout. A survivor that counted
+//! differently is refused, and tells the new world's ranks that it will
+//! not come (so they are not left waiting in their init).
+//!
+//! Limits: `spawn_local` aborts the others at once when a thread fails in
+//! the world it made; in a recovered world a thread that panics is named
+//! by the new world's channel (its presence reports it), but one that
+//! returns an error is not, and its peers wait for it up to the operation
+//! timeout. A loss reported on the old world's channel after the new one
+//! was made is not carried over.
 
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
@@ -51,14 +60,13 @@ struct Team {
 }
 
 impl Board {
-    /// Posts once; a later posting (none is made: one leader per world)
-    /// would be ignored.
-    fn post(&self, posted: Posted) {
+    /// Posts once and returns the posting that stands: this one, or one
+    /// made first (two survivors that each counted themselves first).
+    fn post(&self, posted: Posted) -> Posted {
         let mut slot = self.posted.lock().unwrap_or_else(|p| p.into_inner());
-        if slot.is_none() {
-            *slot = Some(posted);
-        }
+        let standing = slot.get_or_insert(posted).clone();
         self.cv.notify_all();
+        standing
     }
 
     /// The posting, once there, or `None` at `until`.
@@ -87,29 +95,42 @@ impl World {
         )
         .entered();
         let n = survivors.ranks.len();
-        let team = if survivors.me == 0 {
+        let posted = if survivors.me == 0 {
             let made = Team::new(survivors.ranks.clone(), options);
-            board.post(made.as_ref().map(Arc::clone).map_err(|e| e.to_string()));
-            made?
+            Some(board.post(made.map_err(|e| e.to_string())))
         } else {
-            let until = Instant::now() + options.timeout;
-            match board.take(until) {
-                Some(Ok(team)) => team,
-                Some(Err(reason)) => {
-                    return Err(refuse(format!(
-                        "the first survivor could not make the new world: {reason}"
-                    )));
-                }
-                None => {
-                    return Err(refuse(format!(
-                        "the first survivor (old rank {}) posted no new world within {:?}",
-                        survivors.leader(),
-                        options.timeout
-                    )));
-                }
+            board.take(Instant::now() + options.timeout)
+        };
+        let team = match posted {
+            Some(Ok(team)) => team,
+            Some(Err(reason)) => {
+                return Err(refuse(format!(
+                    "the first survivor could not make the new world: {reason}"
+                )));
+            }
+            None => {
+                return Err(refuse(format!(
+                    "the first survivor (old rank {}) posted no new world within {:?}",
+                    survivors.leader(),
+                    options.timeout
+                )));
             }
         };
         if team.survivors != survivors.ranks {
+            // Where the new world counts this rank, its ranks would wait
+            // for it in their init: it tells them it will not come.
+            if let (Some(l), Some(at)) = (
+                &team.liveness,
+                team.survivors.iter().position(|&r| r == self.launch.rank),
+            ) {
+                l.report(PeerLoss {
+                    rank: at,
+                    cause: LossCause::Exited {
+                        reason: "it counted the survivors differently".into(),
+                    },
+                    seen_by: at,
+                });
+            }
             return Err(refuse(format!(
                 "the survivors were counted differently: ranks {:?} here, {:?} by the first survivor",
                 survivors.ranks, team.survivors
@@ -193,8 +214,14 @@ mod tests {
                 })
             })
             .collect();
-        board.post(Err("first".into()));
-        board.post(Err("second".into()));
+        assert_eq!(
+            board.post(Err("first".into())).err().as_deref(),
+            Some("first")
+        );
+        assert_eq!(
+            board.post(Err("second".into())).err().as_deref(),
+            Some("first")
+        );
         for w in waiters {
             assert_eq!(w.join().unwrap(), Some(Some("first".to_string())));
         }
