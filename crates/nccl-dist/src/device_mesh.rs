@@ -196,7 +196,15 @@ impl DeviceMesh {
         world: World,
         axes: &[(&str, usize)],
     ) -> std::result::Result<DeviceMesh, FromWorldError> {
-        match DeviceMesh::build(&world, axes, Placement::RankOrder, true) {
+        let built = if world.driven_with_others() {
+            Err(Error::InvalidArgument {
+                op: "DeviceMesh::from_world",
+                reason: "one thread drives this world's ranks (World::local): make their meshes together with DeviceMesh::new_all".into(),
+            })
+        } else {
+            DeviceMesh::build(&world, axes, Placement::RankOrder, true)
+        };
+        match built {
             Ok(mut mesh) => {
                 mesh.world = Some(world);
                 Ok(mesh)

@@ -687,6 +687,13 @@ impl World {
 
     /// The nonblocking communicator the world's was split from, if any:
     /// the parent of meshes, so their creation can be cut short.
+    /// A world of [`World::local`] with other ranks: one thread drives
+    /// them all, so its collective calls (splits included) must be made
+    /// for every rank together.
+    pub(crate) fn driven_with_others(&self) -> bool {
+        self.launch.launcher == Launcher::Local && self.local.is_none() && self.size() > 1
+    }
+
     pub(crate) fn split_parent(&self) -> &Comm {
         self.control.as_ref().unwrap_or(&self.comm)
     }

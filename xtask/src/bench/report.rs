@@ -506,7 +506,7 @@ pub fn setup_section(
     docs: &BTreeMap<String, Value>,
     misses: &mut Vec<String>,
 ) -> Result<()> {
-    let heading = "## Set-up\n\nms, slowest rank. world = communicator init (from process start in the first processes rep); mesh = `DeviceMesh::new` dp×tp; target: mesh + first all_reduce on each axis ≤ 200 ms on 4 GPUs (warm reps). The span columns break world and mesh down by the crates' `tracing` spans (summed per rank; in one process, the slowest thread's): libnccl load, rendezvous, communicator init, splits, topology probe, connection gates. The last column splits the first tp call (a thread or process per rank): making and filling its one-element buffer / the all_reduce call / the stream's synchronisation.\n\n| mode | rep | state | world | mesh | first dp | first tp | mesh + firsts | load | rendezvous | init | splits | probe | gates | first tp: buffer / call / sync |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+    let heading = "## Set-up\n\nms, slowest rank. world = communicator init (from process start in the first processes rep); mesh = `DeviceMesh::new` dp×tp; target: mesh + first all_reduce on each axis ≤ 200 ms on 4 GPUs (warm reps). The span columns break world and mesh down by the crates' `tracing` spans (summed per rank; in one process, the slowest thread's): libnccl load, rendezvous, communicator init, splits, topology probe, connection gates. The last column splits the first tp call (a thread or process per rank): making and filling its one-element buffer / the all_reduce call / the stream's synchronisation, each part the slowest rank's (so they need not add up to the first tp column). Rows `processes-keeps-world` make the mesh with `DeviceMesh::from_world` instead of `DeviceMesh::new`.\n\n| mode | rep | state | world | mesh | first dp | first tp | mesh + firsts | load | rendezvous | init | splits | probe | gates | first tp: buffer / call / sync |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
     let found = phase(md, docs, "setup-", heading);
     for &(mode, doc) in &found {
         let ranks = doc["meta"]["ranks"].as_u64();
@@ -570,7 +570,7 @@ pub fn setup_section(
 /// The recover phase: per rep, the slowest survivor's `World::recover`
 /// and recover + first all-reduce, from the loss known.
 pub fn recover_section(md: &mut String, docs: &BTreeMap<String, Value>) -> Result<()> {
-    let heading = "## Recovery\n\nms from a survivor knowing of the loss (a thread per GPU, the last rank's thread panics on purpose), slowest survivor: `World::recover`, then with the first all-reduce on the recovered world done (`recover_ms`: the median of the second column).\n\n| mode | rep | recover | recover + first all-reduce |\n|---|---|---|---|\n";
+    let heading = "## Recovery\n\nms from a survivor knowing of the loss (a thread per GPU, the last rank's thread panics on purpose), slowest survivor: `World::recover`, then with the first all-reduce on the recovered world done (`recover_ms`: the median of the last column).\n\n| mode | rep | recover | recover + first all-reduce |\n|---|---|---|---|\n";
     let found = phase(md, docs, "recover-", heading);
     for &(mode, doc) in &found {
         for r in doc["recover"].as_array().into_iter().flatten() {
