@@ -415,10 +415,17 @@ fn a_mesh_that_keeps_its_world_uses_the_worlds_communicator_bit_exact() {
     let dropped = std::sync::Barrier::new(threads);
     run_owned(|worlds| {
         if worlds.len() > 1 {
-            eprintln!(
-                "one thread drives every world: DeviceMesh::from_world is for a thread or a process per rank"
-            );
-            return Ok(());
+            // One thread drives every world: refused before any NCCL call
+            // (its splits would wait for the other ranks), the world back.
+            let n = worlds.len();
+            let first = worlds.into_iter().next().ok_or("no world")?;
+            return match DeviceMesh::from_world(first, &[("dp", n)]) {
+                Err(e) if matches!(e.error, Error::InvalidArgument { .. }) => {
+                    drop(e.into_world());
+                    Ok(())
+                }
+                other => Err(format!("from_world on a World::local world: {other:?}").into()),
+            };
         }
         let n = world();
         // A shape that does not fit is refused before any NCCL call, and
