@@ -216,6 +216,15 @@ fn jobs(o: &Options) -> Vec<Job> {
             mode: "processes",
             args: w("--setup --setup-reps 3 --mesh-keeps-world"),
         });
+        // A fresh process's first world, three launches: like for like
+        // with PyTorch's set-up side (`world_over_torch`).
+        for i in 0..3 {
+            jobs.push(Job {
+                name: format!("setup-processes-fresh-{i}"),
+                mode: "processes",
+                args: w("--setup --setup-reps 1 --fresh-process"),
+            });
+        }
     }
     if want("step") {
         for mode in ["threads", "processes"] {

@@ -60,6 +60,9 @@ What to run:
                                    keeps the world and shares its communicator
                                    where the ranks are the same) instead of
                                    DeviceMesh::new; threads or processes mode
+  --fresh-process                  with --setup in processes mode: time the first
+                                   world from after the CUDA context is made (state
+                                   fresh), not from process start
   --recover                        time World::recover after a lost rank (the last
                                    thread panics on purpose) and the first
                                    all_reduce on the new world; threads mode
@@ -130,6 +133,7 @@ pub struct Opts {
     pub async_phase: bool,
     pub recover_phase: bool,
     pub mesh_keeps_world: bool,
+    pub fresh_process: bool,
     pub json: Option<PathBuf>,
     pub quiet: bool,
 }
@@ -165,6 +169,7 @@ impl Default for Opts {
             async_phase: false,
             recover_phase: false,
             mesh_keeps_world: false,
+            fresh_process: false,
             json: None,
             quiet: false,
         }
@@ -217,6 +222,7 @@ const FLAGS: &[Flag] = &[
     switch(&["--async"]),
     switch(&["--recover"]),
     switch(&["--mesh-keeps-world"]),
+    switch(&["--fresh-process"]),
     value(&["--json"]),
     switch(&["-q", "--quiet"]),
 ];
@@ -340,6 +346,7 @@ pub fn parse(args: &[String]) -> Result<Option<Opts>, String> {
         async_phase: p.has("--async"),
         recover_phase: p.has("--recover"),
         mesh_keeps_world: p.has("--mesh-keeps-world"),
+        fresh_process: p.has("--fresh-process"),
         json: p.value("--json").map(PathBuf::from),
         quiet: p.has("-q"),
     };

@@ -12,6 +12,11 @@
 //! rank, each first call is also split into making its buffer, the call
 //! and the stream's synchronisation.
 //!
+//! `--fresh-process` (a process per rank): the first repetition is timed
+//! from after the process made its CUDA context, not from process start
+//! (state `fresh`): a fresh process's first world, like for like with
+//! PyTorch's side, whose every rep is a fresh launch.
+//!
 //! With a process per rank, a warm repetition starts on every rank 2 s
 //! after the ranks last met in the one before, so that the teardown of
 //! the previous world (which ends at different moments on different
@@ -24,6 +29,7 @@
 
 use std::time::Instant;
 
+use nccl_dist::nccl_safe::cudarc::driver::CudaContext;
 use nccl_dist::nccl_safe::{Comm, Config, Library, ReduceOp, group};
 use nccl_dist::{DeviceMesh, Launch, World, default_config, nonblocking_config};
 use serde_json::json;
@@ -301,9 +307,22 @@ pub fn run(opts: &Opts) -> Result<()> {
                     std::thread::sleep(left);
                 }
                 // The first world counts from process start: what a job
-                // pays before its first collective.
-                let t = if rep == 0 { started } else { Instant::now() };
+                // pays before its first collective. `--fresh-process`: from
+                // after this process made its CUDA context instead (a fresh
+                // process's first world, as PyTorch's side times its
+                // `init_process_group`).
+                let context = if rep == 0 && opts.fresh_process {
+                    Some(CudaContext::new(launch.local_rank)?)
+                } else {
+                    None
+                };
+                let t = if rep == 0 && context.is_none() {
+                    started
+                } else {
+                    Instant::now()
+                };
                 let world = World::init_with(launch, &crate::world_options(opts))?;
+                drop(context);
                 n = world.size();
                 let p = Phases {
                     world: ms(t),
@@ -332,7 +351,11 @@ pub fn run(opts: &Opts) -> Result<()> {
     );
     let mut rows = Vec::new();
     for (i, p) in reps.iter().enumerate() {
-        let state = if i == 0 { "cold" } else { "warm" };
+        let state = match (i, opts.fresh_process) {
+            (0, true) => "fresh",
+            (0, false) => "cold",
+            _ => "warm",
+        };
         let mesh_total = p.mesh + p.first_dp + p.first_tp;
         println!(
             "  {:>4} {:>5} {:>12.1} {:>10.1} {:>14.1} {:>14.1} {:>18.1}",

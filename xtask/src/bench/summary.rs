@@ -139,7 +139,8 @@ pub const TARGET_MODES: &[&str] = &["threads", "processes"];
 ///   the world `World::recover` made.
 /// - `mesh_over_torch`, `world_over_torch` (with `--python`): processes
 ///   mode's warm median of mesh + first call per axis, and of the world's
-///   init, over PyTorch's (`init_device_mesh` and the first all_reduce
+///   init (the median of the `setup-processes-fresh-*` jobs' first world
+///   in a fresh process where they ran), over PyTorch's (`init_device_mesh` and the first all_reduce
 ///   per axis; `init_process_group` with `device_id`) in the same run.
 /// - `graph_single_minus_threads_us`: the safe layer's 8 B all_reduce
 ///   replayed from a CUDA graph, one thread capturing every GPU minus a
@@ -306,7 +307,30 @@ pub fn summary(docs: &BTreeMap<String, Value>) -> (Value, Vec<Target>) {
         }),
         _ => None,
     };
-    let world_over_torch = over_torch("world_ms");
+    // The world like for like: a fresh process's first `World::init`
+    // (`setup-processes-fresh-*`, timed from after its CUDA context) over
+    // PyTorch's warm reps (each a fresh launch, context made first); else
+    // our warm reps, which reuse a process that made a world before.
+    let mut fresh: Vec<f64> = docs
+        .iter()
+        .filter(|(k, _)| k.starts_with("setup-processes-fresh-"))
+        .flat_map(|(_, d)| d["setup"].as_array().into_iter().flatten())
+        .filter(|r| s(r, "state") == "fresh")
+        .map(|r| f(r, "world_ms"))
+        .collect();
+    fresh.sort_by(f64::total_cmp);
+    let world_over_torch = match (fresh.get(fresh.len() / 2), torch) {
+        (Some(&ours), Some(torch)) => warm_median(torch, "world_ms").map(|(theirs, _)| {
+            (
+                ours / theirs,
+                format!(
+                    "setup-processes-fresh {ours:.1} ms (median of {} fresh processes) over setup-torch {theirs:.1} ms (warm median)",
+                    fresh.len()
+                ),
+            )
+        }),
+        _ => over_torch("world_ms"),
+    };
     // From a loss known to the first all-reduce done on the recovered
     // world: the median over reps of the slowest survivor.
     let recover_doc = docs.get("recover-threads");
@@ -699,5 +723,42 @@ mod tests {
         let mut md = String::new();
         crate::bench::report::recover_section(&mut md, &docs).unwrap();
         assert!(md.contains("| threads | 1 | 100.0 | 120.0 |"), "{md}");
+    }
+
+    #[test]
+    fn world_over_torch_compares_fresh_processes_where_they_ran() {
+        let torch = json!({
+            "meta": {"setup": true, "mode": "torch", "ranks": 2},
+            "setup": [
+                {"rep": 0, "state": "cold", "world_ms": 3000.0, "mesh_and_first_all_reduces_ms": 200.0},
+                {"rep": 1, "state": "warm", "world_ms": 250.0, "mesh_and_first_all_reduces_ms": 30.0},
+                {"rep": 2, "state": "warm", "world_ms": 150.0, "mesh_and_first_all_reduces_ms": 20.0},
+            ],
+        });
+        let mut docs = BTreeMap::new();
+        docs.insert("setup-torch".to_string(), torch);
+        docs.insert(
+            "setup-processes".to_string(),
+            setup_doc([900.0, 50.0, 60.0], [500.0, 60.0, 45.0]),
+        );
+        for (i, ms) in [500.0, 300.0, 400.0].into_iter().enumerate() {
+            docs.insert(
+                format!("setup-processes-fresh-{i}"),
+                json!({
+                    "meta": {"setup": true, "mode": "processes", "ranks": 2},
+                    "setup": [{"rep": 0, "state": "fresh", "world_ms": ms, "mesh_and_first_all_reduces_ms": 99.0}],
+                }),
+            );
+        }
+        let (flat, _) = summary(&docs);
+        // 400 (the median of 300, 400, 500) over 250 (of 150, 250); the
+        // warm reps in one process (50, 60) are not used.
+        assert_eq!(flat["world_over_torch"], json!(1.6), "{flat}");
+        assert!(
+            flat["world_over_torch_at"]
+                .as_str()
+                .is_some_and(|a| a.contains("3 fresh processes")),
+            "{flat}"
+        );
     }
 }
