@@ -63,6 +63,7 @@ mod peer;
 pub mod prelude;
 mod reduce_op;
 mod secrecy;
+mod symmetric;
 mod unique_id;
 mod validate;
 
@@ -91,6 +92,7 @@ pub use reduce_op::{PreMulSum, ReduceOp, Reduction};
 pub use secrecy::{
     ALLOW_COMM_ID_ENV, COMM_ID_ENV, Encryption, MIN_PSK_BYTES, PresharedKey, set_encryption,
 };
+pub use symmetric::SymmetricBuffer;
 pub use unique_id::UniqueId;
 
 pub use cudarc;

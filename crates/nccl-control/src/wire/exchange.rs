@@ -33,20 +33,26 @@ const OPS: [&str; 9] = [
 ];
 /// The code of `ncclRecv` (kept apart so `OPS` stays in code order).
 const RECV: u8 = 9;
+/// The code of a symmetric window's registration, which the ranks check
+/// (its length) before NCCL's registration barrier.
+const WINDOW: u8 = 10;
 const UNKNOWN: u8 = 255;
 
 fn op_code(op: &str) -> u8 {
-    if op == "ncclRecv" {
-        return RECV;
+    match op {
+        "ncclRecv" => RECV,
+        "ncclCommWindowRegister" => WINDOW,
+        _ => OPS
+            .iter()
+            .position(|o| *o == op)
+            .map_or(UNKNOWN, |i| i as u8),
     }
-    OPS.iter()
-        .position(|o| *o == op)
-        .map_or(UNKNOWN, |i| i as u8)
 }
 
 fn op_name(code: u8) -> &'static str {
     match code {
         RECV => "ncclRecv",
+        WINDOW => "ncclCommWindowRegister",
         c => OPS.get(c as usize).copied().unwrap_or("(unknown)"),
     }
 }
@@ -395,6 +401,19 @@ pub(super) fn decode_checked(body: &[u8], world: usize) -> Result<CheckOutcome, 
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn every_named_operation_keeps_its_name_across_the_wire() {
+        for op in OPS
+            .iter()
+            .copied()
+            .chain(["ncclRecv", "ncclCommWindowRegister"])
+        {
+            assert_eq!(op_name(op_code(op)), op);
+        }
+        assert_eq!(op_name(op_code("ncclSomethingNew")), "(unknown)");
+    }
+
     use super::*;
     use crate::culprit::{Tail, analyze};
 

@@ -123,6 +123,9 @@ impl Watch {
                 let mut all = g.members.clone();
                 all.sort_unstable();
                 let tag = match info.op {
+                    // A symmetric window's registration: its own meeting,
+                    // apart from the first collective's.
+                    "ncclCommWindowRegister" => "w".to_string(),
                     "ncclAlltoAll" => "a".to_string(),
                     "all_to_all_v" => "v".to_string(),
                     "ncclGather" | "ncclScatter" => {

@@ -241,6 +241,18 @@ const NOTHING_TO_REFUSE: &[(&str, &str)] = &[
         "its refusals (memory the graph does not own, a PreMulSum, a replaced buffer) need a GPU: a_captured_graph_owns_its_buffers_and_replays_bit_exact in tests/abort.rs",
     ),
     (
+        "SymmetricBuffer::new new_all",
+        "length 0 and an open group are refused before any NCCL call (a GPU is needed to reach them: symmetric_buffers_reduce_bit_exact_and_drop_on_every_rank checks the length); lengths that differ across ranks are refused by the ranks' meeting where the communicator's observer gates calls",
+    ),
+    (
+        "SymmetricBuffer::copy_from_host copy_to_host",
+        "a host slice of another length is refused before any copy (InvalidArgument)",
+    ),
+    (
+        "SymmetricBuffer::drop_all comm",
+        "takes owned buffers (any number: each leaked when the ranks cannot meet) / accessor",
+    ),
+    (
         "capture_group",
         "its refusals before the capture begins (no communicator, a buffer set too many, a communicator twice, a stream on another GPU or already capturing, a group open) are unit-tested in capture/grouped.rs; a call on a communicator outside the capture and a replaced buffer need GPUs: one_thread_captures_one_graph_over_its_gpus_and_replays_bit_exact in tests/gpu",
     ),

@@ -269,6 +269,12 @@ fn graph_capture_replays_collectives() {
 
 #[test]
 #[ignore = "needs GPUs: cargo xtask gpu-test"]
+fn symmetric_buffers_reduce_bit_exact_and_drop_on_every_rank() {
+    symmetric::symmetric_buffers_reduce_bit_exact_and_drop_on_every_rank()
+}
+
+#[test]
+#[ignore = "needs GPUs: cargo xtask gpu-test"]
 fn one_thread_captures_one_graph_over_its_gpus_and_replays_bit_exact() {
     capture::one_thread_captures_one_graph_over_its_gpus_and_replays_bit_exact()
 }
@@ -328,3 +334,4 @@ mod comms;
 mod features;
 mod movement;
 mod reductions;
+mod symmetric;
