@@ -473,6 +473,42 @@ fn a_mesh_that_keeps_its_world_uses_the_worlds_communicator_bit_exact() {
     });
 }
 
+#[test]
+#[ignore = "needs GPUs: cargo xtask gpu-test"]
+fn symmetric_buffers_of_different_lengths_are_refused_before_nccl() {
+    // A thread or a process per rank: the ranks meet over the liveness
+    // channel before NCCL's registration barrier (one thread driving
+    // every rank registers in one group, with no meeting to refuse).
+    run(|worlds| {
+        if worlds.len() > 1 {
+            return Ok(());
+        }
+        let w = &worlds[0];
+        let comm = w.comm();
+        let started = std::time::Instant::now();
+        // Rank 0 asks for twice the others' length.
+        let len = if w.rank() == 0 { 2048 } else { 1024 };
+        match nccl_dist::nccl_safe::SymmetricBuffer::<f32>::new(comm, len) {
+            Err(nccl_dist::nccl_safe::Error::CheckFailed { .. }) => {}
+            other => return Err(format!("lengths that differ across ranks: {other:?}").into()),
+        }
+        if started.elapsed() > std::time::Duration::from_secs(30) {
+            return Err(format!("refused only after {:?}", started.elapsed()).into());
+        }
+        // Refused before NCCL: the communicator still works, and a buffer
+        // of one length on every rank is made and reduces.
+        let mut x = upload(comm, &values::<f32>(w.rank(), 1025))?;
+        comm.all_reduce_in_place(&mut x, ReduceOp::Sum)?;
+        let all: Vec<usize> = (0..w.size()).collect();
+        if download(comm, &x)? != sum_of::<f32>(&all, 1025) {
+            return Err("the all-reduce after the refusal is wrong".into());
+        }
+        let sym = nccl_dist::nccl_safe::SymmetricBuffer::<f32>::new(comm, 1024)?;
+        drop(sym);
+        Ok(())
+    });
+}
+
 /// Every collective of the trait on one type, against values computed on
 /// the host.
 fn trait_collectives<T: TestType>(w: &World) -> TestResult {
