@@ -2,7 +2,7 @@
 //! report.
 //!
 //! ```text
-//! cargo xtask bench [--gpus N] [--quick] [--phases sweep,latency,graph,events,setup,step,async,recover]
+//! cargo xtask bench [--gpus N] [--quick] [--phases sweep,latency,graph,events,setup,step,async,recover,small]
 //!                   [--out DIR] [--timeout SECS] [--python PATH]
 //! DIR/xtask bench --from-bundle DIR ...     # on a GPU host without cargo
 //! cargo xtask bench --report DIR            # redo the report from DIR's JSON
@@ -41,6 +41,10 @@
 //!   `--python PATH`, the same step in PyTorch on a `DeviceMesh` of the
 //!   same shape (`python/examples/torch_step.py`, a process per GPU, same
 //!   GPUs, same run): the summary's `step_over_torch`.
+//! - `small`: the all_reduce of small messages, 8 B to 16 MiB by ×2, f32
+//!   and bf16, a thread per GPU: raw NCCL, ours on plain buffers and ours
+//!   on symmetric buffers (`SymmetricBuffer`), interleaved, checked (the
+//!   summary's `small_allreduce_over_nccl_2mib`, `small_wrong`).
 //! - `recover`: a thread per GPU, the last rank lost on purpose (its
 //!   thread panics), `World::recover` and the first all-reduce on the new
 //!   world, timed from the loss known (3 reps; the summary's
@@ -67,7 +71,7 @@ use crate::launch::{Ended, launch_ranks};
 use crate::{Result, cargo, gpu_count, release_dir, workspace_root};
 
 const PHASES: &[&str] = &[
-    "sweep", "latency", "graph", "events", "setup", "step", "async", "recover",
+    "sweep", "latency", "graph", "events", "setup", "step", "async", "recover", "small",
 ];
 const MODES: &[&str] = &["single", "threads", "processes"];
 
@@ -234,6 +238,13 @@ fn jobs(o: &Options) -> Vec<Job> {
                 args: w("--step -n 500 -w 50 --rounds 11"),
             });
         }
+    }
+    if want("small") {
+        jobs.push(Job {
+            name: "small-threads".into(),
+            mode: "threads",
+            args: w("--small -b 8 -e 16M -n 200 -w 20 --rounds 5"),
+        });
     }
     if want("recover") {
         jobs.push(Job {

@@ -63,6 +63,10 @@ What to run:
   --fresh-process                  with --setup in processes mode: time the first
                                    world from after the CUDA context is made (state
                                    fresh), not from process start
+  --small                          the all_reduce of small messages (-b to -e), f32
+                                   and bf16: raw NCCL, ours on plain buffers and ours
+                                   on symmetric buffers (SymmetricBuffer), checked;
+                                   threads mode
   --recover                        time World::recover after a lost rank (the last
                                    thread panics on purpose) and the first
                                    all_reduce on the new world; threads mode
@@ -132,6 +136,7 @@ pub struct Opts {
     pub step_phase: bool,
     pub async_phase: bool,
     pub recover_phase: bool,
+    pub small_phase: bool,
     pub mesh_keeps_world: bool,
     pub fresh_process: bool,
     pub json: Option<PathBuf>,
@@ -168,6 +173,7 @@ impl Default for Opts {
             step_phase: false,
             async_phase: false,
             recover_phase: false,
+            small_phase: false,
             mesh_keeps_world: false,
             fresh_process: false,
             json: None,
@@ -221,6 +227,7 @@ const FLAGS: &[Flag] = &[
     switch(&["--step"]),
     switch(&["--async"]),
     switch(&["--recover"]),
+    switch(&["--small"]),
     switch(&["--mesh-keeps-world"]),
     switch(&["--fresh-process"]),
     value(&["--json"]),
@@ -345,6 +352,7 @@ pub fn parse(args: &[String]) -> Result<Option<Opts>, String> {
         step_phase: p.has("--step"),
         async_phase: p.has("--async"),
         recover_phase: p.has("--recover"),
+        small_phase: p.has("--small"),
         mesh_keeps_world: p.has("--mesh-keeps-world"),
         fresh_process: p.has("--fresh-process"),
         json: p.value("--json").map(PathBuf::from),
@@ -364,9 +372,15 @@ pub fn parse(args: &[String]) -> Result<Option<Opts>, String> {
             "--iters, --rounds, --graph-launches and --setup-reps must be at least 1".into(),
         );
     }
-    let phases = [o.setup, o.step_phase, o.async_phase, o.recover_phase];
+    let phases = [
+        o.setup,
+        o.step_phase,
+        o.async_phase,
+        o.recover_phase,
+        o.small_phase,
+    ];
     if phases.iter().filter(|&&on| on).count() > 1 {
-        return Err("--setup, --step, --async and --recover are separate runs".into());
+        return Err("--setup, --step, --async, --recover and --small are separate runs".into());
     }
     if o.gpus == Some(0) {
         return Err("--gpus must be at least 1".into());

@@ -49,6 +49,7 @@ mod fns;
 mod recover;
 mod run;
 mod setup;
+mod small;
 mod spans;
 mod step;
 
@@ -215,6 +216,9 @@ fn main_typed<T: Elem>(opts: &Opts) -> Result<()> {
     }
     if opts.recover_phase {
         return recover::run(opts);
+    }
+    if opts.small_phase {
+        return small::run(opts);
     }
     let mut opts = opts.clone();
     if opts.mode == Mode::Single && opts.layers.contains(&Layer::Dist) {

@@ -75,6 +75,7 @@ pub fn report(dir: &Path) -> Result<()> {
     allocation_section(&mut md, &docs, &mut misses)?;
     setup_section(&mut md, &docs, &mut misses)?;
     recover_section(&mut md, &docs)?;
+    small_section(&mut md, &docs)?;
 
     writeln!(md, "## Verdict\n")?;
     if misses.is_empty() {
@@ -559,6 +560,49 @@ pub fn setup_section(
                     r["rep"]
                 ));
             }
+        }
+    }
+    if !found.is_empty() {
+        writeln!(md)?;
+    }
+    Ok(())
+}
+
+/// The small phase: per type and size, µs per all_reduce of each way
+/// (slowest rank), symmetric over raw, and the wrong elements.
+pub fn small_section(md: &mut String, docs: &BTreeMap<String, Value>) -> Result<()> {
+    let heading = "## Small messages\n\nall_reduce (sum), µs per call back to back, median of interleaved rounds, slowest rank, a thread per GPU: raw NCCL on plain buffers (its default path), ours on plain buffers, ours on symmetric buffers (`SymmetricBuffer`, NCCL's symmetric kernels); target at 2 MiB bf16: symmetric / raw ≤ 0.6 (`small_allreduce_over_nccl_2mib`). Wrong: elements off the exact sum, over the three ways.\n\n| mode | dtype | bytes | raw | plain | symmetric | symmetric / raw | wrong |\n|---|---|---|---|---|---|---|---|\n";
+    let found = phase(md, docs, "small-", heading);
+    for &(mode, doc) in &found {
+        let rows: Vec<&Value> = doc["small"].as_array().into_iter().flatten().collect();
+        let mut keys: Vec<(String, u64)> = Vec::new();
+        for r in &rows {
+            let key = (s(r, "dtype").to_string(), r["bytes"].as_u64().unwrap_or(0));
+            if !keys.contains(&key) {
+                keys.push(key);
+            }
+        }
+        for (dtype, bytes) in keys {
+            let of = |way: &str| {
+                rows.iter()
+                    .find(|r| s(r, "dtype") == dtype && r["bytes"] == bytes && s(r, "layer") == way)
+                    .map(|r| (f(r, "time_us"), f(r, "wrong")))
+            };
+            let (raw, plain, sym) = (of("raw"), of("plain"), of("symmetric"));
+            let cell =
+                |v: Option<(f64, f64)>| v.map_or("-".to_string(), |(t, _)| format!("{t:.2}"));
+            let ratio = match (sym, raw) {
+                (Some((a, _)), Some((b, _))) => format!("{:.3}", a / b),
+                _ => "-".to_string(),
+            };
+            let wrong: f64 = [raw, plain, sym].iter().flatten().map(|(_, w)| w).sum();
+            writeln!(
+                md,
+                "| {mode} | {dtype} | {bytes} | {} | {} | {} | {ratio} | {wrong} |",
+                cell(raw),
+                cell(plain),
+                cell(sym),
+            )?;
         }
     }
     if !found.is_empty() {

@@ -133,6 +133,11 @@ pub const TARGET_MODES: &[&str] = &["threads", "processes"];
 ///   threads, processes) the median over the warm reps of `DeviceMesh::new`
 ///   plus the first all_reduce on each axis (slowest rank); the worst
 ///   mode.
+/// - `small_allreduce_over_nccl_2mib`: from the small phase, ours with
+///   symmetric buffers over raw NCCL's default, all_reduce of 2 MiB of
+///   bf16 (medians of interleaved rounds, slowest rank).
+/// - `small_wrong`: the small phase's wrong elements over every size,
+///   type and way (bit-exact expected).
 /// - `recover_ms`: from the recover phase (a thread per GPU, the last
 ///   rank lost on purpose), the median over reps of the slowest
 ///   survivor's time from the loss known to the first all-reduce done on
@@ -331,6 +336,34 @@ pub fn summary(docs: &BTreeMap<String, Value>) -> (Value, Vec<Target>) {
         }),
         _ => over_torch("world_ms"),
     };
+    // Small messages: ours with symmetric buffers over raw NCCL's default
+    // at 2 MiB bf16, and the wrong elements over every row.
+    let small_doc = docs.get("small-threads");
+    let small_row = |way: &str| {
+        small_doc?["small"]
+            .as_array()?
+            .iter()
+            .find(|r| s(r, "layer") == way && s(r, "dtype") == "bf16" && r["bytes"] == 2 << 20)
+    };
+    let small_over_nccl = small_doc.map(|_| match (small_row("symmetric"), small_row("raw")) {
+        (Some(sym), Some(raw)) => {
+            let (a, b) = (f(sym, "time_us"), f(raw, "time_us"));
+            (
+                a / b,
+                format!("small-threads bf16 2 MiB: symmetric {a:.2} µs over raw {b:.2} µs"),
+            )
+        }
+        _ => (f64::NAN, "no bf16 2 MiB rows".into()),
+    });
+    let small_wrong = small_doc.map(|d| {
+        let total: f64 = d["small"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|r| f(r, "wrong"))
+            .sum();
+        (total, "small-threads, every row".to_string())
+    });
     // From a loss known to the first all-reduce done on the recovered
     // world: the median over reps of the slowest survivor.
     let recover_doc = docs.get("recover-threads");
@@ -355,6 +388,20 @@ pub fn summary(docs: &BTreeMap<String, Value>) -> (Value, Vec<Target>) {
             limit: 60.0,
             unit: "ms",
             phase: "setup",
+        },
+        Target {
+            key: "small_allreduce_over_nccl_2mib",
+            value: small_over_nccl,
+            limit: 0.6,
+            unit: "",
+            phase: "small",
+        },
+        Target {
+            key: "small_wrong",
+            value: small_wrong,
+            limit: 0.0,
+            unit: "",
+            phase: "small",
         },
         Target {
             key: "recover_ms",
@@ -759,6 +806,38 @@ mod tests {
                 .as_str()
                 .is_some_and(|a| a.contains("3 fresh processes")),
             "{flat}"
+        );
+    }
+
+    #[test]
+    fn small_message_keys_divide_the_2_mib_bf16_rows_and_count_every_wrong() {
+        let row = |dtype: &str, bytes: u64, layer: &str, us: f64, wrong: u64| json!({"dtype": dtype, "bytes": bytes, "layer": layer, "coll": "all_reduce", "time_us": us, "wrong": wrong});
+        let doc = json!({
+            "meta": {"small": true, "mode": "threads", "ranks": 2},
+            "small": [
+                row("bf16", 2 << 20, "raw", 27.0, 0),
+                row("bf16", 2 << 20, "plain", 27.5, 0),
+                row("bf16", 2 << 20, "symmetric", 13.5, 0),
+                row("f32", 8, "raw", 5.0, 0),
+                row("f32", 8, "symmetric", 4.0, 2),
+            ],
+        });
+        let mut docs = BTreeMap::new();
+        docs.insert("small-threads".to_string(), doc);
+        let (flat, _) = summary(&docs);
+        assert_eq!(flat["small_allreduce_over_nccl_2mib"], json!(0.5), "{flat}");
+        assert_eq!(
+            flat["small_allreduce_over_nccl_2mib_met"],
+            json!(true),
+            "{flat}"
+        );
+        assert_eq!(flat["small_wrong"], json!(2.0), "{flat}");
+        assert_eq!(flat["small_wrong_met"], json!(false), "{flat}");
+        let mut md = String::new();
+        crate::bench::report::small_section(&mut md, &docs).unwrap();
+        assert!(
+            md.contains("| threads | bf16 | 2097152 | 27.00 | 27.50 | 13.50 | 0.500 | 0 |"),
+            "{md}"
         );
     }
 }

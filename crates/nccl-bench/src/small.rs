@@ -1,0 +1,236 @@
+//! `--small`: the all-reduce of small messages (sum; `-b` to `-e`, the
+//! issue's range 8 B to 16 MiB by ×2; f32 and bf16), a thread per GPU,
+//! eager, three ways on one communicator split from the world's (no
+//! watchdog, as the raw and safe layers of the sweep):
+//!
+//! - `raw`: nccl-sys's `ncclAllReduce` on plain (cudarc) buffers, NCCL's
+//!   default path;
+//! - `plain`: nccl-safe's `all_reduce` on the same plain buffers;
+//! - `symmetric`: nccl-safe's `all_reduce` between two
+//!   [`SymmetricBuffer`]s (registered as symmetric windows on every rank,
+//!   made for each size), where NCCL runs its symmetric kernels.
+//!
+//! Each measurement: the threads meet, `-w` calls, then `-n` calls timed
+//! to the stream's end; `--rounds` rounds, the three ways interleaved in
+//! each, the median per way; the slowest rank's. Then every way's result
+//! is checked bit-exact (inputs `rank + 1`, whose sums are exact in both
+//! types). CUDA graphs and PyTorch's side are not built yet.
+
+use std::ffi::c_void;
+use std::sync::{Arc, Barrier, Mutex};
+use std::time::Instant;
+
+use nccl_dist::nccl_safe::cudarc::driver::{
+    CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits,
+};
+use nccl_dist::nccl_safe::{Comm, NcclType, ReduceOp, SymmetricBuffer};
+use nccl_dist::{Error, World};
+use serde_json::{Value, json};
+
+use crate::cli::{Mode, Opts};
+use crate::error::{BoxError, Result};
+use crate::fns::Fns;
+
+const NCCL_SUCCESS: nccl_dist::nccl_safe::nccl_sys::ncclResult_t =
+    nccl_dist::nccl_safe::nccl_sys::ncclResult_t::ncclSuccess;
+
+/// The ways measured, in their interleaved order.
+const WAYS: [&str; 3] = ["raw", "plain", "symmetric"];
+
+/// An element type of the phase: built from the small integer it holds.
+trait Value32: NcclType + Copy + Default + PartialEq + DeviceRepr + ValidAsZeroBits {
+    const NAME: &'static str;
+    fn of(x: f32) -> Self;
+}
+
+impl Value32 for f32 {
+    const NAME: &'static str = "f32";
+    fn of(x: f32) -> f32 {
+        x
+    }
+}
+
+impl Value32 for half::bf16 {
+    const NAME: &'static str = "bf16";
+    fn of(x: f32) -> half::bf16 {
+        half::bf16::from_f32(x)
+    }
+}
+
+/// One rank's results: (dtype, bytes, way) → (median µs, wrong elements).
+type Rows = Vec<(&'static str, usize, &'static str, f64, u64)>;
+
+fn bad(reason: String) -> Error {
+    Error::InvalidArgument {
+        op: "bench --small",
+        reason,
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// The elements of `recv` (on `stream`) that differ from the sum over
+/// `n` ranks of `rank + 1`.
+fn wrong<T: Value32>(stream: &Arc<CudaStream>, recv: &CudaSlice<T>, n: usize) -> Result<u64> {
+    let want = T::of((n * (n + 1) / 2) as f32);
+    let got = stream.clone_dtoh(recv)?;
+    Ok(got.iter().filter(|v| **v != want).count() as u64)
+}
+
+/// Every size of one type on one rank, the three ways interleaved.
+fn sizes<T: Value32>(
+    world: &World,
+    comm: &Comm,
+    fns: &Fns,
+    opts: &Opts,
+    met: &Barrier,
+    rows: &mut Rows,
+) -> Result<()> {
+    let stream = comm.stream();
+    if !opts.cudarc_events {
+        // SAFETY: this phase's buffers are used on this one stream only
+        // (collectives, fills and read-backs), so cudarc's cross-stream
+        // events have nothing to order (as in the sweep's layers).
+        unsafe { stream.context().disable_event_tracking() };
+    }
+    let n = world.size();
+    let me = (world.rank() + 1) as f32;
+    let elem = std::mem::size_of::<T>();
+    let mut bytes = opts.min_bytes.max(elem);
+    while bytes <= opts.max_bytes {
+        let count = bytes / elem;
+        let input = vec![T::of(me); count];
+        let send = stream.clone_htod(&input)?;
+        let mut recv = stream.alloc_zeros::<T>(count)?;
+        let mut sym_send = SymmetricBuffer::<T>::new(comm, count)?;
+        let mut sym_recv = SymmetricBuffer::<T>::new(comm, count)?;
+        sym_send.copy_from_host(stream, &input)?;
+        let mut times: [Vec<f64>; 3] = Default::default();
+        for _ in 0..opts.rounds {
+            for (way, slot) in times.iter_mut().enumerate() {
+                let mut call = |calls: usize| -> Result<()> {
+                    match way {
+                        0 => {
+                            let (s, _g) = send.device_ptr(stream);
+                            let (r, _h) = recv.device_ptr_mut(stream);
+                            // SAFETY: `count` elements at each pointer, on
+                            // this communicator's device and stream; the
+                            // raw handle is used on this thread only, for
+                            // calls the typed API makes itself, one after
+                            // another as a C program would.
+                            unsafe {
+                                comm.with_raw(|raw| -> Result<()> {
+                                    for _ in 0..calls {
+                                        let code = (fns.all_reduce)(
+                                            s as *const c_void,
+                                            r as *mut c_void,
+                                            count,
+                                            T::DATATYPE,
+                                            ReduceOp::Sum.raw(),
+                                            raw,
+                                            stream.cu_stream() as _,
+                                        );
+                                        if code != NCCL_SUCCESS {
+                                            return Err(format!("ncclAllReduce: {code:?}").into());
+                                        }
+                                    }
+                                    Ok(())
+                                })
+                            }??;
+                        }
+                        1 => {
+                            for _ in 0..calls {
+                                comm.all_reduce(&send, &mut recv, ReduceOp::Sum)?;
+                            }
+                        }
+                        _ => {
+                            for _ in 0..calls {
+                                comm.all_reduce(&sym_send, &mut sym_recv, ReduceOp::Sum)?;
+                            }
+                        }
+                    }
+                    Ok(())
+                };
+                met.wait();
+                call(opts.warmup)?;
+                stream.synchronize()?;
+                let t = Instant::now();
+                call(opts.iters)?;
+                stream.synchronize()?;
+                slot.push(t.elapsed().as_secs_f64() * 1e6 / opts.iters as f64);
+            }
+        }
+        let mut host = vec![T::default(); count];
+        sym_recv.copy_to_host(stream, &mut host)?;
+        let want = T::of((n * (n + 1) / 2) as f32);
+        let sym_wrong = host.iter().filter(|v| **v != want).count() as u64;
+        let plain_wrong = wrong(stream, &recv, n)?;
+        for (way, t) in times.into_iter().enumerate() {
+            let w = if way == 2 { sym_wrong } else { plain_wrong };
+            rows.push((T::NAME, bytes, WAYS[way], median(t), w));
+        }
+        drop(sym_recv);
+        drop(sym_send);
+        bytes *= 2;
+    }
+    Ok(())
+}
+
+pub fn run(opts: &Opts) -> Result<()> {
+    if opts.mode != Mode::Threads {
+        return Err("--small runs with a thread per GPU (--mode threads)".into());
+    }
+    let devices = crate::devices(opts)?;
+    let n = devices.len();
+    if n < 2 {
+        return Err(format!("--small needs 2 GPUs or more ({n} visible)").into());
+    }
+    let fns = Fns::load()?;
+    let met = Barrier::new(n);
+    let all: Mutex<Vec<Rows>> = Mutex::new(Vec::new());
+    World::spawn_local_with_options(&devices, &crate::world_options(opts), |world| {
+        let comm = crate::bare_comm(&world, opts).map_err(|e| bad(e.to_string()))?;
+        let mut rows = Rows::new();
+        let done = sizes::<f32>(&world, &comm, &fns, opts, &met, &mut rows)
+            .and_then(|()| sizes::<half::bf16>(&world, &comm, &fns, opts, &met, &mut rows));
+        done.map_err(|e| bad(e.to_string()))?;
+        all.lock().unwrap_or_else(|p| p.into_inner()).push(rows);
+        Ok::<(), Error>(())
+    })?;
+    let all = all.into_inner().unwrap_or_else(|p| p.into_inner());
+    // The slowest rank's time and every rank's wrong elements, per row.
+    let first = all.first().ok_or("no rank reported")?;
+    let mut results: Vec<Value> = Vec::new();
+    println!("# nccl-rs bench --small: {n} threads, all_reduce sum, µs per call (slowest rank)");
+    println!(
+        "# {:>6} {:>10} {:>10} {:>10} {:>8}",
+        "dtype", "bytes", "way", "time(us)", "#wrong"
+    );
+    for (i, (dtype, bytes, way, _, _)) in first.iter().enumerate() {
+        let time = all.iter().map(|r| r[i].3).fold(f64::MIN, f64::max);
+        let wrong: u64 = all.iter().map(|r| r[i].4).sum();
+        println!("  {dtype:>6} {bytes:>10} {way:>10} {time:>10.2} {wrong:>8}");
+        results.push(json!({
+            "dtype": dtype,
+            "bytes": bytes,
+            "layer": way,
+            "coll": "all_reduce",
+            "time_us": time,
+            "wrong": wrong,
+        }));
+    }
+    if let Some(path) = &opts.json {
+        let doc = json!({
+            "meta": {"small": true, "mode": opts.mode.name(), "ranks": n,
+                     "iters": opts.iters, "warmup": opts.warmup, "rounds": opts.rounds},
+            "small": results,
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&doc)?)
+            .map_err(|e| BoxError::from(format!("writing {}: {e}", path.display())))?;
+        eprintln!("bench: wrote {}", path.display());
+    }
+    Ok(())
+}
