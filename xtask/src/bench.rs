@@ -44,7 +44,10 @@
 //! - `small`: the all_reduce of small messages, 8 B to 16 MiB by ×2, f32
 //!   and bf16, a thread per GPU: raw NCCL, ours on plain buffers and ours
 //!   on symmetric buffers (`SymmetricBuffer`), interleaved, checked (the
-//!   summary's `small_allreduce_over_nccl_2mib`, `small_wrong`).
+//!   summary's `small_allreduce_over_nccl_2mib`, `small_wrong`). With
+//!   `--python PATH`, PyTorch's NCCL all_reduce and its symmetric-memory
+//!   one-shot and two-shot all-reduce, same sizes, same GPUs, same run
+//!   (`python/examples/torch_small.py`): `small_allreduce_over_torch_symm_max`.
 //! - `recover`: a thread per GPU, the last rank lost on purpose (its
 //!   thread panics), `World::recover` and the first all-reduce on the new
 //!   world, timed from the loss known (3 reps; the summary's
@@ -66,7 +69,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::flags::{self, Flag, Trailing, switch, value};
-use crate::gpu_test::{BENCH, TORCH_SETUP, TORCH_STEP};
+use crate::gpu_test::{BENCH, TORCH_SETUP, TORCH_SMALL, TORCH_STEP};
 use crate::launch::{Ended, launch_ranks};
 use crate::{Result, cargo, gpu_count, release_dir, workspace_root};
 
@@ -337,6 +340,13 @@ pub fn run(args: &[&str]) -> Result<()> {
                 script: TORCH_STEP,
                 name: "torch-step",
                 args: &["--iters", "500", "--warmup", "50", "--rounds", "11"],
+                reps: None,
+            },
+            TorchSide {
+                phase: "small",
+                script: TORCH_SMALL,
+                name: "small-torch",
+                args: &["--iters", "200", "--warmup", "20", "--rounds", "5"],
                 reps: None,
             },
         ];

@@ -87,6 +87,9 @@ pub const TORCH_SETUP: &str = "torch_setup.py";
 /// PyTorch's side of the bench's step phase (`bench --python`).
 pub const TORCH_STEP: &str = "torch_step.py";
 
+/// PyTorch's side of the bench's small phase (`bench --python`).
+pub const TORCH_SMALL: &str = "torch_small.py";
+
 /// Launch modes the harnesses understand (`NCCL_SAFE_TEST_MODE`).
 const MODES: &[&str] = &["single", "threads", "processes"];
 
@@ -352,6 +355,7 @@ fn bundle(dir: &Path) -> Result<()> {
         "cupy_allreduce.py",
         TORCH_SETUP,
         TORCH_STEP,
+        TORCH_SMALL,
     ] {
         std::fs::copy(
             workspace_root().join("python/examples").join(script),

@@ -571,7 +571,7 @@ pub fn setup_section(
 /// The small phase: per type and size, µs per all_reduce of each way
 /// (slowest rank), symmetric over raw, and the wrong elements.
 pub fn small_section(md: &mut String, docs: &BTreeMap<String, Value>) -> Result<()> {
-    let heading = "## Small messages\n\nall_reduce (sum), µs per call back to back, median of interleaved rounds, slowest rank, a thread per GPU: raw NCCL on plain buffers (its default path), ours on plain buffers, ours on symmetric buffers (`SymmetricBuffer`, NCCL's symmetric kernels); target at 2 MiB bf16: symmetric / raw ≤ 0.6 (`small_allreduce_over_nccl_2mib`). Wrong: elements off the exact sum, over the three ways.\n\n| mode | dtype | bytes | raw | plain | symmetric | symmetric / raw | wrong |\n|---|---|---|---|---|---|---|---|\n";
+    let heading = "## Small messages\n\nall_reduce (sum), µs per call back to back, median of interleaved rounds, slowest rank, a thread per GPU: raw NCCL on plain buffers (its default path), ours on plain buffers, ours on symmetric buffers (`SymmetricBuffer`, NCCL's symmetric kernels); target at 2 MiB bf16: symmetric / raw ≤ 0.6 (`small_allreduce_over_nccl_2mib`). PyTorch's rows (mode torch, `--python`) hold its NCCL all_reduce, its symmetric-memory one-shot and two-shot in the same three columns. Wrong: elements off the exact sum, over the three ways.\n\n| mode | dtype | bytes | raw | plain | symmetric | symmetric / raw | wrong |\n|---|---|---|---|---|---|---|---|\n";
     let found = phase(md, docs, "small-", heading);
     for &(mode, doc) in &found {
         let rows: Vec<&Value> = doc["small"].as_array().into_iter().flatten().collect();
@@ -588,7 +588,14 @@ pub fn small_section(md: &mut String, docs: &BTreeMap<String, Value>) -> Result<
                     .find(|r| s(r, "dtype") == dtype && r["bytes"] == bytes && s(r, "layer") == way)
                     .map(|r| (f(r, "time_us"), f(r, "wrong")))
             };
-            let (raw, plain, sym) = (of("raw"), of("plain"), of("symmetric"));
+            // PyTorch's rows (`--python`): its NCCL path, one-shot and
+            // two-shot, in the same three columns.
+            let ways = if mode == "torch" {
+                ["torch_nccl", "torch_one_shot", "torch_two_shot"]
+            } else {
+                ["raw", "plain", "symmetric"]
+            };
+            let (raw, plain, sym) = (of(ways[0]), of(ways[1]), of(ways[2]));
             let cell =
                 |v: Option<(f64, f64)>| v.map_or("-".to_string(), |(t, _)| format!("{t:.2}"));
             let ratio = match (sym, raw) {

@@ -1,0 +1,294 @@
+//! The summary's figures from hand-made results.
+
+use super::*;
+
+#[test]
+fn excess_is_paired_by_round_and_falls_back_to_medians() {
+    // Round 2 ran on a slow machine for both layers: pairing removes it.
+    let a = json!({"time_us": 6.0, "rounds_us": [4.3, 6.3, 4.2]});
+    let b = json!({"time_us": 6.0, "rounds_us": [4.0, 6.0, 4.0]});
+    let d = paired_excess(&a, &b);
+    assert!((d - 0.3).abs() < 1e-9, "{d}");
+    let even = json!({"time_us": 5.0, "rounds_us": [5.0, 5.4]});
+    let base = json!({"time_us": 5.0, "rounds_us": [5.0, 5.0]});
+    assert!((paired_excess(&even, &base) - 0.2).abs() < 1e-9);
+    // Older records, or rounds that do not line up: medians.
+    let old = json!({"time_us": 5.5});
+    assert!((paired_excess(&old, &b) + 0.5).abs() < 1e-9);
+    let short = json!({"time_us": 7.0, "rounds_us": [7.0]});
+    assert!((paired_excess(&short, &b) - 1.0).abs() < 1e-9);
+}
+
+fn setup_doc(world: [f64; 3], mesh: [f64; 3]) -> Value {
+    let rows: Vec<Value> = (0..3)
+        .map(|i| {
+            json!({
+                "rep": i,
+                "state": if i == 0 { "cold" } else { "warm" },
+                "world_ms": world[i],
+                "mesh_and_first_all_reduces_ms": mesh[i],
+            })
+        })
+        .collect();
+    json!({"setup": rows})
+}
+
+/// The graph difference pairs the safe 8 B all_reduce of both graph
+/// jobs; a job without it (a failed capture) is a miss, not a hit.
+#[test]
+fn graph_single_minus_threads_pairs_the_two_jobs() {
+    let job = |us: f64| {
+        json!({"results": [
+            {"layer": "raw", "coll": "all_reduce", "bytes": 8, "in_place": false, "time_us": 1.0},
+            {"layer": "safe", "coll": "all_reduce", "bytes": 8, "in_place": false, "time_us": us},
+        ]})
+    };
+    let mut docs = BTreeMap::new();
+    docs.insert("graph-threads".to_string(), job(5.5));
+    docs.insert("graph-single".to_string(), job(5.75));
+    let (flat, _) = summary(&docs);
+    assert_eq!(flat["graph_single_minus_threads_us"], json!(0.25));
+    assert_eq!(flat["graph_single_minus_threads_us_met"], json!(true));
+    docs.remove("graph-single");
+    let (flat, _) = summary(&docs);
+    assert!(flat["graph_single_minus_threads_us"].is_null());
+    assert_eq!(flat["graph_single_minus_threads_us_met"], json!(false));
+}
+
+/// The ratios over PyTorch divide warm medians (the cold rep left
+/// out) and the step medians of the same run; without PyTorch's
+/// results they are not measured, not missed.
+#[test]
+fn ratios_over_torch_use_warm_medians_of_the_same_run() {
+    let mut docs = BTreeMap::new();
+    docs.insert(
+        "setup-processes".to_string(),
+        setup_doc([900.0, 200.0, 220.0], [500.0, 100.0, 120.0]),
+    );
+    docs.insert(
+        "step-processes".to_string(),
+        json!({"step": {"default_us": 300.0, "raw_us": 290.0, "default_over_raw": 1.0}}),
+    );
+    let (flat, _) = summary(&docs);
+    assert!(flat["mesh_over_torch"].is_null(), "{flat}");
+    assert_eq!(flat["mesh_over_torch_met"], json!(false));
+    docs.insert(
+        "setup-torch".to_string(),
+        setup_doc([3000.0, 110.0, 100.0], [40.0, 60.0, 40.0]),
+    );
+    docs.insert(
+        "torch-step".to_string(),
+        json!({"step": {"torch_us": 1000.0}}),
+    );
+    let (flat, _) = summary(&docs);
+    // Warm medians: ours 220 (of 200, 220) over 110 (of 110, 100).
+    assert_eq!(flat["world_over_torch"], json!(2.0));
+    assert_eq!(flat["mesh_over_torch"], json!(2.0));
+    assert_eq!(flat["step_over_torch"], json!(0.3));
+    assert_eq!(flat["step_over_torch_met"], json!(true));
+    assert_eq!(flat["world_over_torch_met"], json!(false));
+}
+
+/// `setup-torch.json` as `python/examples/torch_setup.py` writes it:
+/// three launches (`--rep 0`, `1`, `2`), rep 0 making the file and
+/// each later one adding its row. The summary divides by its warm
+/// reps and the report lists every row under mode `torch`.
+#[test]
+fn setup_torch_of_three_launches_parses() {
+    let torch: Value = serde_json::from_str(
+        r#"{
+  "meta": {
+"setup": true,
+"mode": "torch",
+"ranks": 2,
+"mesh": [
+  1,
+  2
+],
+"torch": "2.11.0+cu130",
+"nccl": "2.28.9"
+  },
+  "setup": [
+{
+  "rep": 0,
+  "state": "cold",
+  "world_ms": 3494.7,
+  "mesh_ms": 65.9,
+  "first_all_reduce_dp_ms": 27.0,
+  "first_all_reduce_tp_ms": 144.8,
+  "mesh_and_first_all_reduces_ms": 237.70000000000002
+},
+{
+  "rep": 1,
+  "state": "warm",
+  "world_ms": 250.0,
+  "mesh_ms": 20.0,
+  "first_all_reduce_dp_ms": 5.0,
+  "first_all_reduce_tp_ms": 5.0,
+  "mesh_and_first_all_reduces_ms": 30.0
+},
+{
+  "rep": 2,
+  "state": "warm",
+  "world_ms": 150.0,
+  "mesh_ms": 10.0,
+  "first_all_reduce_dp_ms": 5.0,
+  "first_all_reduce_tp_ms": 5.0,
+  "mesh_and_first_all_reduces_ms": 20.0
+}
+  ]
+}"#,
+    )
+    .unwrap();
+    let mut docs = BTreeMap::new();
+    docs.insert(
+        "setup-processes".to_string(),
+        setup_doc([900.0, 500.0, 300.0], [500.0, 60.0, 45.0]),
+    );
+    docs.insert("setup-torch".to_string(), torch);
+    let (flat, _) = summary(&docs);
+    // Warm medians: ours 500 (of 300, 500) over 250 (of 250, 150);
+    // 60 (of 45, 60) over 30 (of 30, 20).
+    assert_eq!(flat["world_over_torch"], json!(2.0), "{flat}");
+    assert_eq!(flat["mesh_over_torch"], json!(2.0), "{flat}");
+    let mut md = String::new();
+    let mut misses = Vec::new();
+    crate::bench::report::setup_section(&mut md, &docs, &mut misses).unwrap();
+    for row in [
+        "| torch | 0 | cold | 3494.7 | 65.9 | 27.0 | 144.8 | 237.7 |",
+        "| torch | 1 | warm | 250.0 | 20.0 | 5.0 | 5.0 | 30.0 |",
+        "| torch | 2 | warm | 150.0 | 10.0 | 5.0 | 5.0 | 20.0 |",
+    ] {
+        assert!(md.contains(row), "{row} not in\n{md}");
+    }
+    assert!(misses.is_empty(), "{misses:?}");
+}
+
+#[test]
+fn recover_ms_is_the_median_rep_of_the_slowest_survivor() {
+    let doc = json!({
+        "meta": {"recover": true, "mode": "threads", "ranks": 4, "lost": 3},
+        "recover": [
+            {"rep": 0, "recover_ms": 300.0, "recover_and_first_all_reduce_ms": 340.0},
+            {"rep": 1, "recover_ms": 100.0, "recover_and_first_all_reduce_ms": 120.0},
+            {"rep": 2, "recover_ms": 110.0, "recover_and_first_all_reduce_ms": 130.0},
+        ],
+    });
+    let mut docs = BTreeMap::new();
+    docs.insert("recover-threads".to_string(), doc);
+    let (flat, _) = summary(&docs);
+    assert_eq!(flat["recover_ms"], json!(130.0), "{flat}");
+    assert_eq!(flat["recover_ms_met"], json!(true), "{flat}");
+    let mut md = String::new();
+    crate::bench::report::recover_section(&mut md, &docs).unwrap();
+    assert!(md.contains("| threads | 1 | 100.0 | 120.0 |"), "{md}");
+}
+
+#[test]
+fn world_over_torch_compares_fresh_processes_where_they_ran() {
+    let torch = json!({
+        "meta": {"setup": true, "mode": "torch", "ranks": 2},
+        "setup": [
+            {"rep": 0, "state": "cold", "world_ms": 3000.0, "mesh_and_first_all_reduces_ms": 200.0},
+            {"rep": 1, "state": "warm", "world_ms": 250.0, "mesh_and_first_all_reduces_ms": 30.0},
+            {"rep": 2, "state": "warm", "world_ms": 150.0, "mesh_and_first_all_reduces_ms": 20.0},
+        ],
+    });
+    let mut docs = BTreeMap::new();
+    docs.insert("setup-torch".to_string(), torch);
+    docs.insert(
+        "setup-processes".to_string(),
+        setup_doc([900.0, 50.0, 60.0], [500.0, 60.0, 45.0]),
+    );
+    for (i, ms) in [500.0, 300.0, 400.0].into_iter().enumerate() {
+        docs.insert(
+            format!("setup-processes-fresh-{i}"),
+            json!({
+                "meta": {"setup": true, "mode": "processes", "ranks": 2},
+                "setup": [{"rep": 0, "state": "fresh", "world_ms": ms, "mesh_and_first_all_reduces_ms": 99.0}],
+            }),
+        );
+    }
+    let (flat, _) = summary(&docs);
+    // 400 (the median of 300, 400, 500) over 250 (of 150, 250); the
+    // warm reps in one process (50, 60) are not used.
+    assert_eq!(flat["world_over_torch"], json!(1.6), "{flat}");
+    assert!(
+        flat["world_over_torch_at"]
+            .as_str()
+            .is_some_and(|a| a.contains("3 fresh processes")),
+        "{flat}"
+    );
+}
+
+#[test]
+fn small_message_keys_divide_the_2_mib_bf16_rows_and_count_every_wrong() {
+    let row = |dtype: &str, bytes: u64, layer: &str, us: f64, wrong: u64| json!({"dtype": dtype, "bytes": bytes, "layer": layer, "coll": "all_reduce", "time_us": us, "wrong": wrong});
+    let doc = json!({
+        "meta": {"small": true, "mode": "threads", "ranks": 2},
+        "small": [
+            row("bf16", 2 << 20, "raw", 27.0, 0),
+            row("bf16", 2 << 20, "plain", 27.5, 0),
+            row("bf16", 2 << 20, "symmetric", 13.5, 0),
+            row("f32", 8, "raw", 5.0, 0),
+            row("f32", 8, "symmetric", 4.0, 2),
+        ],
+    });
+    let mut docs = BTreeMap::new();
+    docs.insert("small-threads".to_string(), doc);
+    let (flat, _) = summary(&docs);
+    assert_eq!(flat["small_allreduce_over_nccl_2mib"], json!(0.5), "{flat}");
+    assert_eq!(
+        flat["small_allreduce_over_nccl_2mib_met"],
+        json!(true),
+        "{flat}"
+    );
+    assert_eq!(flat["small_wrong"], json!(2.0), "{flat}");
+    assert_eq!(flat["small_wrong_met"], json!(false), "{flat}");
+    let mut md = String::new();
+    crate::bench::report::small_section(&mut md, &docs).unwrap();
+    assert!(
+        md.contains("| threads | bf16 | 2097152 | 27.00 | 27.50 | 13.50 | 0.500 | 0 |"),
+        "{md}"
+    );
+}
+
+#[test]
+fn small_over_torch_is_the_worst_bf16_size_up_to_4_mib() {
+    let row = |dtype: &str, bytes: u64, layer: &str, us: Option<f64>| json!({"dtype": dtype, "bytes": bytes, "layer": layer, "time_us": us, "wrong": 0});
+    let ours = json!({"small": [
+        row("bf16", 8, "symmetric", Some(6.0)),
+        row("bf16", 1 << 20, "symmetric", Some(12.0)),
+        row("bf16", 8 << 20, "symmetric", Some(100.0)),
+        row("f32", 8, "symmetric", Some(60.0)),
+    ]});
+    let torch = json!({"small": [
+        row("bf16", 8, "torch_one_shot", Some(8.0)),
+        row("bf16", 8, "torch_two_shot", Some(9.0)),
+        row("bf16", 1 << 20, "torch_one_shot", Some(20.0)),
+        row("bf16", 1 << 20, "torch_two_shot", Some(10.0)),
+        row("bf16", 8 << 20, "torch_two_shot", Some(10.0)),
+    ]});
+    let mut docs = BTreeMap::new();
+    docs.insert("small-threads".to_string(), ours);
+    docs.insert("small-torch".to_string(), torch);
+    let (flat, _) = summary(&docs);
+    // 8 B: 6/8; 1 MiB: 12/10 (the better of 20 and 10); 8 MiB is past
+    // the range and f32 not counted.
+    assert_eq!(
+        flat["small_allreduce_over_torch_symm_max"],
+        json!(1.2),
+        "{flat}"
+    );
+    // A size PyTorch gave no time for is a miss.
+    docs.insert(
+        "small-torch".to_string(),
+        json!({"small": [row("bf16", 8, "torch_one_shot", None)]}),
+    );
+    let (flat, _) = summary(&docs);
+    assert_eq!(
+        flat["small_allreduce_over_torch_symm_max_met"],
+        json!(false),
+        "{flat}"
+    );
+}
