@@ -32,11 +32,20 @@
 //!   memory is leaked and the window left registered: never freed while a
 //!   peer may touch it.
 //!
+//! A [`crate::capture`]d graph can own symmetric buffers ([`Captured`]):
+//! NCCL's symmetric kernels are captured as any other. One thread driving
+//! several ranks takes a graph's buffers back
+//! ([`crate::CapturedGroup::into_buffers`]) and drops them with
+//! [`SymmetricBuffer::drop_all`]: dropped with the graph, each buffer's
+//! meeting would wait for ranks the thread has not reached, time out, and
+//! leak it.
+//!
 //! Nothing here has run on a GPU yet.
 
 use std::mem::ManuallyDrop;
 
 use crate::buffer::{Access, DeviceBuffer, DeviceBufferMut};
+use crate::capture::{Captured, Opened};
 use crate::comm::Comm;
 use crate::dtype::NcclType;
 use crate::error::{Error, Result};
@@ -329,5 +338,18 @@ unsafe impl<T: NcclType> DeviceBuffer<T> for SymmetricBuffer<'_, T> {
 unsafe impl<T: NcclType> DeviceBufferMut<T> for SymmetricBuffer<'_, T> {
     fn write<'a>(&'a mut self, stream: &'a CudaStream) -> (u64, Access<'a>) {
         self.window.write(stream)
+    }
+}
+
+// SAFETY: one buffer, opened through its own `write`. Its drop orders the
+// communicator's stream after the work joined into the buffer (a graph's
+// launches included: `CapturedGraph` waits for them before its buffers
+// go), waits for it and for the ranks to meet, and leaks the memory when
+// either does not finish.
+unsafe impl<T: NcclType> Captured for SymmetricBuffer<'_, T> {
+    fn open<'a>(&'a mut self, stream: &'a CudaStream, out: &mut Opened<'a>) {
+        let bytes = self.window.len() * std::mem::size_of::<T>();
+        let (ptr, access) = self.window.write(stream);
+        out.push(ptr, bytes, access);
     }
 }

@@ -70,6 +70,31 @@ pub fn symmetric_buffers_reduce_bit_exact_and_drop_on_every_rank() {
         let (send, recv): (Vec<_>, Vec<_>) = pairs.into_iter().unzip();
         release(recv);
         release(send);
+        // A graph that owns a pair (a thread or a process per rank: one
+        // thread driving several ranks would take its buffers back and
+        // drop them together).
+        if ranks.len() == 1 {
+            let r = &ranks[0];
+            let mut pair = (
+                SymmetricBuffer::<f32>::new(&r.comm, N)?,
+                SymmetricBuffer::<f32>::new(&r.comm, N)?,
+            );
+            let host = vec![(r.rank + 1) as f32; N];
+            pair.0.copy_from_host(r.stream(), &host)?;
+            let mut graph = nccl_safe::capture(r.stream(), pair, |cap, (send, recv)| {
+                cap.on(&r.comm).all_reduce(send, recv, ReduceOp::Sum)
+            })?;
+            for _ in 0..2 {
+                graph.launch()?;
+            }
+            let (_, recv) = graph.buffers().ok_or("no buffers")?;
+            let mut got = vec![0f32; N];
+            recv.copy_to_host(r.stream(), &mut got)?;
+            if got.iter().any(|v| *v != ranks_sum) {
+                return Err(format!("a graph of symmetric buffers gave {}", got[0]).into());
+            }
+            drop(graph);
+        }
         Ok(())
     });
 }
