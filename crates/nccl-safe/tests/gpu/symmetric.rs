@@ -1,7 +1,9 @@
 //! Symmetric buffers (`SymmetricBuffer`): made on every rank, a bit-exact
 //! all-reduce between two of them (NCCL's symmetric kernels where it can
-//! run them), and a drop with work still in flight. One thread driving every rank makes and drops them together
-//! (`new_all`, `drop_all`); a thread or a process per rank, one each.
+//! run them), a drop with work still in flight, and a CUDA graph that owns
+//! two of them. One thread driving every rank makes and drops them
+//! together (`new_all`, `drop_all`); a thread or a process per rank, one
+//! each.
 
 use nccl_safe::SymmetricBuffer;
 
