@@ -16,8 +16,12 @@ interleaved, the median per way, the slowest rank (an all_reduce MAX of
 the times). Each way's result is checked against the exact sum of
 `rank + 1` (exact in both types); one-shot writes a new tensor, two-shot
 and NCCL reduce in place, so their inputs are refilled before the check.
-A way that PyTorch refuses for a size or type is recorded with `time_us`
-null and its error. Rank 0 writes `--json` in the bench's small format
+A way that PyTorch refuses for a size or type (on any rank: the ranks
+agree after one probe call of each way) is recorded with `time_us` null
+and its error. The calls are eager Python: at the smallest sizes the
+per-call dispatch counts in PyTorch's times, as it does in a program;
+`torch_nccl` and `torch_two_shot` reduce in place, `torch_one_shot` into a
+new tensor, while the bench's own ways reduce out of place. Rank 0 writes `--json` in the bench's small format
 (`small-torch.json`).
 
     torchrun --standalone --nproc-per-node 2 torch_small.py --json small-torch.json
@@ -84,16 +88,34 @@ def main():
                     torch.ops.symm_mem.two_shot_all_reduce_(symm, "sum", group)
                 return None
 
+            # One probe call of each way, then the ranks agree on which
+            # failed anywhere, so every rank runs the same collectives.
+            failed = torch.zeros(len(WAYS), device=device, dtype=torch.int32)
+            for i, way in enumerate(WAYS):
+                if way in errors:
+                    failed[i] = 1
+                    continue
+                try:
+                    call(way)
+                    torch.cuda.synchronize(device)
+                except Exception as e:  # noqa: BLE001
+                    errors[way] = repr(e)
+                    failed[i] = 1
+            dist.all_reduce(failed, op=dist.ReduceOp.MAX)
+            for i, way in enumerate(WAYS):
+                if failed[i].item() and way not in errors:
+                    errors[way] = "failed on another rank"
             times = {w: [] for w in WAYS}
             for _ in range(a.rounds):
                 for way in WAYS:
                     if way in errors:
                         continue
                     try:
-                        dist.barrier(device_ids=[local_rank])
                         for _ in range(a.warmup):
                             call(way)
                         torch.cuda.synchronize(device)
+                        # The ranks start the timed calls together.
+                        dist.barrier(device_ids=[local_rank])
                         t = time.perf_counter()
                         for _ in range(a.iters):
                             call(way)

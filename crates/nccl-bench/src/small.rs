@@ -10,14 +10,16 @@
 //!   [`SymmetricBuffer`]s (registered as symmetric windows on every rank,
 //!   made for each size), where NCCL runs its symmetric kernels.
 //!
-//! Each measurement: the threads meet, `-w` calls, then `-n` calls timed
-//! to the stream's end; `--rounds` rounds, the three ways interleaved in
-//! each, the median per way; the slowest rank's. Then every way's result
-//! is checked bit-exact (inputs `rank + 1`, whose sums are exact in both
-//! types). CUDA graphs and PyTorch's side are not built yet.
+//! Each measurement: `-w` calls, the threads meet, then `-n` calls timed
+//! to the stream's end; `--rounds` rounds, the three ways in a rotating
+//! order in each, the median per way; the slowest rank's. Then each way
+//! runs once more into a zeroed output, checked bit-exact (inputs
+//! `rank + 1`, whose sums are exact in both types). Every wait is bounded
+//! (`--timeout`). CUDA graphs are not built yet; PyTorch's side is
+//! `python/examples/torch_small.py`.
 
 use std::ffi::c_void;
-use std::sync::{Arc, Barrier, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use nccl_dist::nccl_safe::cudarc::driver::{
@@ -27,6 +29,7 @@ use nccl_dist::nccl_safe::{Comm, NcclType, ReduceOp, SymmetricBuffer};
 use nccl_dist::{Error, World};
 use serde_json::{Value, json};
 
+use crate::barrier::HostBarrier;
 use crate::cli::{Mode, Opts};
 use crate::error::{BoxError, Result};
 use crate::fns::Fns;
@@ -80,13 +83,95 @@ fn wrong<T: Value32>(stream: &Arc<CudaStream>, recv: &CudaSlice<T>, n: usize) ->
     Ok(got.iter().filter(|v| **v != want).count() as u64)
 }
 
+/// One size's buffers on one rank: the input, a receive buffer per way,
+/// and the symmetric pair.
+struct Bufs<'c, T: Value32> {
+    count: usize,
+    send: CudaSlice<T>,
+    raw_recv: CudaSlice<T>,
+    recv: CudaSlice<T>,
+    sym_send: SymmetricBuffer<'c, T>,
+    sym_recv: SymmetricBuffer<'c, T>,
+}
+
+impl<T: Value32> Bufs<'_, T> {
+    /// `calls` all-reduces of `way` on `comm`'s stream.
+    fn issue(&mut self, way: usize, calls: usize, comm: &Comm, fns: &Fns) -> Result<()> {
+        let stream = comm.stream();
+        match way {
+            0 => {
+                let (s, _g) = self.send.device_ptr(stream);
+                let (r, _h) = self.raw_recv.device_ptr_mut(stream);
+                let count = self.count;
+                // SAFETY: `count` elements at each pointer, on this
+                // communicator's device and stream; the raw handle is used
+                // on this thread only, for calls the typed API makes
+                // itself, one after another as a C program would.
+                unsafe {
+                    comm.with_raw(|raw| -> Result<()> {
+                        for _ in 0..calls {
+                            let code = (fns.all_reduce)(
+                                s as *const c_void,
+                                r as *mut c_void,
+                                count,
+                                T::DATATYPE,
+                                ReduceOp::Sum.raw(),
+                                raw,
+                                stream.cu_stream() as _,
+                            );
+                            if code != NCCL_SUCCESS {
+                                return Err(format!("ncclAllReduce: {code:?}").into());
+                            }
+                        }
+                        Ok(())
+                    })
+                }??;
+            }
+            1 => {
+                for _ in 0..calls {
+                    comm.all_reduce(&self.send, &mut self.recv, ReduceOp::Sum)?;
+                }
+            }
+            _ => {
+                for _ in 0..calls {
+                    comm.all_reduce(&self.sym_send, &mut self.sym_recv, ReduceOp::Sum)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `way`'s output: zeroed, one call, then its elements off the sum
+    /// over `n` ranks (a way that did nothing leaves zeros).
+    fn checked(&mut self, way: usize, comm: &Comm, fns: &Fns, n: usize) -> Result<u64> {
+        let stream = comm.stream();
+        let zeros = stream.alloc_zeros::<T>(self.count)?;
+        match way {
+            0 => stream.memcpy_dtod(&zeros, &mut self.raw_recv)?,
+            1 => stream.memcpy_dtod(&zeros, &mut self.recv)?,
+            _ => self.sym_recv.copy_from(stream, &zeros)?,
+        }
+        self.issue(way, 1, comm, fns)?;
+        comm.synchronize(stream)?;
+        match way {
+            0 => wrong(stream, &self.raw_recv, n),
+            1 => wrong(stream, &self.recv, n),
+            _ => {
+                let mut out = stream.alloc_zeros::<T>(self.count)?;
+                self.sym_recv.copy_to(stream, &mut out)?;
+                wrong(stream, &out, n)
+            }
+        }
+    }
+}
+
 /// Every size of one type on one rank, the three ways interleaved.
 fn sizes<T: Value32>(
     world: &World,
     comm: &Comm,
     fns: &Fns,
     opts: &Opts,
-    met: &Barrier,
+    met: &HostBarrier,
     rows: &mut Rows,
 ) -> Result<()> {
     let stream = comm.stream();
@@ -102,78 +187,41 @@ fn sizes<T: Value32>(
     let mut bytes = opts.min_bytes.max(elem);
     while bytes <= opts.max_bytes {
         let count = bytes / elem;
-        let input = vec![T::of(me); count];
-        let send = stream.clone_htod(&input)?;
-        let mut recv = stream.alloc_zeros::<T>(count)?;
+        let send = stream.clone_htod(&vec![T::of(me); count])?;
         let mut sym_send = SymmetricBuffer::<T>::new(comm, count)?;
-        let mut sym_recv = SymmetricBuffer::<T>::new(comm, count)?;
-        sym_send.copy_from_host(stream, &input)?;
+        sym_send.copy_from(stream, &send)?;
+        let mut b = Bufs {
+            count,
+            raw_recv: stream.alloc_zeros::<T>(count)?,
+            recv: stream.alloc_zeros::<T>(count)?,
+            sym_recv: SymmetricBuffer::<T>::new(comm, count)?,
+            send,
+            sym_send,
+        };
         let mut times: [Vec<f64>; 3] = Default::default();
-        for _ in 0..opts.rounds {
-            for (way, slot) in times.iter_mut().enumerate() {
-                let mut call = |calls: usize| -> Result<()> {
-                    match way {
-                        0 => {
-                            let (s, _g) = send.device_ptr(stream);
-                            let (r, _h) = recv.device_ptr_mut(stream);
-                            // SAFETY: `count` elements at each pointer, on
-                            // this communicator's device and stream; the
-                            // raw handle is used on this thread only, for
-                            // calls the typed API makes itself, one after
-                            // another as a C program would.
-                            unsafe {
-                                comm.with_raw(|raw| -> Result<()> {
-                                    for _ in 0..calls {
-                                        let code = (fns.all_reduce)(
-                                            s as *const c_void,
-                                            r as *mut c_void,
-                                            count,
-                                            T::DATATYPE,
-                                            ReduceOp::Sum.raw(),
-                                            raw,
-                                            stream.cu_stream() as _,
-                                        );
-                                        if code != NCCL_SUCCESS {
-                                            return Err(format!("ncclAllReduce: {code:?}").into());
-                                        }
-                                    }
-                                    Ok(())
-                                })
-                            }??;
-                        }
-                        1 => {
-                            for _ in 0..calls {
-                                comm.all_reduce(&send, &mut recv, ReduceOp::Sum)?;
-                            }
-                        }
-                        _ => {
-                            for _ in 0..calls {
-                                comm.all_reduce(&sym_send, &mut sym_recv, ReduceOp::Sum)?;
-                            }
-                        }
-                    }
-                    Ok(())
-                };
-                met.wait();
-                call(opts.warmup)?;
-                stream.synchronize()?;
+        for round in 0..opts.rounds {
+            // The ways in a rotating order, so none is always first.
+            for k in 0..WAYS.len() {
+                let way = (round + k) % WAYS.len();
+                b.issue(way, opts.warmup, comm, fns)?;
+                comm.synchronize(stream)?;
+                // The ranks start the timed calls together.
+                met.wait()?;
                 let t = Instant::now();
-                call(opts.iters)?;
-                stream.synchronize()?;
-                slot.push(t.elapsed().as_secs_f64() * 1e6 / opts.iters as f64);
+                b.issue(way, opts.iters, comm, fns)?;
+                comm.synchronize(stream)?;
+                times[way].push(t.elapsed().as_secs_f64() * 1e6 / opts.iters as f64);
             }
         }
-        let mut host = vec![T::default(); count];
-        sym_recv.copy_to_host(stream, &mut host)?;
-        let want = T::of((n * (n + 1) / 2) as f32);
-        let sym_wrong = host.iter().filter(|v| **v != want).count() as u64;
-        let plain_wrong = wrong(stream, &recv, n)?;
-        for (way, t) in times.into_iter().enumerate() {
-            let w = if way == 2 { sym_wrong } else { plain_wrong };
-            rows.push((T::NAME, bytes, WAYS[way], median(t), w));
+        let mut bad = [0u64; 3];
+        for (way, slot) in bad.iter_mut().enumerate() {
+            met.wait()?;
+            *slot = b.checked(way, comm, fns, n)?;
         }
-        drop(sym_recv);
-        drop(sym_send);
+        for (way, t) in times.into_iter().enumerate() {
+            rows.push((T::NAME, count * elem, WAYS[way], median(t), bad[way]));
+        }
+        drop(b);
         bytes *= 2;
     }
     Ok(())
@@ -189,7 +237,8 @@ pub fn run(opts: &Opts) -> Result<()> {
         return Err(format!("--small needs 2 GPUs or more ({n} visible)").into());
     }
     let fns = Fns::load()?;
-    let met = Barrier::new(n);
+    // Bounded: a thread that failed makes the others fail, not hang.
+    let met = HostBarrier::new(n, opts.timeout);
     let all: Mutex<Vec<Rows>> = Mutex::new(Vec::new());
     World::spawn_local_with_options(&devices, &crate::world_options(opts), |world| {
         let comm = crate::bare_comm(&world, opts).map_err(|e| bad(e.to_string()))?;

@@ -476,11 +476,12 @@ fn a_mesh_that_keeps_its_world_uses_the_worlds_communicator_bit_exact() {
 #[test]
 #[ignore = "needs GPUs: cargo xtask gpu-test"]
 fn symmetric_buffers_of_different_lengths_are_refused_before_nccl() {
-    // A thread or a process per rank: the ranks meet over the liveness
-    // channel before NCCL's registration barrier (one thread driving
-    // every rank registers in one group, with no meeting to refuse).
+    // A process per rank: the ranks meet over the liveness channel and
+    // compare the lengths before NCCL's registration barrier (threads of
+    // one process meet but do not compare yet; one thread driving every
+    // rank registers in one group, with no meeting).
     run(|worlds| {
-        if worlds.len() > 1 {
+        if mode() != Mode::Processes {
             return Ok(());
         }
         let w = &worlds[0];

@@ -428,6 +428,28 @@ impl<'c, B> Window<'c, B> {
         drop(windows);
     }
 
+    /// `ncclCommWindowDeregister`, once, saying whether NCCL let go of the
+    /// memory (a handle already released counts as yes); nulls the handle.
+    pub(crate) fn try_deregister(&mut self) -> bool {
+        if self.win.is_null() {
+            return true;
+        }
+        let win = *self.win;
+        let lib = self.comm.library();
+        let result = self
+            .comm
+            .shared()
+            .with_raw("ncclCommWindowDeregister", |raw| {
+                let deregister = lib.raw().ncclCommWindowDeregister()?;
+                // SAFETY: `win` came from `ncclCommWindowRegister` on `raw`
+                // and is released once (the slot is nulled below).
+                let code = unsafe { deregister(raw, win) };
+                lib.check("ncclCommWindowDeregister", code, raw)
+            });
+        *self.win = std::ptr::null_mut();
+        result.is_ok()
+    }
+
     /// `ncclCommWindowDeregister`, once; nulls the handle.
     fn deregister(&mut self) {
         let win = *self.win;

@@ -19,18 +19,23 @@
 //!   over every rank, which on a blocking communicator waits with no
 //!   deadline for a rank that never comes. So where the communicator has
 //!   an observer that gates calls (nccl-dist's watchdog with its liveness
-//!   channel), the ranks first meet there and compare the lengths; a
-//!   missing rank or a different length is a typed error before NCCL sees
-//!   anything ([`crate::Error::CheckFailed`]).
+//!   channel), the ranks first meet there, after allocating, and a missing
+//!   rank is a typed error before NCCL sees anything
+//!   ([`crate::Error::CheckFailed`]). With a process per rank the meeting
+//!   also compares the lengths; among threads of one process it does not
+//!   yet (their channel has no call check). Nonblocking communicators and
+//!   streams being captured are refused.
 //! - **Drop** must not free memory that a peer's kernels may still read
 //!   (they read this rank's buffer directly, and deregistration has no
 //!   barrier). It waits for this rank's work on the buffer, then for the
 //!   ranks to meet (a one-element all-reduce on the communicator), each
 //!   wait bounded by the communicator's timeout; then it deregisters and
 //!   frees. When any step fails (a timeout, an aborted communicator, a
-//!   group open on this thread, a rank that did not drop its buffer), the
-//!   memory is leaked and the window left registered: never freed while a
-//!   peer may touch it.
+//!   group open on this thread, a capture of its stream, a rank that did
+//!   not drop its buffer, a deregistration NCCL refused), the memory is
+//!   leaked and the window left registered: never freed while a peer may
+//!   touch it. A meeting that times out also aborts the communicator (its
+//!   synchronisation does, as every bounded wait of a `Comm`).
 //!
 //! A [`crate::capture`]d graph can own symmetric buffers ([`Captured`]):
 //! NCCL's symmetric kernels are captured as any other. One thread driving
@@ -46,6 +51,7 @@ use std::mem::ManuallyDrop;
 
 use crate::buffer::{Access, DeviceBuffer, DeviceBufferMut};
 use crate::capture::{Captured, Opened};
+use crate::capture_state::is_capturing;
 use crate::comm::Comm;
 use crate::dtype::NcclType;
 use crate::error::{Error, Result};
@@ -104,11 +110,12 @@ impl<'c, T: NcclType> SymmetricBuffer<'c, T> {
                 reason: "a symmetric buffer is made collectively, outside a group",
             });
         }
-        comm.library()
-            .capabilities()
-            .require(crate::capabilities::Feature::Windows)?;
-        meet::<T>(comm, len)?;
+        refuse_unsuited(comm)?;
+        // Allocated before the ranks meet: a rank whose allocation fails
+        // never reaches the meeting, where the others are refused within
+        // the timeout, instead of inside NCCL's registration barrier.
         let memory = NcclMemory::<T>::alloc(comm, len)?;
+        meet::<T>(comm, len)?;
         let window = Window::register(comm, memory, nccl_sys::NCCL_WIN_COLL_SYMMETRIC)?;
         Ok(SymmetricBuffer {
             comm,
@@ -117,9 +124,11 @@ impl<'c, T: NcclType> SymmetricBuffer<'c, T> {
     }
 
     /// One buffer of `len` elements per communicator of `comms`, driven by
-    /// this thread (one rank each), registered in one group. The checks of
-    /// [`SymmetricBuffer::new`] come first; the ranks meet in the group, so
-    /// no observer's meeting is asked for.
+    /// this thread (one rank each, every rank of them), registered in one
+    /// group. The checks of [`SymmetricBuffer::new`] come first; no
+    /// meeting over the liveness channel is asked for (this thread holds
+    /// every rank), so a rank missing from `comms` leaves the registration
+    /// waiting inside NCCL.
     pub fn new_all(comms: &[&'c Comm], len: usize) -> Result<Vec<SymmetricBuffer<'c, T>>> {
         if len == 0 {
             return Err(Error::InvalidArgument {
@@ -134,9 +143,7 @@ impl<'c, T: NcclType> SymmetricBuffer<'c, T> {
             });
         }
         for comm in comms {
-            comm.library()
-                .capabilities()
-                .require(crate::capabilities::Feature::Windows)?;
+            refuse_unsuited(comm)?;
         }
         let memories = comms
             .iter()
@@ -158,15 +165,20 @@ impl<'c, T: NcclType> SymmetricBuffer<'c, T> {
     /// in one group, then every window deregistered in one group and the
     /// memory freed. When a step fails, every one of them is leaked.
     pub fn drop_all(buffers: Vec<SymmetricBuffer<'c, T>>) {
-        let mut parts: Vec<(&'c Comm, Window<'c, NcclMemory<T>>)> = buffers
+        // Kept from their drop until the ranks met: a failure or a panic on
+        // the way leaks them.
+        let mut parts: Vec<(&'c Comm, ManuallyDrop<Window<'c, NcclMemory<T>>>)> = buffers
             .into_iter()
             .map(|b| {
                 let mut b = ManuallyDrop::new(b);
                 // SAFETY: taken once; `b` is never dropped (ManuallyDrop).
-                (b.comm, unsafe { ManuallyDrop::take(&mut b.window) })
+                (
+                    b.comm,
+                    ManuallyDrop::new(unsafe { ManuallyDrop::take(&mut b.window) }),
+                )
             })
             .collect();
-        let met = (|| -> Result<()> {
+        let met = crate::capture_state::without_capture(|| -> Result<()> {
             if crate::group::is_open() {
                 return Err(Error::InvalidArgument {
                     op: OP,
@@ -175,10 +187,10 @@ impl<'c, T: NcclType> SymmetricBuffer<'c, T> {
             }
             let mut ones = Vec::with_capacity(parts.len());
             for (comm, window) in &mut parts {
-                if comm.abort_handle().is_aborted() {
+                if comm.abort_handle().is_aborted() || is_capturing(comm.stream()) {
                     return Err(Error::InvalidArgument {
                         op: OP,
-                        reason: "a communicator was aborted",
+                        reason: "a communicator was aborted or its stream is being captured",
                     });
                 }
                 let (_, access) = window.write(comm.stream());
@@ -199,13 +211,13 @@ impl<'c, T: NcclType> SymmetricBuffer<'c, T> {
                 comm.synchronize(comm.stream())?;
             }
             Ok(())
-        })();
-        match met {
-            Ok(()) => Window::deregister_all(parts.into_iter().map(|(_, w)| w).collect()),
-            Err(e) => {
-                tracing::warn!(error = %e, "the ranks did not meet to drop symmetric buffers: leaked");
-                std::mem::forget(parts);
-            }
+        });
+        if let Err(e) = met {
+            tracing::warn!(error = %e, "the ranks did not meet to drop symmetric buffers: leaked");
+            return;
+        }
+        for (_, window) in parts {
+            release(ManuallyDrop::into_inner(window));
         }
     }
 
@@ -214,72 +226,63 @@ impl<'c, T: NcclType> SymmetricBuffer<'c, T> {
         self.comm
     }
 
-    /// Copies `host` into the buffer on `stream`, after the buffer's
-    /// earlier uses. `host` must have the buffer's length
-    /// ([`Error::InvalidArgument`] else, before any copy).
-    pub fn copy_from_host(&mut self, stream: &CudaStream, host: &[T]) -> Result<()> {
-        const COPY: &str = "SymmetricBuffer::copy_from_host";
-        if host.len() != self.window.len() {
-            return Err(Error::InvalidArgument {
-                op: COPY,
-                reason: "the host slice and the buffer differ in length",
-            });
-        }
-        let (ptr, access) = self.window.write(stream);
-        // SAFETY: `ptr` holds `len` elements of `T` on the stream's device
-        // (the buffer's own contract); `host` has as many; a copy from
-        // pageable memory has read `host` when the call returns, and the
-        // access orders later users of the buffer after the copy.
-        let copied =
-            unsafe { cudarc::driver::result::memcpy_htod_async(ptr, host, stream.cu_stream()) };
-        drop(access);
-        copied.map_err(|source| Error::Cuda { op: COPY, source })
+    /// Copies `src` into the buffer on `stream`, after the earlier uses of
+    /// both (device to device: no host memory is involved). Another length
+    /// or device is [`Error::InvalidArgument`], before any copy.
+    pub fn copy_from(&mut self, stream: &CudaStream, src: &impl DeviceBuffer<T>) -> Result<()> {
+        let (len, device) = (self.window.len(), self.window.device());
+        check_copy(stream, (src.len(), src.device()), (len, device))?;
+        let (from, src_access) = src.read(stream);
+        let (to, dst_access) = self.window.write(stream);
+        copy_on(stream, to, from, len * std::mem::size_of::<T>())?;
+        drop((src_access, dst_access));
+        Ok(())
     }
 
-    /// Copies the buffer into `host` after its earlier uses, and waits for
-    /// the copy (at most the communicator's timeout).
-    pub fn copy_to_host(&self, stream: &CudaStream, host: &mut [T]) -> Result<()> {
-        const COPY: &str = "SymmetricBuffer::copy_to_host";
-        if host.len() != self.window.len() {
-            return Err(Error::InvalidArgument {
-                op: COPY,
-                reason: "the host slice and the buffer differ in length",
-            });
-        }
-        let (ptr, access) = self.window.read(stream);
-        // SAFETY: as above; a copy into pageable memory returns once it is
-        // done, and the stream is waited for below before `host` is used.
-        let copied =
-            unsafe { cudarc::driver::result::memcpy_dtoh_async(host, ptr, stream.cu_stream()) };
-        drop(access);
-        copied.map_err(|source| Error::Cuda { op: COPY, source })?;
-        self.comm.synchronize(stream)
+    /// Copies the buffer into `dst` on `stream`, after the earlier uses of
+    /// both. Another length or device is [`Error::InvalidArgument`].
+    pub fn copy_to(&self, stream: &CudaStream, dst: &mut impl DeviceBufferMut<T>) -> Result<()> {
+        let (len, device) = (self.window.len(), self.window.device());
+        check_copy(stream, (len, device), (dst.len(), dst.device()))?;
+        let (from, src_access) = self.window.read(stream);
+        let (to, dst_access) = dst.write(stream);
+        copy_on(stream, to, from, len * std::mem::size_of::<T>())?;
+        drop((src_access, dst_access));
+        Ok(())
     }
 
-    /// This rank's work on the buffer done, then every rank met: whether
-    /// the memory may be deregistered and freed.
-    fn quiesce(&mut self) -> bool {
-        if crate::group::is_open() || self.comm.abort_handle().is_aborted() {
-            return false;
-        }
+    /// This rank's work on `window` (this buffer's, taken out by the
+    /// drop) done, then every rank met: whether the memory may be
+    /// deregistered and freed.
+    fn quiesce_window(&self, window: &mut Window<'c, NcclMemory<T>>) -> bool {
         let comm = self.comm;
         let stream = comm.stream();
+        // Inside a group the meeting cannot run; on an aborted communicator
+        // or a stream being captured (the meeting would be recorded, not
+        // run) it would not show that the peers are done.
+        if crate::group::is_open() || comm.abort_handle().is_aborted() || is_capturing(stream) {
+            tracing::warn!(
+                "a symmetric buffer dropped in a group, after an abort or during a capture: leaked"
+            );
+            return false;
+        }
         // Ordered after every use of the buffer so far, on any stream (the
         // buffer's accesses), then the stream waited for (bounded).
-        let (_, access) = self.window.write(stream);
+        // Written here: ordered after every earlier use, reads included.
+        let (_, access) = window.write(stream);
         drop(access);
         if let Err(e) = comm.synchronize(stream) {
             tracing::warn!(error = %e, "a symmetric buffer's work did not finish: leaked");
             return false;
         }
         // Every rank past its last use of its peers' buffers.
-        let met = (|| -> Result<()> {
+        let met = crate::capture_state::without_capture(|| -> Result<()> {
             let mut one = stream
                 .alloc_zeros::<f32>(1)
                 .map_err(|source| Error::Cuda { op: OP, source })?;
             comm.all_reduce_in_place(&mut one, ReduceOp::Sum)?;
             comm.synchronize(stream)
-        })();
+        });
         if let Err(e) = met {
             tracing::warn!(error = %e, "the ranks did not meet to drop a symmetric buffer: leaked");
             return false;
@@ -310,15 +313,78 @@ fn meet<T: NcclType>(comm: &Comm, len: usize) -> Result<()> {
 
 impl<T: NcclType> Drop for SymmetricBuffer<'_, T> {
     fn drop(&mut self) {
-        if self.quiesce() {
-            // SAFETY: taken once, here; every rank is done with it.
-            unsafe { ManuallyDrop::drop(&mut self.window) };
+        // SAFETY: taken once, here.
+        let mut window = unsafe { ManuallyDrop::take(&mut self.window) };
+        if self.quiesce_window(&mut window) {
+            release(window);
         } else {
             // A peer may still read it: never freed, never deregistered.
-            // SAFETY: taken once, here, then forgotten.
-            std::mem::forget(unsafe { ManuallyDrop::take(&mut self.window) });
+            std::mem::forget(window);
         }
     }
+}
+
+/// Deregisters a window every rank is done with and frees its memory; when
+/// NCCL did not let go of it, the memory is leaked instead.
+fn release<T: NcclType>(mut window: Window<'_, NcclMemory<T>>) {
+    if window.try_deregister() {
+        drop(window);
+    } else {
+        tracing::warn!("ncclCommWindowDeregister failed: the symmetric buffer's memory is leaked");
+        std::mem::forget(window);
+    }
+}
+
+/// Refuses a communicator a symmetric buffer cannot be made on safely: a
+/// nonblocking one (NCCL would register in the background while an error
+/// here frees the memory), one whose stream is being captured, or a
+/// library without windows.
+fn refuse_unsuited(comm: &Comm) -> Result<()> {
+    comm.library()
+        .capabilities()
+        .require(crate::capabilities::Feature::Windows)?;
+    if !comm.is_blocking() {
+        return Err(Error::InvalidArgument {
+            op: OP,
+            reason: "symmetric buffers need a blocking communicator",
+        });
+    }
+    if is_capturing(comm.stream()) {
+        return Err(Error::Capturing { op: OP });
+    }
+    Ok(())
+}
+
+/// A copy's lengths and devices checked: `(src len, src device)` and
+/// `(dst len, dst device)` on `stream`'s device.
+fn check_copy(stream: &CudaStream, src: (usize, usize), dst: (usize, usize)) -> Result<()> {
+    const COPY: &str = "SymmetricBuffer copy";
+    let here = stream.context().ordinal();
+    if src.0 != dst.0 {
+        return Err(Error::InvalidArgument {
+            op: COPY,
+            reason: "the two buffers differ in length",
+        });
+    }
+    if src.1 != here || dst.1 != here {
+        return Err(Error::InvalidArgument {
+            op: COPY,
+            reason: "a buffer is not on the stream's device",
+        });
+    }
+    Ok(())
+}
+
+/// `bytes` bytes from `from` to `to` on `stream` (device to device).
+fn copy_on(stream: &CudaStream, to: u64, from: u64, bytes: usize) -> Result<()> {
+    const COPY: &str = "SymmetricBuffer copy";
+    let cuda = |source| Error::Cuda { op: COPY, source };
+    stream.context().bind_to_thread().map_err(cuda)?;
+    // SAFETY: both ranges hold `bytes` bytes on the stream's device (the
+    // buffers' contracts, lengths checked); the accesses the callers hold
+    // order the copy after earlier uses and later uses after it.
+    unsafe { cudarc::driver::result::memcpy_dtod_async(to, from, bytes, stream.cu_stream()) }
+        .map_err(cuda)
 }
 
 // SAFETY: forwards to the registered NCCL memory, whose contract holds.

@@ -141,7 +141,8 @@ pub const TARGET_MODES: &[&str] = &["threads", "processes"];
 ///   the better of PyTorch's symmetric-memory one-shot and two-shot
 ///   all-reduce in the same run (NaN, a miss, where PyTorch gave none).
 /// - `small_wrong`: the small phase's wrong elements over every size,
-///   type and way (bit-exact expected).
+///   type and way (bit-exact expected), PyTorch's rows (`--python`)
+///   included.
 /// - `recover_ms`: from the recover phase (a thread per GPU, the last
 ///   rank lost on purpose), the median over reps of the slowest
 ///   survivor's time from the loss known to the first all-reduce done on

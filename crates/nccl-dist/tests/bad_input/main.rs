@@ -245,8 +245,8 @@ const NOTHING_TO_REFUSE: &[(&str, &str)] = &[
         "length 0 and an open group are refused before any NCCL call (a GPU is needed to reach them: symmetric_buffers_reduce_bit_exact_and_drop_on_every_rank checks the length); lengths that differ across ranks are refused by the ranks' meeting where the communicator's observer gates calls",
     ),
     (
-        "SymmetricBuffer::copy_from_host copy_to_host",
-        "a host slice of another length is refused before any copy (InvalidArgument)",
+        "SymmetricBuffer::copy_from copy_to",
+        "a buffer of another length or on another device is refused before any copy (InvalidArgument)",
     ),
     (
         "SymmetricBuffer::drop_all comm",

@@ -47,7 +47,7 @@ pub fn symmetric_buffers_reduce_bit_exact_and_drop_on_every_rank() {
             let host: Vec<f32> = (0..N)
                 .map(|i| ((r.rank + 1) * (i % 3 + 1)) as f32)
                 .collect();
-            s.copy_from_host(r.stream(), &host)?;
+            s.copy_from(r.stream(), &r.stream().clone_htod(&host)?)?;
         }
         // All-reduce, symmetric to symmetric.
         each_rank!(ranks, pairs, |on, r, p| {
@@ -56,8 +56,9 @@ pub fn symmetric_buffers_reduce_bit_exact_and_drop_on_every_rank() {
         })?;
         let ranks_sum = (world * (world + 1) / 2) as f32;
         for (r, (_, b)) in ranks.iter().zip(&pairs) {
-            let mut host = vec![0f32; N];
-            b.copy_to_host(r.stream(), &mut host)?;
+            let mut dev = r.stream().alloc_zeros::<f32>(N)?;
+            b.copy_to(r.stream(), &mut dev)?;
+            let host = r.stream().clone_dtoh(&dev)?;
             let want = |i: usize| ranks_sum * (i % 3 + 1) as f32;
             if let Some(i) = (0..N).find(|&i| host[i].to_bits() != want(i).to_bits()) {
                 return Err(format!("rank {}: all_reduce[{i}] = {}", r.rank, host[i]).into());
@@ -82,7 +83,8 @@ pub fn symmetric_buffers_reduce_bit_exact_and_drop_on_every_rank() {
                 SymmetricBuffer::<f32>::new(&r.comm, N)?,
             );
             let host = vec![(r.rank + 1) as f32; N];
-            pair.0.copy_from_host(r.stream(), &host)?;
+            pair.0
+                .copy_from(r.stream(), &r.stream().clone_htod(&host)?)?;
             let mut graph = nccl_safe::capture(r.stream(), pair, |cap, (send, recv)| {
                 cap.on(&r.comm).all_reduce(send, recv, ReduceOp::Sum)
             })?;
@@ -90,8 +92,9 @@ pub fn symmetric_buffers_reduce_bit_exact_and_drop_on_every_rank() {
                 graph.launch()?;
             }
             let (_, recv) = graph.buffers().ok_or("no buffers")?;
-            let mut got = vec![0f32; N];
-            recv.copy_to_host(r.stream(), &mut got)?;
+            let mut dev = r.stream().alloc_zeros::<f32>(N)?;
+            recv.copy_to(r.stream(), &mut dev)?;
+            let got = r.stream().clone_dtoh(&dev)?;
             if got.iter().any(|v| *v != ranks_sum) {
                 return Err(format!("a graph of symmetric buffers gave {}", got[0]).into());
             }
