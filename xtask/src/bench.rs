@@ -196,13 +196,6 @@ fn jobs(o: &Options) -> Vec<Job> {
             });
         }
     }
-    if want("events") {
-        jobs.push(Job {
-            name: "events-threads".into(),
-            mode: "threads",
-            args: w("--cudarc-events --ops all_reduce -b 8 -e 8 -n 1000 -w 100 --rounds 5"),
-        });
-    }
     if want("setup") {
         for mode in MODES {
             jobs.push(Job {
@@ -242,26 +235,30 @@ fn jobs(o: &Options) -> Vec<Job> {
             });
         }
     }
-    if want("small") {
-        jobs.push(Job {
-            name: "small-threads".into(),
-            mode: "threads",
-            args: w("--small -b 8 -e 16M -n 200 -w 20 --rounds 5"),
-        });
-    }
-    if want("recover") {
-        jobs.push(Job {
-            name: "recover-threads".into(),
-            mode: "threads",
-            args: w("--recover --setup-reps 3"),
-        });
-    }
-    if want("async") {
-        jobs.push(Job {
-            name: "async-single".into(),
-            mode: "single",
-            args: w("--async -n 2000 -w 200"),
-        });
+    // The phases of one job each: (phase, mode, arguments); the job is
+    // `PHASE-MODE`.
+    let singles: [(&str, &'static str, &str); 4] = [
+        (
+            "events",
+            "threads",
+            "--cudarc-events --ops all_reduce -b 8 -e 8 -n 1000 -w 100 --rounds 5",
+        ),
+        (
+            "small",
+            "threads",
+            "--small -b 8 -e 16M -n 200 -w 20 --rounds 5",
+        ),
+        ("recover", "threads", "--recover --setup-reps 3"),
+        ("async", "single", "--async -n 2000 -w 200"),
+    ];
+    for (phase, mode, args) in singles {
+        if want(phase) {
+            jobs.push(Job {
+                name: format!("{phase}-{mode}"),
+                mode,
+                args: w(args),
+            });
+        }
     }
     jobs
 }

@@ -98,19 +98,7 @@ impl<'c, T: NcclType> SymmetricBuffer<'c, T> {
     /// group are [`Error::InvalidArgument`], a library without windows the
     /// capability check's error, all before any NCCL call.
     pub fn new(comm: &'c Comm, len: usize) -> Result<SymmetricBuffer<'c, T>> {
-        if len == 0 {
-            return Err(Error::InvalidArgument {
-                op: OP,
-                reason: "a symmetric buffer of no element",
-            });
-        }
-        if crate::group::is_open() {
-            return Err(Error::InvalidArgument {
-                op: OP,
-                reason: "a symmetric buffer is made collectively, outside a group",
-            });
-        }
-        refuse_unsuited(comm)?;
+        refuse_unsuited(&[comm], len)?;
         // Allocated before the ranks meet: a rank whose allocation fails
         // never reaches the meeting, where the others are refused within
         // the timeout, instead of inside NCCL's registration barrier.
@@ -130,21 +118,7 @@ impl<'c, T: NcclType> SymmetricBuffer<'c, T> {
     /// every rank), so a rank missing from `comms` leaves the registration
     /// waiting inside NCCL.
     pub fn new_all(comms: &[&'c Comm], len: usize) -> Result<Vec<SymmetricBuffer<'c, T>>> {
-        if len == 0 {
-            return Err(Error::InvalidArgument {
-                op: OP,
-                reason: "a symmetric buffer of no element",
-            });
-        }
-        if crate::group::is_open() {
-            return Err(Error::InvalidArgument {
-                op: OP,
-                reason: "symmetric buffers are made collectively, outside a group",
-            });
-        }
-        for comm in comms {
-            refuse_unsuited(comm)?;
-        }
+        refuse_unsuited(comms, len)?;
         let memories = comms
             .iter()
             .map(|comm| NcclMemory::<T>::alloc(comm, len))
@@ -335,22 +309,29 @@ fn release<T: NcclType>(mut window: Window<'_, NcclMemory<T>>) {
     }
 }
 
-/// Refuses a communicator a symmetric buffer cannot be made on safely: a
-/// nonblocking one (NCCL would register in the background while an error
-/// here frees the memory), one whose stream is being captured, or a
-/// library without windows.
-fn refuse_unsuited(comm: &Comm) -> Result<()> {
-    comm.library()
-        .capabilities()
-        .require(crate::capabilities::Feature::Windows)?;
-    if !comm.is_blocking() {
-        return Err(Error::InvalidArgument {
-            op: OP,
-            reason: "symmetric buffers need a blocking communicator",
-        });
+/// Refuses what symmetric buffers of `len` elements cannot be made on
+/// safely: no element, an open group (they are made collectively), a
+/// library without windows, a nonblocking communicator (NCCL would
+/// register in the background while an error here frees the memory), or
+/// a communicator whose stream is being captured.
+fn refuse_unsuited(comms: &[&Comm], len: usize) -> Result<()> {
+    let refuse = |reason| Err(Error::InvalidArgument { op: OP, reason });
+    if len == 0 {
+        return refuse("a symmetric buffer of no element");
     }
-    if is_capturing(comm.stream()) {
-        return Err(Error::Capturing { op: OP });
+    if crate::group::is_open() {
+        return refuse("symmetric buffers are made collectively, outside a group");
+    }
+    for comm in comms {
+        comm.library()
+            .capabilities()
+            .require(crate::capabilities::Feature::Windows)?;
+        if !comm.is_blocking() {
+            return refuse("symmetric buffers need a blocking communicator");
+        }
+        if is_capturing(comm.stream()) {
+            return Err(Error::Capturing { op: OP });
+        }
     }
     Ok(())
 }
