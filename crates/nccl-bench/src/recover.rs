@@ -22,6 +22,7 @@ use serde_json::json;
 
 use crate::cli::{Mode, Opts};
 use crate::error::{BoxError, Result};
+use crate::ms;
 
 /// How long a survivor keeps calling before it gives up on learning of
 /// the loss.
@@ -33,10 +34,6 @@ const LEARN_WITHIN: Duration = Duration::from_secs(30);
 struct Times {
     rebuild: f64,
     total: f64,
-}
-
-fn ms(t: Instant) -> f64 {
-    t.elapsed().as_secs_f64() * 1e3
 }
 
 /// One all-reduce of one element on `world`'s communicator, synchronised.

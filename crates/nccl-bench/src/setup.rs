@@ -36,6 +36,7 @@ use serde_json::json;
 
 use crate::cli::{Mode, Opts};
 use crate::error::{BoxError, Result};
+use crate::ms;
 
 /// The spans reported per phase: (JSON key, column, the span names summed).
 const SPAN_PHASES: [(&str, &str, &[&str]); 6] = [
@@ -97,10 +98,6 @@ impl Phases {
 /// How long after the ranks last met a warm rep with a process per rank
 /// starts: past the previous rep's teardown on every rank.
 const ALIGN: std::time::Duration = std::time::Duration::from_secs(2);
-
-fn ms(t: Instant) -> f64 {
-    t.elapsed().as_secs_f64() * 1e3
-}
 
 /// `dp` × `tp` for `n` ranks: 2 × 2 on 4, `n/2` × 2 when even, else n × 1.
 fn axes(n: usize) -> [(&'static str, usize); 2] {

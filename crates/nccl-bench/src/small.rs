@@ -22,15 +22,14 @@ use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use nccl_dist::nccl_safe::cudarc::driver::{
-    CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits,
-};
-use nccl_dist::nccl_safe::{Comm, NcclType, ReduceOp, SymmetricBuffer};
+use nccl_dist::nccl_safe::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use nccl_dist::nccl_safe::{Comm, ReduceOp, SymmetricBuffer};
 use nccl_dist::{Error, World};
 use serde_json::{Value, json};
 
 use crate::barrier::HostBarrier;
 use crate::cli::{Mode, Opts};
+use crate::coll::Elem;
 use crate::error::{BoxError, Result};
 use crate::fns::Fns;
 
@@ -39,26 +38,6 @@ const NCCL_SUCCESS: nccl_dist::nccl_safe::nccl_sys::ncclResult_t =
 
 /// The ways measured, in their interleaved order.
 const WAYS: [&str; 3] = ["raw", "plain", "symmetric"];
-
-/// An element type of the phase: built from the small integer it holds.
-trait Value32: NcclType + Copy + Default + PartialEq + DeviceRepr + ValidAsZeroBits {
-    const NAME: &'static str;
-    fn of(x: f32) -> Self;
-}
-
-impl Value32 for f32 {
-    const NAME: &'static str = "f32";
-    fn of(x: f32) -> f32 {
-        x
-    }
-}
-
-impl Value32 for half::bf16 {
-    const NAME: &'static str = "bf16";
-    fn of(x: f32) -> half::bf16 {
-        half::bf16::from_f32(x)
-    }
-}
 
 /// One rank's results: (dtype, bytes, way) → (median µs, wrong elements).
 type Rows = Vec<(&'static str, usize, &'static str, f64, u64)>;
@@ -70,22 +49,17 @@ fn bad(reason: String) -> Error {
     }
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
-}
-
 /// The elements of `recv` (on `stream`) that differ from the sum over
 /// `n` ranks of `rank + 1`.
-fn wrong<T: Value32>(stream: &Arc<CudaStream>, recv: &CudaSlice<T>, n: usize) -> Result<u64> {
-    let want = T::of((n * (n + 1) / 2) as f32);
+fn wrong<T: Elem>(stream: &Arc<CudaStream>, recv: &CudaSlice<T>, n: usize) -> Result<u64> {
+    let want = T::from_f64((n * (n + 1) / 2) as f64);
     let got = stream.clone_dtoh(recv)?;
     Ok(got.iter().filter(|v| **v != want).count() as u64)
 }
 
 /// One size's buffers on one rank: the input, a receive buffer per way,
 /// and the symmetric pair.
-struct Bufs<'c, T: Value32> {
+struct Bufs<'c, T: Elem> {
     count: usize,
     send: CudaSlice<T>,
     raw_recv: CudaSlice<T>,
@@ -94,7 +68,7 @@ struct Bufs<'c, T: Value32> {
     sym_recv: SymmetricBuffer<'c, T>,
 }
 
-impl<T: Value32> Bufs<'_, T> {
+impl<T: Elem> Bufs<'_, T> {
     /// `calls` all-reduces of `way` on `comm`'s stream.
     fn issue(&mut self, way: usize, calls: usize, comm: &Comm, fns: &Fns) -> Result<()> {
         let stream = comm.stream();
@@ -166,7 +140,7 @@ impl<T: Value32> Bufs<'_, T> {
 }
 
 /// Every size of one type on one rank, the three ways interleaved.
-fn sizes<T: Value32>(
+fn sizes<T: Elem>(
     world: &World,
     comm: &Comm,
     fns: &Fns,
@@ -182,12 +156,12 @@ fn sizes<T: Value32>(
         unsafe { stream.context().disable_event_tracking() };
     }
     let n = world.size();
-    let me = (world.rank() + 1) as f32;
+    let me = (world.rank() + 1) as f64;
     let elem = std::mem::size_of::<T>();
     let mut bytes = opts.min_bytes.max(elem);
     while bytes <= opts.max_bytes {
         let count = bytes / elem;
-        let send = stream.clone_htod(&vec![T::of(me); count])?;
+        let send = stream.clone_htod(&vec![T::from_f64(me); count])?;
         let mut sym_send = SymmetricBuffer::<T>::new(comm, count)?;
         sym_send.copy_from(stream, &send)?;
         let mut b = Bufs {
@@ -218,8 +192,15 @@ fn sizes<T: Value32>(
             met.wait()?;
             *slot = b.checked(way, comm, fns, n)?;
         }
-        for (way, t) in times.into_iter().enumerate() {
-            rows.push((T::NAME, count * elem, WAYS[way], median(t), bad[way]));
+        for (way, mut t) in times.into_iter().enumerate() {
+            // At least one round (`--rounds` is checked): never empty.
+            rows.push((
+                T::NAME,
+                count * elem,
+                WAYS[way],
+                crate::median(&mut t),
+                bad[way],
+            ));
         }
         drop(b);
         bytes *= 2;

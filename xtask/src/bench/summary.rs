@@ -32,15 +32,22 @@ pub fn worst(items: impl Iterator<Item = (f64, String)>) -> Option<(f64, String)
 
 /// The median over a set-up document's warm reps of `key`, and how many.
 fn warm_median(doc: &Value, key: &str) -> Option<(f64, usize)> {
-    let mut warm: Vec<f64> = doc["setup"]
+    let warm: Vec<f64> = doc["setup"]
         .as_array()
         .into_iter()
         .flatten()
         .filter(|r| s(r, "state") == "warm")
         .map(|r| f(r, key))
         .collect();
-    warm.sort_by(f64::total_cmp);
-    Some((warm.get(warm.len() / 2).copied()?, warm.len()))
+    let n = warm.len();
+    Some((upper_median(warm)?, n))
+}
+
+/// The middle value (the upper one of an even count), as the reports'
+/// medians take it; `None` for no value.
+fn upper_median(mut v: Vec<f64>) -> Option<f64> {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied()
 }
 
 /// One figure of the targets table.
@@ -321,21 +328,20 @@ pub fn summary(docs: &BTreeMap<String, Value>) -> (Value, Vec<Target>) {
     // (`setup-processes-fresh-*`, timed from after its CUDA context) over
     // PyTorch's warm reps (each a fresh launch, context made first); else
     // our warm reps, which reuse a process that made a world before.
-    let mut fresh: Vec<f64> = docs
+    let fresh: Vec<f64> = docs
         .iter()
         .filter(|(k, _)| k.starts_with("setup-processes-fresh-"))
         .flat_map(|(_, d)| d["setup"].as_array().into_iter().flatten())
         .filter(|r| s(r, "state") == "fresh")
         .map(|r| f(r, "world_ms"))
         .collect();
-    fresh.sort_by(f64::total_cmp);
-    let world_over_torch = match (fresh.get(fresh.len() / 2), torch) {
-        (Some(&ours), Some(torch)) => warm_median(torch, "world_ms").map(|(theirs, _)| {
+    let fresh_count = fresh.len();
+    let world_over_torch = match (upper_median(fresh), torch) {
+        (Some(ours), Some(torch)) => warm_median(torch, "world_ms").map(|(theirs, _)| {
             (
                 ours / theirs,
                 format!(
-                    "setup-processes-fresh {ours:.1} ms (median of {} fresh processes) over setup-torch {theirs:.1} ms (warm median)",
-                    fresh.len()
+                    "setup-processes-fresh {ours:.1} ms (median of {fresh_count} fresh processes) over setup-torch {theirs:.1} ms (warm median)"
                 ),
             )
         }),
@@ -425,16 +431,15 @@ pub fn summary(docs: &BTreeMap<String, Value>) -> (Value, Vec<Target>) {
     // world: the median over reps of the slowest survivor.
     let recover_doc = docs.get("recover-threads");
     let recover = recover_doc.and_then(|d| {
-        let mut all: Vec<f64> = d["recover"]
+        let all: Vec<f64> = d["recover"]
             .as_array()?
             .iter()
             .map(|r| f(r, "recover_and_first_all_reduce_ms"))
             .collect();
-        all.sort_by(f64::total_cmp);
-        let median = *all.get(all.len() / 2)?;
+        let reps = all.len();
         Some((
-            median,
-            format!("recover-threads, median of {} reps", all.len()),
+            upper_median(all)?,
+            format!("recover-threads, median of {reps} reps"),
         ))
     });
 
