@@ -33,8 +33,14 @@ import os
 import statistics
 import time
 
-import torch
-import torch.distributed as dist
+# Before torch loads: no NVLink multicast, in NCCL or in PyTorch's
+# symmetric memory (whose rendezvous would otherwise create multicast
+# objects where the GPUs support them).
+os.environ["NCCL_NVLS_ENABLE"] = "0"
+os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 
 WAYS = ("torch_nccl", "torch_one_shot", "torch_two_shot")
 
@@ -60,6 +66,14 @@ def main():
     torch.cuda.set_device(device)
     dist.init_process_group("nccl", device_id=device)
     import torch.distributed._symmetric_memory as symm_mem
+
+    # The CUDA backend (P2P over NVLink, the one whose one-shot and
+    # two-shot kernels the issue measured), where the API can choose.
+    if hasattr(symm_mem, "set_backend"):
+        try:
+            symm_mem.set_backend("CUDA")
+        except Exception as e:  # noqa: BLE001 - the default backend stays
+            print(f"torch small: symm_mem.set_backend('CUDA'): {e!r}", flush=True)
 
     n, rank = dist.get_world_size(), dist.get_rank()
     group = dist.group.WORLD.group_name

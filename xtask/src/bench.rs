@@ -405,6 +405,10 @@ fn torch_side(
     };
     for rep in launches {
         let mut cmd = Command::new(python);
+        // No NVLink multicast on either side: NCCL's NVLS and PyTorch's
+        // symmetric memory (which would call cuMulticastCreate) stay off.
+        cmd.env("NCCL_NVLS_ENABLE", "0")
+            .env("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1");
         cmd.args(["-m", "torch.distributed.run", "--standalone"])
             .arg(format!("--nproc-per-node={n}"))
             .arg(&script)
