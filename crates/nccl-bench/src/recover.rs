@@ -13,6 +13,7 @@
 //! reports as a failed job; this phase does not do it (the fault suite's
 //! cases `a`, `a0` and `n` time `World::recover` there, as `rebuilt_ms`).
 
+use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -30,10 +31,12 @@ const LEARN_WITHIN: Duration = Duration::from_secs(30);
 
 /// One survivor's times, in ms: `World::recover`, then the first
 /// all-reduce on the new world, from the loss known.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 struct Times {
     rebuild: f64,
     total: f64,
+    /// The recovery's `nccl.*` spans on this survivor's thread, ms by name.
+    spans: HashMap<&'static str, f64>,
 }
 
 /// One all-reduce of one element on `world`'s communicator, synchronised.
@@ -70,12 +73,16 @@ fn survive(world: World, options: &nccl_dist::WorldOptions) -> std::result::Resu
         }
     }
     let known = Instant::now();
+    // What this thread's spans timed before the loss is not the
+    // recovery's.
+    crate::spans::take_thread();
     let world = world.recover(options)?;
     let rebuild = ms(known);
     all_reduce(&world)?;
     Ok(Times {
         rebuild,
         total: ms(known),
+        spans: crate::spans::take_thread(),
     })
 }
 
@@ -106,10 +113,11 @@ fn one_rep(devices: &[usize], options: &nccl_dist::WorldOptions) -> Result<Times
         };
         return Err(format!("{} of {} survivors recovered ({why})", times.len(), n - 1).into());
     }
-    Ok(times.iter().fold(Times::default(), |a, t| Times {
-        rebuild: a.rebuild.max(t.rebuild),
-        total: a.total.max(t.total),
-    }))
+    // The slowest survivor (by its recovery and first all-reduce).
+    times
+        .into_iter()
+        .max_by(|a, b| a.total.total_cmp(&b.total))
+        .ok_or_else(|| "no survivor".into())
 }
 
 pub fn run(opts: &Opts) -> Result<()> {
@@ -130,6 +138,9 @@ pub fn run(opts: &Opts) -> Result<()> {
         "# {:>4} {:>16} {:>24}",
         "rep", "recover(ms)", "recover+first(ms)"
     );
+    if !crate::spans::install() {
+        eprintln!("bench: another tracing subscriber is installed; the span columns stay empty");
+    }
     let mut rows = Vec::new();
     for rep in 0..opts.setup_reps {
         let t = one_rep(&devices, &options)?;
@@ -138,6 +149,7 @@ pub fn run(opts: &Opts) -> Result<()> {
             "rep": rep,
             "recover_ms": t.rebuild,
             "recover_and_first_all_reduce_ms": t.total,
+            "spans": t.spans,
         }));
     }
     if let Some(path) = &opts.json {

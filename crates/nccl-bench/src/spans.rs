@@ -126,6 +126,20 @@ pub fn take() -> HashMap<&'static str, f64> {
     slowest_thread(done)
 }
 
+/// Per span name, the milliseconds summed over the calling thread's
+/// spans since its last call (of this or [`take`]); other threads' stay.
+pub fn take_thread() -> HashMap<&'static str, f64> {
+    let me = std::thread::current().id();
+    let Some(times) = TIMES.get() else {
+        return HashMap::new();
+    };
+    let mut state = times.lock();
+    let mine: Vec<_> = state.done.keys().filter(|k| k.1 == me).copied().collect();
+    mine.into_iter()
+        .filter_map(|k| state.done.remove(&k).map(|ms| (k.0, ms)))
+        .collect()
+}
+
 fn slowest_thread(done: HashMap<(&'static str, ThreadId), f64>) -> HashMap<&'static str, f64> {
     let mut out: HashMap<&'static str, f64> = HashMap::new();
     for ((name, _), ms) in done {

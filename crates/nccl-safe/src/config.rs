@@ -74,7 +74,43 @@ impl IntoCInt for i32 {
     }
 }
 
+/// The least `minCTAs` that [`Config::for_symmetric_kernels`] sets.
+pub const SYMMETRIC_MIN_CTAS: i32 = 16;
+
 impl Config {
+    /// This configuration with `minCTAs` at least [`SYMMETRIC_MIN_CTAS`]
+    /// (kept under a `maxCTAs` already set): for a communicator whose
+    /// all-reduces run on [`crate::SymmetricBuffer`]s.
+    ///
+    /// NCCL 2.28 sizes a symmetric kernel's grid by its own model, from
+    /// `minCTAs` up, and on H100 and H200 pairs picks so few blocks that
+    /// 1–4 MiB all-reduces stay near its default path's time. At 16 blocks
+    /// or more, 2 MiB bf16 takes 0.42–0.46 of the default path's time
+    /// (2 H100s, NCCL 2.28.3 and 2.28.9; `docs/architecture.md`, "Small
+    /// messages"). Other collectives: NCCL makes at least `minCTAs`
+    /// channels, which changes nothing where it already makes 16 or more
+    /// (24 between two NVLink-linked H100s or H200s) and adds channels
+    /// elsewhere.
+    ///
+    /// ```
+    /// use nccl_safe::{Config, SYMMETRIC_MIN_CTAS};
+    /// let config = Config::new().for_symmetric_kernels();
+    /// assert_eq!(config.get_min_ctas(), Some(SYMMETRIC_MIN_CTAS));
+    /// // A larger minimum stays; a smaller maximum bounds it.
+    /// assert_eq!(Config::new().min_ctas(32).for_symmetric_kernels().get_min_ctas(), Some(32));
+    /// assert_eq!(Config::new().max_ctas(8).for_symmetric_kernels().get_min_ctas(), Some(8));
+    /// ```
+    pub fn for_symmetric_kernels(self) -> Config {
+        let at_least = self.get_min_ctas().unwrap_or(0).max(SYMMETRIC_MIN_CTAS);
+        let bounded = self.ints.get("maxCTAs").map_or(at_least, |&max| at_least.min(max));
+        self.min_ctas(bounded)
+    }
+
+    /// The `minCTAs` set on this configuration, if any.
+    pub fn get_min_ctas(&self) -> Option<i32> {
+        self.ints.get("minCTAs").copied()
+    }
+
     /// Every field unset, our wait deadline at [`DEFAULT_TIMEOUT`].
     pub fn new() -> Config {
         Config {

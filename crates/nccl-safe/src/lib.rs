@@ -79,7 +79,7 @@ pub use comm::{
     require_gpus,
 };
 pub use completion::Completion;
-pub use config::{Config, DEFAULT_TIMEOUT};
+pub use config::{Config, DEFAULT_TIMEOUT, SYMMETRIC_MIN_CTAS};
 pub use dtype::NcclType;
 pub use error::{CUDA_OP, Error, Result, Role, UniqueIdError};
 pub use group::{GroupGuard, group, take_dropped_group_error};

@@ -95,12 +95,14 @@ impl World {
         )
         .entered();
         let n = survivors.ranks.len();
+        let post = tracing::debug_span!("nccl.recover_post").entered();
         let posted = if survivors.me == 0 {
             let made = Team::new(survivors.ranks.clone(), options);
             Some(board.post(made.map_err(|e| e.to_string())))
         } else {
             board.take(Instant::now() + options.timeout)
         };
+        drop(post);
         let team = match posted {
             Some(Ok(team)) => team,
             Some(Err(reason)) => {
@@ -175,6 +177,7 @@ impl World {
             local: Some(Arc::clone(&team.next)),
         };
         // The old world (its aborted communicators) goes only now.
+        let _old = tracing::debug_span!("nccl.recover_drop_old").entered();
         drop(self);
         Ok(world)
     }

@@ -191,6 +191,7 @@ impl World {
                 "the ranks of this world are threads of one process that share no board: make a new world for the survivors",
             ));
         }
+        let _span = tracing::debug_span!("nccl.recover_settle").entered();
         let survivors = settled(
             &liveness,
             self.launch.world_size,
@@ -302,6 +303,7 @@ impl World {
         let world = World::form(&id, launch, device, resolved, new_liveness, Shape::Split)?;
         // The old world (its aborted communicators, its channel) goes
         // only now: its goodbye is not a loss to anyone.
+        let _old = tracing::debug_span!("nccl.recover_drop_old").entered();
         drop(self);
         Ok(world)
     }

@@ -199,6 +199,10 @@ const NOTHING_TO_REFUSE: &[(&str, &str)] = &[
         "Config::abort_signal get_abort_signal",
         "every signal is valid",
     ),
+    (
+        "Config::for_symmetric_kernels get_min_ctas",
+        "a builder bounded by the configuration's own maxCTAs / an accessor; NCCL checks the values at init",
+    ),
     ("OpObserver::unfinished", "a query an observer answers"),
     (
         "OpObserver::before checks_before",

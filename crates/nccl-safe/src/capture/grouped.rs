@@ -21,7 +21,7 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::sys::CUgraphInstantiate_flags;
 use cudarc::driver::{CudaEvent, CudaGraph, CudaStream, DriverError};
 
 use super::{
@@ -123,10 +123,10 @@ impl<'a> Fork<'a> {
         let (origin, others) = streams
             .split_first()
             .expect("check_lanes: at least one lane");
-        // Thread-local: the calls of other threads (a watchdog's event
-        // queries) neither join nor invalidate this capture; this thread
-        // makes no unsafe call until the capture has ended.
-        origin.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+        // Relaxed (see `CAPTURE_MODE`): the calls of other threads (a
+        // watchdog's event queries) neither join nor invalidate this
+        // capture, and NCCL's lazy connection may enable peer access.
+        origin.begin_capture(super::CAPTURE_MODE)?;
         let mut fork = Fork {
             streams,
             comms,

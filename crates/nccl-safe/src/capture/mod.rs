@@ -42,7 +42,8 @@
 //! use nccl_safe::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 //! use nccl_safe::{ReduceOp, allow_capture};
 //! let stream = comm.stream();
-//! stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+//! // Relaxed, as `capture` does: see `CAPTURE_MODE` in the source.
+//! stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
 //! // SAFETY: `comm` and `x` outlive `graph` below, and every launch of it
 //! // is waited for before they go.
 //! unsafe { allow_capture(|| comm.on(stream).all_reduce_in_place(x, ReduceOp::Sum)) }?;
@@ -60,6 +61,18 @@ use std::time::Duration;
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice, CudaStream};
+
+/// The capture mode of [`capture`] and [`capture_group`]: relaxed. NCCL
+/// connects a communicator lazily, in its first call of a kind; where
+/// that call is captured with a thread per GPU of one process, NCCL's P2P
+/// connection calls `cudaDeviceEnablePeerAccess` on the capturing thread,
+/// which the thread-local and global modes refuse (`operation not
+/// permitted when stream is capturing`, measured on 2 H200s with NCCL
+/// 2.28.3). Relaxed lets those calls through; calls that would wait on
+/// the capturing stream still fail, and the closures see only the safe
+/// API, which makes no such call.
+pub(crate) const CAPTURE_MODE: CUstreamCaptureMode =
+    CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
 
 use crate::abort::AbortCause;
 use crate::buffer::{Access, DeviceBuffer, DeviceBufferMut};
@@ -294,9 +307,7 @@ pub fn capture<'c, B: Captured>(
         opened.extents()
     };
     let comms = RefCell::new(Vec::new());
-    private
-        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-        .map_err(cuda)?;
+    private.begin_capture(CAPTURE_MODE).map_err(cuda)?;
     let mut unwind = EndOnUnwind {
         stream: &private,
         comms: &comms,
