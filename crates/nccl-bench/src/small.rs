@@ -257,10 +257,7 @@ pub fn run(opts: &Opts) -> Result<()> {
     let all: Mutex<Vec<Rows>> = Mutex::new(Vec::new());
     World::spawn_local_with_options(&devices, &crate::world_options(opts), |world| {
         // One communicator for the three ways, made for symmetric kernels
-        // (see the module's header). A second communicator for the
-        // symmetric way alone ended the process on 2 H100s with glibc's
-        // "unaligned tcache chunk detected" at a thread's exit (not yet
-        // understood; docs/architecture.md, "Small messages").
+        // (see the module's header).
         let sym_config = crate::config(opts).for_symmetric_kernels();
         let comm = world
             .comm()

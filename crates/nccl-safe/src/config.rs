@@ -77,10 +77,14 @@ impl IntoCInt for i32 {
 /// The least `minCTAs` that [`Config::for_symmetric_kernels`] sets.
 pub const SYMMETRIC_MIN_CTAS: i32 = 16;
 
+/// NCCL's `maxCTAs` when unset (`MAXCHANNELS`, 2.28).
+const NCCL_DEFAULT_MAX_CTAS: i32 = 64;
+
 impl Config {
     /// This configuration with `minCTAs` at least [`SYMMETRIC_MIN_CTAS`]
-    /// (kept under a `maxCTAs` already set): for a communicator whose
-    /// all-reduces run on [`crate::SymmetricBuffer`]s.
+    /// (kept under a `maxCTAs` already set; an unset `maxCTAs` becomes
+    /// NCCL's default, 64, since NCCL refuses `minCTAs` alone): for a
+    /// communicator whose all-reduces run on [`crate::SymmetricBuffer`]s.
     ///
     /// NCCL 2.28 sizes a symmetric kernel's grid by its own model, from
     /// `minCTAs` up, and on H100 and H200 pairs picks so few blocks that
@@ -102,8 +106,10 @@ impl Config {
     /// ```
     pub fn for_symmetric_kernels(self) -> Config {
         let at_least = self.get_min_ctas().unwrap_or(0).max(SYMMETRIC_MIN_CTAS);
-        let bounded = self.ints.get("maxCTAs").map_or(at_least, |&max| at_least.min(max));
-        self.min_ctas(bounded)
+        match self.ints.get("maxCTAs") {
+            Some(&max) => self.min_ctas(at_least.min(max)),
+            None => self.min_ctas(at_least).max_ctas(NCCL_DEFAULT_MAX_CTAS),
+        }
     }
 
     /// The `minCTAs` set on this configuration, if any.
@@ -216,10 +222,32 @@ impl Config {
         self.ints.get("blocking").is_none_or(|v| *v != 0)
     }
 
+    /// NCCL's own check of `minCTAs` and `maxCTAs` (2.28), made here so
+    /// that it is a typed error before any call: each set is positive,
+    /// and a `minCTAs` needs a `maxCTAs` at least as large (NCCL compares
+    /// an unset `maxCTAs` as `INT_MIN`, so `minCTAs` alone is refused).
+    /// Seen on 2 H100s: an `ncclCommSplit` that NCCL 2.28.3 refused for
+    /// this ended its process in glibc's heap check at a thread's exit.
+    fn check_ctas(&self) -> Result<()> {
+        let (min, max) = (self.ints.get("minCTAs"), self.ints.get("maxCTAs"));
+        let reason = match (min, max) {
+            (Some(&m), _) if m <= 0 => "minCTAs must be positive",
+            (_, Some(&m)) if m <= 0 => "maxCTAs must be positive",
+            (Some(_), None) => "minCTAs needs maxCTAs set as well (NCCL refuses it alone)",
+            (Some(&lo), Some(&hi)) if lo > hi => "minCTAs is above maxCTAs",
+            _ => return Ok(()),
+        };
+        Err(Error::InvalidArgument {
+            op: "Config",
+            reason,
+        })
+    }
+
     /// The raw struct for a library of `version`, with the strings it
     /// points to. Fails on a field the library does not know and on a
     /// string with an interior nul.
     pub(crate) fn to_raw(&self, version: Version) -> Result<RawConfig> {
+        self.check_ctas()?;
         let code = version.code();
         let mut raw = ncclConfig_t::initializer_for(code);
         let check = |field: &'static str| match ncclConfig_t::field_known(field, code) {
@@ -364,6 +392,24 @@ mod tests {
             "{err}"
         );
         assert!(err.to_string().contains("NCCL 2.18.3"), "{err}");
+    }
+
+    #[test]
+    fn cta_bounds_nccl_refuses_are_refused_first() {
+        let v = Version::new(2, 28, 3);
+        for bad in [
+            Config::new().min_ctas(16),
+            Config::new().min_ctas(0).max_ctas(8),
+            Config::new().max_ctas(-1),
+            Config::new().min_ctas(16).max_ctas(8),
+        ] {
+            let err = bad.to_raw(v).unwrap_err();
+            assert!(matches!(err, Error::InvalidArgument { op: "Config", .. }), "{err}");
+        }
+        let raw = Config::new().for_symmetric_kernels().to_raw(v).unwrap();
+        assert_eq!((raw.raw.minCTAs, raw.raw.maxCTAs), (16, 64));
+        let raw = Config::new().max_ctas(8).for_symmetric_kernels().to_raw(v).unwrap();
+        assert_eq!((raw.raw.minCTAs, raw.raw.maxCTAs), (8, 8));
     }
 
     #[test]
