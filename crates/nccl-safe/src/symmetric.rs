@@ -45,7 +45,15 @@
 //! meeting would wait for ranks the thread has not reached, time out, and
 //! leak it.
 //!
-//! Nothing here has run on a GPU yet.
+//! NCCL sizes a symmetric kernel's grid itself, from the communicator's
+//! `minCTAs` up; a communicator made with
+//! [`crate::Config::for_symmetric_kernels`] gets at least 16 blocks, which
+//! on 2 H100s took a 2 MiB bf16 all-reduce from 0.68 to 0.47 of NCCL's
+//! default path's time (`docs/architecture.md`, "Small messages").
+//!
+//! Run on GPUs: creation, bit-exact all-reduces and drops on every rank in
+//! every launch mode, and lengths that differ refused before NCCL with a
+//! process per rank (2 H200s and 2 H100s, world 2).
 
 use std::mem::ManuallyDrop;
 
