@@ -404,11 +404,18 @@ mod tests {
             Config::new().min_ctas(16).max_ctas(8),
         ] {
             let err = bad.to_raw(v).unwrap_err();
-            assert!(matches!(err, Error::InvalidArgument { op: "Config", .. }), "{err}");
+            assert!(
+                matches!(err, Error::InvalidArgument { op: "Config", .. }),
+                "{err}"
+            );
         }
         let raw = Config::new().for_symmetric_kernels().to_raw(v).unwrap();
         assert_eq!((raw.raw.minCTAs, raw.raw.maxCTAs), (16, 64));
-        let raw = Config::new().max_ctas(8).for_symmetric_kernels().to_raw(v).unwrap();
+        let raw = Config::new()
+            .max_ctas(8)
+            .for_symmetric_kernels()
+            .to_raw(v)
+            .unwrap();
         assert_eq!((raw.raw.minCTAs, raw.raw.maxCTAs), (8, 8));
     }
 
