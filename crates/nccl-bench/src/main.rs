@@ -146,9 +146,14 @@ pub fn world_options(opts: &Opts) -> WorldOptions {
 /// The raw and safe layers' communicator for one rank: split from the
 /// world's, with `config(opts)` and no observer (so no watchdog).
 pub fn bare_comm(world: &World, opts: &Opts) -> Result<Comm> {
+    bare_comm_with(world, &config(opts))
+}
+
+/// As [`bare_comm`], split with `config`.
+pub fn bare_comm_with(world: &World, config: &Config) -> Result<Comm> {
     let comm = world
         .comm()
-        .split(Some(0), world.rank() as i32, Some(&config(opts)))?
+        .split(Some(0), world.rank() as i32, Some(config))?
         .ok_or("ncclCommSplit gave no communicator")?;
     // Only `World` and `DeviceMesh` set observers; make sure.
     comm.set_observer(None);

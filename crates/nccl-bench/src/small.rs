@@ -72,31 +72,9 @@ struct Bufs<'c, T: Elem> {
     sym_recv: SymmetricBuffer<'c, T>,
 }
 
-/// The communicators of one rank: `bare` for the raw and plain ways,
-/// `sym` for the symmetric way (today the same one). Each way runs on its
-/// communicator's own stream.
-#[derive(Clone, Copy)]
-struct Comms<'c> {
-    bare: &'c Comm,
-    sym: &'c Comm,
-}
-
-impl<'c> Comms<'c> {
-    fn of(self, way: usize) -> &'c Comm {
-        if way == 2 { self.sym } else { self.bare }
-    }
-
-    /// Waits for `way`'s stream (bounded).
-    fn synchronize(self, way: usize) -> Result<()> {
-        let comm = self.of(way);
-        Ok(comm.synchronize(comm.stream())?)
-    }
-}
-
 impl<T: Elem> Bufs<'_, T> {
-    /// `calls` all-reduces of `way` on its communicator's stream.
-    fn issue(&mut self, way: usize, calls: usize, comms: Comms<'_>, fns: &Fns) -> Result<()> {
-        let comm = comms.of(way);
+    /// `calls` all-reduces of `way` on `comm`'s stream.
+    fn issue(&mut self, way: usize, calls: usize, comm: &Comm, fns: &Fns) -> Result<()> {
         let stream = comm.stream();
         match way {
             0 => {
@@ -143,8 +121,7 @@ impl<T: Elem> Bufs<'_, T> {
 
     /// `way`'s output: zeroed, one call, then its elements off the sum
     /// over `n` ranks (a way that did nothing leaves zeros).
-    fn checked(&mut self, way: usize, comms: Comms<'_>, fns: &Fns, n: usize) -> Result<u64> {
-        let comm = comms.of(way);
+    fn checked(&mut self, way: usize, comm: &Comm, fns: &Fns, n: usize) -> Result<u64> {
         let stream = comm.stream();
         let zeros = stream.alloc_zeros::<T>(self.count)?;
         match way {
@@ -152,7 +129,7 @@ impl<T: Elem> Bufs<'_, T> {
             1 => stream.memcpy_dtod(&zeros, &mut self.recv)?,
             _ => self.sym_recv.copy_from(stream, &zeros)?,
         }
-        self.issue(way, 1, comms, fns)?;
+        self.issue(way, 1, comm, fns)?;
         comm.synchronize(stream)?;
         match way {
             0 => wrong(stream, &self.raw_recv, n),
@@ -169,22 +146,17 @@ impl<T: Elem> Bufs<'_, T> {
 /// Every size of one type on one rank, the three ways interleaved.
 fn sizes<T: Elem>(
     world: &World,
-    comms: Comms<'_>,
+    comm: &Comm,
     fns: &Fns,
     opts: &Opts,
     met: &HostBarrier,
     rows: &mut Rows,
 ) -> Result<()> {
-    let stream = comms.bare.stream();
-    let sym_stream = comms.sym.stream();
+    let stream = comm.stream();
     if !opts.cudarc_events {
-        // SAFETY: each of this phase's buffers is used on one stream only
-        // (collectives, fills and read-backs): the symmetric pair and its
-        // check buffers on the symmetric communicator's, the rest on the
-        // bare one's, except the input, which the symmetric stream reads
-        // once after the bare stream was synchronised. So cudarc's
-        // cross-stream events have nothing to order (as in the sweep's
-        // layers).
+        // SAFETY: this phase's buffers are used on this one stream only
+        // (collectives, fills and read-backs), so cudarc's cross-stream
+        // events have nothing to order (as in the sweep's layers).
         unsafe { stream.context().disable_event_tracking() };
     }
     let n = world.size();
@@ -194,15 +166,13 @@ fn sizes<T: Elem>(
     while bytes <= opts.max_bytes {
         let count = bytes / elem;
         let send = stream.clone_htod(&vec![T::from_f64(me); count])?;
-        comms.synchronize(0)?;
-        let mut sym_send = SymmetricBuffer::<T>::new(comms.sym, count)?;
-        sym_send.copy_from(sym_stream, &send)?;
-        comms.synchronize(2)?;
+        let mut sym_send = SymmetricBuffer::<T>::new(comm, count)?;
+        sym_send.copy_from(stream, &send)?;
         let mut b = Bufs {
             count,
             raw_recv: stream.alloc_zeros::<T>(count)?,
             recv: stream.alloc_zeros::<T>(count)?,
-            sym_recv: SymmetricBuffer::<T>::new(comms.sym, count)?,
+            sym_recv: SymmetricBuffer::<T>::new(comm, count)?,
             send,
             sym_send,
         };
@@ -211,20 +181,20 @@ fn sizes<T: Elem>(
             // The ways in a rotating order, so none is always first.
             for k in 0..WAYS.len() {
                 let way = (round + k) % WAYS.len();
-                b.issue(way, opts.warmup, comms, fns)?;
-                comms.synchronize(way)?;
+                b.issue(way, opts.warmup, comm, fns)?;
+                comm.synchronize(stream)?;
                 // The ranks start the timed calls together.
                 met.wait()?;
                 let t = Instant::now();
-                b.issue(way, opts.iters, comms, fns)?;
-                comms.synchronize(way)?;
+                b.issue(way, opts.iters, comm, fns)?;
+                comm.synchronize(stream)?;
                 times[way].push(t.elapsed().as_secs_f64() * 1e6 / opts.iters as f64);
             }
         }
         let mut bad = [0u64; 3];
         for (way, slot) in bad.iter_mut().enumerate() {
             met.wait()?;
-            *slot = b.checked(way, comms, fns, n)?;
+            *slot = b.checked(way, comm, fns, n)?;
         }
         for (way, mut t) in times.into_iter().enumerate() {
             // At least one round (`--rounds` is checked): never empty.
@@ -256,21 +226,11 @@ pub fn run(opts: &Opts) -> Result<()> {
     let met = HostBarrier::new(n, opts.timeout);
     let all: Mutex<Vec<Rows>> = Mutex::new(Vec::new());
     World::spawn_local_with_options(&devices, &crate::world_options(opts), |world| {
-        // One communicator for the three ways, made for symmetric kernels
-        // (see the module's header).
-        let sym_config = crate::config(opts).for_symmetric_kernels();
-        let comm = world
-            .comm()
-            .split(Some(0), world.rank() as i32, Some(&sym_config))?
-            .ok_or_else(|| bad("ncclCommSplit gave no communicator".into()))?;
-        comm.set_observer(None);
-        let comms = Comms {
-            bare: &comm,
-            sym: &comm,
-        };
+        let config = crate::config(opts).for_symmetric_kernels();
+        let comm = crate::bare_comm_with(&world, &config).map_err(|e| bad(e.to_string()))?;
         let mut rows = Rows::new();
-        let done = sizes::<f32>(&world, comms, &fns, opts, &met, &mut rows)
-            .and_then(|()| sizes::<half::bf16>(&world, comms, &fns, opts, &met, &mut rows));
+        let done = sizes::<f32>(&world, &comm, &fns, opts, &met, &mut rows)
+            .and_then(|()| sizes::<half::bf16>(&world, &comm, &fns, opts, &met, &mut rows));
         done.map_err(|e| bad(e.to_string()))?;
         all.lock().unwrap_or_else(|p| p.into_inner()).push(rows);
         Ok::<(), Error>(())
