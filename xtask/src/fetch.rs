@@ -105,6 +105,34 @@ pub fn libclang() -> Result<PathBuf> {
     Ok(dir)
 }
 
+/// Makes sure `target/nvrtc/<version>/libnvrtc.so.12` (and its builtins)
+/// exist; returns the library's path.
+pub fn nvrtc() -> Result<PathBuf> {
+    let (package, version) = pins::NVRTC;
+    let dir = workspace_root().join("target").join("nvrtc").join(version);
+    let lib = dir.join("libnvrtc.so.12");
+    let marker = dir.join(".complete");
+    if marker.exists() {
+        return Ok(lib);
+    }
+    eprintln!("xtask: fetching {package}=={version} for the kernels");
+    let downloads = dir.join("wheels");
+    let wheel = download(package, version, &downloads)?;
+    unpack(
+        &wheel,
+        &[
+            ("nvidia/cuda_nvrtc/lib/libnvrtc.so.12", &lib),
+            (
+                "nvidia/cuda_nvrtc/lib/libnvrtc-builtins.so.12.4",
+                &dir.join("libnvrtc-builtins.so.12.4"),
+            ),
+        ],
+    )?;
+    std::fs::remove_file(&wheel)?;
+    std::fs::write(&marker, format!("{package}=={version}\n"))?;
+    Ok(lib)
+}
+
 /// `pip download` of one wheel; returns its path.
 fn download(package: &str, version: &str, into: &Path) -> Result<PathBuf> {
     std::fs::create_dir_all(into)?;

@@ -63,6 +63,11 @@ const COMMANDS: &[(&str, &str)] = &[
                     (--newest: only the newest NCCL, and print the NCCL_LIBRARY that finds it)",
     ),
     (
+        "kernels",
+        "kernels [--check] build nccl-safe's one-shot kernel to PTX with the pinned NVRTC
+                    (--check: fail if the committed PTX differs)",
+    ),
+    (
         "ci",
         "ci                what CI runs (`.ci/run` calls it): fmt, clippy, docs, test, py, bindgen --check,
                     cargo package of the published crates, cargo check with the declared rust-version",
@@ -168,6 +173,8 @@ fn main() -> ExitCode {
         ["bindgen", "--check"] => bindgen::run(true),
         ["fetch"] => fetch::all_nccl().and_then(|()| fetch::libclang().map(drop)),
         ["fetch", "--newest"] => fetch::newest(),
+        ["kernels"] => kernels(false),
+        ["kernels", "--check"] => kernels(true),
         ["ci"] => ci(),
         ["package"] => publish::package(),
         ["py", rest @ ..] => py::run_py(rest),
@@ -272,6 +279,36 @@ pub fn cargo() -> Command {
 }
 
 /// The checks CI runs, in order: the one list (`.ci/run` calls this).
+/// Builds `crates/nccl-safe/kernels/one_shot.cu` to PTX with the pinned
+/// NVRTC (`xtask/py/nvrtc_ptx.py`); `check`: only compares with the
+/// committed PTX.
+fn kernels(check: bool) -> Result<()> {
+    let lib = fetch::nvrtc()?;
+    let root = workspace_root();
+    let dir = root.join("crates/nccl-safe/kernels");
+    let out = if check {
+        root.join("target/nvrtc/one_shot.ptx")
+    } else {
+        dir.join("one_shot.ptx")
+    };
+    run(Command::new(fetch::python())
+        .arg(root.join("xtask/py/nvrtc_ptx.py"))
+        .arg(&lib)
+        .arg(dir.join("one_shot.cu"))
+        .arg(&out)
+        .arg("compute_80"))?;
+    if check && std::fs::read(&out)? != std::fs::read(dir.join("one_shot.ptx"))? {
+        return Err(
+            "crates/nccl-safe/kernels/one_shot.ptx is stale: run `cargo xtask kernels`".into(),
+        );
+    }
+    eprintln!(
+        "xtask: kernels: {} is current",
+        dir.join("one_shot.ptx").display()
+    );
+    Ok(())
+}
+
 fn ci() -> Result<()> {
     let step = |name: &str| eprintln!("\n==> {name}");
     step("cargo fmt --check");
@@ -296,6 +333,8 @@ fn ci() -> Result<()> {
     py::run_py(&[])?;
     step("cargo xtask bindgen --check");
     bindgen::run(true)?;
+    step("cargo xtask kernels --check: the committed PTX is built from its source");
+    kernels(true)?;
     step("cargo package: the published crates build from their packaged form");
     publish::package()?;
     step("minimum Rust version: cargo check with the declared rust-version");

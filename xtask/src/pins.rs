@@ -55,6 +55,10 @@ pub const NEWEST: &str = "2.32.3";
 
 /// libclang for bindgen, from the `libclang` wheel on PyPI, so that the
 /// generated output does not depend on whatever clang the machine has.
+/// NVRTC for `cargo xtask kernels` (nccl-safe's one-shot kernel to PTX):
+/// 12.4 emits PTX ISA 8.4, which drivers from 550 (CUDA 12.4) load.
+pub const NVRTC: (&str, &str) = ("nvidia-cuda-nvrtc-cu12", "12.4.127");
+
 pub const LIBCLANG: (&str, &str) = ("libclang", "18.1.1");
 
 /// maturin, which builds the Python package's wheel (`cargo xtask py`).

@@ -1,6 +1,6 @@
 //! `--small`: the all-reduce of small messages (sum; `-b` to `-e`, the
 //! issue's range 8 B to 16 MiB by ×2; f32 and bf16), a thread per GPU,
-//! eager, three ways on one communicator split from the world's with
+//! eager, four ways on one communicator split from the world's with
 //! [`nccl_dist::nccl_safe::Config::for_symmetric_kernels`] (`minCTAs`
 //! 16: NCCL makes no more channels than its 24 between two NVLink-linked
 //! H100s or H200s, so the default path is NCCL's default; the symmetric
@@ -12,10 +12,14 @@
 //! - `plain`: nccl-safe's `all_reduce` on the same plain buffers;
 //! - `symmetric`: nccl-safe's `all_reduce` between two
 //!   [`SymmetricBuffer`]s (registered as symmetric windows on every rank,
-//!   made for each size), where NCCL runs its symmetric kernels.
+//!   made for each size): our one-shot kernel up to its size limit
+//!   (`nccl_safe::one_shot_max_bytes`), NCCL's symmetric kernels above;
+//! - `nccl_symmetric`: the same buffers with the one-shot kernel turned
+//!   off (`SymmetricBuffer::set_one_shot(false)`): NCCL's symmetric
+//!   kernels at every size.
 //!
 //! Each measurement: `-w` calls, the threads meet, then `-n` calls timed
-//! to the stream's end; `--rounds` rounds, the three ways in a rotating
+//! to the stream's end; `--rounds` rounds, the four ways in a rotating
 //! order in each, the median per way; the slowest rank's. Then each way
 //! runs once more into a zeroed output, checked bit-exact (inputs
 //! `rank + 1`, whose sums are exact in both types). Every wait is bounded
@@ -41,7 +45,7 @@ const NCCL_SUCCESS: nccl_dist::nccl_safe::nccl_sys::ncclResult_t =
     nccl_dist::nccl_safe::nccl_sys::ncclResult_t::ncclSuccess;
 
 /// The ways measured, in their interleaved order.
-const WAYS: [&str; 3] = ["raw", "plain", "symmetric"];
+const WAYS: [&str; 4] = ["raw", "plain", "symmetric", "nccl_symmetric"];
 
 /// One rank's results: (dtype, bytes, way) → (median µs, wrong elements).
 type Rows = Vec<(&'static str, usize, &'static str, f64, u64)>;
@@ -111,9 +115,12 @@ impl<T: Elem> Bufs<'_, T> {
                 }
             }
             _ => {
+                // Every rank turns the kernel off and on alike.
+                self.sym_send.set_one_shot(way == 2);
                 for _ in 0..calls {
                     comm.all_reduce(&self.sym_send, &mut self.sym_recv, ReduceOp::Sum)?;
                 }
+                self.sym_send.set_one_shot(true);
             }
         }
         Ok(())
@@ -143,7 +150,7 @@ impl<T: Elem> Bufs<'_, T> {
     }
 }
 
-/// Every size of one type on one rank, the three ways interleaved.
+/// Every size of one type on one rank, the four ways interleaved.
 fn sizes<T: Elem>(
     world: &World,
     comm: &Comm,
@@ -176,7 +183,7 @@ fn sizes<T: Elem>(
             send,
             sym_send,
         };
-        let mut times: [Vec<f64>; 3] = Default::default();
+        let mut times: [Vec<f64>; 4] = Default::default();
         for round in 0..opts.rounds {
             // The ways in a rotating order, so none is always first.
             for k in 0..WAYS.len() {
@@ -191,7 +198,7 @@ fn sizes<T: Elem>(
                 times[way].push(t.elapsed().as_secs_f64() * 1e6 / opts.iters as f64);
             }
         }
-        let mut bad = [0u64; 3];
+        let mut bad = [0u64; 4];
         for (way, slot) in bad.iter_mut().enumerate() {
             met.wait()?;
             *slot = b.checked(way, comm, fns, n)?;

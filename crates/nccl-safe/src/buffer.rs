@@ -154,6 +154,14 @@ pub unsafe trait DeviceBuffer<T: NcclType> {
     /// The device address for reading on `stream`, after making `stream`
     /// wait for pending writes to this memory.
     fn read<'a>(&'a self, stream: &'a CudaStream) -> (u64, Access<'a>);
+
+    /// The one-shot all-reduce's view of this buffer: only
+    /// [`crate::SymmetricBuffer`] has one (the type cannot be made
+    /// elsewhere, and a call checks that it reads exactly that buffer).
+    #[doc(hidden)]
+    fn one_shot(&self) -> Option<crate::OneShot> {
+        None
+    }
 }
 
 /// Device memory a collective may write.

@@ -58,6 +58,7 @@ mod group;
 mod library;
 mod memory;
 mod observe;
+mod one_shot;
 mod ops;
 mod peer;
 pub mod prelude;
@@ -86,6 +87,9 @@ pub use group::{GroupGuard, group, take_dropped_group_error};
 pub use library::Library;
 pub use memory::{NcclMemory, Registration, Window};
 pub use observe::{CheckError, ObservedStream, OpInfo, OpObserver};
+#[doc(hidden)]
+pub use one_shot::OneShot;
+pub use one_shot::{MAX_RANKS as ONE_SHOT_MAX_RANKS, max_bytes as one_shot_max_bytes};
 pub use ops::OnStream;
 pub use peer::{copy_peer, copy_peer_async};
 pub use reduce_op::{PreMulSum, ReduceOp, Reduction};

@@ -65,6 +65,7 @@ use crate::dtype::NcclType;
 use crate::error::{Error, Result};
 use crate::memory::{NcclMemory, Window};
 use crate::observe::OpInfo;
+use crate::one_shot::{self, OneShot};
 use crate::reduce_op::ReduceOp;
 use cudarc::driver::CudaStream;
 
@@ -87,6 +88,15 @@ const OP: &str = "ncclCommWindowRegister";
 /// ```
 pub struct SymmetricBuffer<'c, T: NcclType> {
     comm: &'c Comm,
+    /// Elements the caller has (the window also holds the one-shot
+    /// kernel's flags behind them).
+    len: usize,
+    /// Its device address.
+    base: u64,
+    /// The one-shot all-reduce's view, when every rank agreed to it.
+    one_shot: Option<OneShot>,
+    /// Whether calls use it ([`SymmetricBuffer::set_one_shot`]).
+    one_shot_on: bool,
     /// Taken only by the drop, once every rank is done with it.
     window: ManuallyDrop<Window<'c, NcclMemory<T>>>,
 }
@@ -94,8 +104,9 @@ pub struct SymmetricBuffer<'c, T: NcclType> {
 impl<T: NcclType> std::fmt::Debug for SymmetricBuffer<'_, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SymmetricBuffer")
-            .field("len", &self.window.len())
+            .field("len", &self.len)
             .field("device", &self.window.device())
+            .field("one_shot", &self.one_shot.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -110,13 +121,20 @@ impl<'c, T: NcclType> SymmetricBuffer<'c, T> {
         // Allocated before the ranks meet: a rank whose allocation fails
         // never reaches the meeting, where the others are refused within
         // the timeout, instead of inside NCCL's registration barrier.
-        let memory = NcclMemory::<T>::alloc(comm, len)?;
+        let memory = padded::<T>(comm, len)?;
+        let base = memory.device_ptr();
         meet::<T>(comm, len)?;
         let window = Window::register(comm, memory, nccl_sys::NCCL_WIN_COLL_SYMMETRIC)?;
-        Ok(SymmetricBuffer {
+        let mut buffer = SymmetricBuffer {
             comm,
+            len,
+            base,
+            one_shot: None,
+            one_shot_on: true,
             window: ManuallyDrop::new(window),
-        })
+        };
+        agree(std::slice::from_mut(&mut buffer))?;
+        Ok(buffer)
     }
 
     /// One buffer of `len` elements per communicator of `comms`, driven by
@@ -129,17 +147,43 @@ impl<'c, T: NcclType> SymmetricBuffer<'c, T> {
         refuse_unsuited(comms, len)?;
         let memories = comms
             .iter()
-            .map(|comm| NcclMemory::<T>::alloc(comm, len))
+            .map(|comm| padded::<T>(comm, len))
             .collect::<Result<Vec<_>>>()?;
+        let bases: Vec<u64> = memories.iter().map(NcclMemory::device_ptr).collect();
         let windows = Window::register_all(comms, memories, nccl_sys::NCCL_WIN_COLL_SYMMETRIC)?;
-        Ok(windows
+        let mut buffers: Vec<_> = windows
             .into_iter()
             .zip(comms)
-            .map(|(window, comm)| SymmetricBuffer {
+            .zip(bases)
+            .map(|((window, comm), base)| SymmetricBuffer {
                 comm,
+                len,
+                base,
+                one_shot: None,
+                one_shot_on: true,
                 window: ManuallyDrop::new(window),
             })
-            .collect())
+            .collect();
+        agree(&mut buffers)?;
+        Ok(buffers)
+    }
+
+    /// Whether an all-reduce (sum of f32, bf16 or f16, at most
+    /// [`crate::one_shot_max_bytes`]) reading this buffer runs on our
+    /// one-shot kernel instead of NCCL: every rank agreed to it when the
+    /// buffers were made (NCCL 2.28+, the ranks mapped into one another,
+    /// at most [`crate::ONE_SHOT_MAX_RANKS`], the kernel loaded).
+    pub fn uses_one_shot(&self) -> bool {
+        self.one_shot_on && self.one_shot.is_some()
+    }
+
+    /// Turns the one-shot kernel off (or back on, where it was agreed) for
+    /// this buffer: all-reduces reading it then go to NCCL (its symmetric
+    /// kernels). Every rank must choose alike, before the calls it changes.
+    /// Returns whether the kernel is now used.
+    pub fn set_one_shot(&mut self, on: bool) -> bool {
+        self.one_shot_on = on;
+        self.uses_one_shot()
     }
 
     /// Drops buffers of [`SymmetricBuffer::new_all`] (one per communicator
@@ -212,7 +256,7 @@ impl<'c, T: NcclType> SymmetricBuffer<'c, T> {
     /// both (device to device: no host memory is involved). Another length
     /// or device is [`Error::InvalidArgument`], before any copy.
     pub fn copy_from(&mut self, stream: &CudaStream, src: &impl DeviceBuffer<T>) -> Result<()> {
-        let (len, device) = (self.window.len(), self.window.device());
+        let (len, device) = (self.len, self.window.device());
         check_copy(stream, (src.len(), src.device()), (len, device))?;
         let (from, src_access) = src.read(stream);
         let (to, dst_access) = self.window.write(stream);
@@ -224,7 +268,7 @@ impl<'c, T: NcclType> SymmetricBuffer<'c, T> {
     /// Copies the buffer into `dst` on `stream`, after the earlier uses of
     /// both. Another length or device is [`Error::InvalidArgument`].
     pub fn copy_to(&self, stream: &CudaStream, dst: &mut impl DeviceBufferMut<T>) -> Result<()> {
-        let (len, device) = (self.window.len(), self.window.device());
+        let (len, device) = (self.len, self.window.device());
         check_copy(stream, (len, device), (dst.len(), dst.device()))?;
         let (from, src_access) = self.window.read(stream);
         let (to, dst_access) = dst.write(stream);
@@ -271,6 +315,115 @@ impl<'c, T: NcclType> SymmetricBuffer<'c, T> {
         }
         true
     }
+}
+
+/// NCCL memory for `len` elements and the one-shot kernel's flags behind
+/// them (at the next 16-byte boundary), the flags zeroed before any rank
+/// can signal (registration, which follows, waits for every rank).
+fn padded<T: NcclType>(comm: &Comm, len: usize) -> Result<NcclMemory<T>> {
+    let elem = std::mem::size_of::<T>();
+    let flags_at = len
+        .checked_mul(elem)
+        .map(|b| b.next_multiple_of(16))
+        .ok_or(Error::Overflow {
+            op: OP,
+            count: len,
+            factor: elem,
+        })?;
+    let total = flags_at.saturating_add(one_shot::PAD_BYTES).div_ceil(elem);
+    let memory = NcclMemory::<T>::alloc(comm, total)?;
+    let stream = comm.stream();
+    let cuda = |source| Error::Cuda { op: OP, source };
+    stream.context().bind_to_thread().map_err(cuda)?;
+    // SAFETY: the flags lie inside the fresh allocation (`total` elements
+    // hold `flags_at + PAD_BYTES` bytes); nothing else uses it yet.
+    unsafe {
+        cudarc::driver::result::memset_d8_async(
+            memory.device_ptr() + flags_at as u64,
+            0,
+            one_shot::PAD_BYTES,
+            stream.cu_stream(),
+        )
+    }
+    .map_err(cuda)?;
+    comm.synchronize(stream)?;
+    Ok(memory)
+}
+
+/// This rank's view for the one-shot kernel, when it can take part: NCCL
+/// 2.28+ (the window descriptor's layout), 2 to `MAX_RANKS` ranks, the
+/// kernel loaded, its words made, and NCCL's descriptor naming this rank
+/// both in the world and in its LSA team (so, on the last rank, a team of
+/// every rank).
+fn candidate<T: NcclType>(b: &SymmetricBuffer<'_, T>) -> Option<OneShot> {
+    let comm = b.comm;
+    let n = comm.size();
+    if !(2..=one_shot::MAX_RANKS).contains(&n) || !comm.library().version().at_least(2, 28, 0) {
+        return None;
+    }
+    let ctx = comm.stream().context();
+    let kernels = one_shot::kernels(ctx)?;
+    let words = comm.shared().kernel_words()?;
+    // SAFETY: a live window of this communicator, NCCL 2.28+ (checked).
+    let view = unsafe { one_shot::read_window(ctx, b.window.raw() as u64) }?;
+    let rank = comm.rank() as i32;
+    if view.world_rank != rank || view.lsa_rank != rank || view.stride == 0 || view.flat == 0 {
+        tracing::debug!(
+            ?view,
+            rank,
+            "the one-shot kernel is not used on this window"
+        );
+        return None;
+    }
+    Some(OneShot {
+        kernels,
+        words,
+        base: b.base,
+        len: b.len,
+        flat: view.flat,
+        stride: view.stride,
+        pad: (b.len * std::mem::size_of::<T>()).next_multiple_of(16) as u64,
+        rank: rank as u32,
+        nranks: n as u32,
+        timeout_ns: u64::try_from(comm.timeout().as_nanos()).unwrap_or(u64::MAX),
+    })
+}
+
+/// The ranks agree whether the one-shot kernel is used on these buffers
+/// (one per communicator this thread drives, made together): the minimum
+/// over the ranks of [`candidate`], one all-reduce (in one group).
+fn agree<T: NcclType>(buffers: &mut [SymmetricBuffer<'_, T>]) -> Result<()> {
+    if buffers.iter().all(|b| b.comm.size() < 2) {
+        return Ok(());
+    }
+    let cuda = |source| Error::Cuda { op: OP, source };
+    let mine: Vec<Option<OneShot>> = buffers.iter().map(candidate).collect();
+    let mut flags = buffers
+        .iter()
+        .zip(&mine)
+        .map(|(b, m)| {
+            let v = if m.is_some() { 1f32 } else { 0f32 };
+            b.comm.stream().clone_htod(&[v]).map_err(cuda)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    if let ([b], [flag]) = (&*buffers, &mut flags[..]) {
+        b.comm.all_reduce_in_place(flag, ReduceOp::Min)?;
+    } else {
+        crate::group::group(|g| {
+            for (b, flag) in buffers.iter().zip(flags.iter_mut()) {
+                g.on(b.comm).all_reduce_in_place(flag, ReduceOp::Min)?;
+            }
+            Ok(())
+        })?;
+    }
+    for ((b, flag), m) in buffers.iter_mut().zip(&flags).zip(mine) {
+        let stream = b.comm.stream();
+        b.comm.synchronize(stream)?;
+        if stream.clone_dtoh(flag).map_err(cuda)?[0] == 1.0 {
+            b.one_shot = m;
+        }
+    }
+    Ok(())
 }
 
 /// The ranks meet before registering, through the communicator's observer
@@ -379,7 +532,10 @@ fn copy_on(stream: &CudaStream, to: u64, from: u64, bytes: usize) -> Result<()> 
 // SAFETY: forwards to the registered NCCL memory, whose contract holds.
 unsafe impl<T: NcclType> DeviceBuffer<T> for SymmetricBuffer<'_, T> {
     fn len(&self) -> usize {
-        self.window.len()
+        self.len
+    }
+    fn one_shot(&self) -> Option<OneShot> {
+        self.one_shot.filter(|_| self.one_shot_on)
     }
     fn device(&self) -> usize {
         self.window.device()

@@ -13,6 +13,7 @@ use crate::comm::poll::{async_status, poll_with_backoff};
 use crate::comm::teardown::{Clique, Member, bounded};
 use crate::library::Library;
 use crate::observe::OpObserver;
+use crate::one_shot::Words;
 use crate::{Error, Result};
 
 /// The state `ncclCommGetAsyncError` reports.
@@ -61,6 +62,10 @@ pub(crate) struct Shared {
     /// complete), kept for the next future so that tracking an operation
     /// costs one `cuEventRecord`, not a create and a destroy too.
     pub(crate) spare_events: Mutex<Vec<cudarc::driver::CudaEvent>>,
+    /// The host-mapped abort and status words of our own kernels
+    /// (`crate::one_shot`), made with the first symmetric buffer that may
+    /// use them (`None` inside: they could not be made).
+    pub(crate) kernel_words: OnceLock<Option<Words>>,
 }
 
 // SAFETY: the only non-thread-safe part is the raw `ncclComm_t`, which is
@@ -72,6 +77,56 @@ unsafe impl Send for Shared {}
 unsafe impl Sync for Shared {}
 
 impl Shared {
+    /// Records why the communicator is (to be) aborted, the first cause
+    /// winning, and stops our kernels' waits on it (their abort word).
+    pub(crate) fn set_cause(&self, cause: AbortCause) -> std::result::Result<(), AbortCause> {
+        let set = self.cause.set(cause);
+        // Pairs with the fence in `kernel_words`: either a launch sees the
+        // cause, or this sees the words and raises them.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if let Some(Some(words)) = self.kernel_words.get() {
+            words.raise_abort();
+        }
+        set
+    }
+
+    /// The kernels' words, made on first use; `None` when they could not
+    /// be. Raised at once when a cause is already recorded.
+    pub(crate) fn kernel_words(&self) -> Option<Words> {
+        let words = *self.kernel_words.get_or_init(|| Words::new(&self.ctx));
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if let Some(w) = &words
+            && (self.cause.get().is_some()
+                || self.signal.as_ref().and_then(AbortSignal::cause).is_some())
+        {
+            w.raise_abort();
+        }
+        words
+    }
+
+    /// An error when one of our kernels on this communicator ended early
+    /// (it saw the abort, or timed out): the communicator is then aborted.
+    pub(crate) fn kernel_failed(&self, op: &'static str) -> Result<()> {
+        let Some(Some(words)) = self.kernel_words.get() else {
+            return Ok(());
+        };
+        match words.status() {
+            0 => Ok(()),
+            status => {
+                let cause = if status == 1 {
+                    self.cause.get().cloned().unwrap_or(AbortCause::Requested)
+                } else {
+                    AbortCause::Timeout {
+                        op: "one-shot all-reduce",
+                        seq: None,
+                    }
+                };
+                self.request_abort(cause);
+                Err(self.aborted(op))
+            }
+        }
+    }
+
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
         self.state
             .lock()
@@ -101,7 +156,7 @@ impl Shared {
         }
         match self.signal.as_ref().and_then(AbortSignal::cause) {
             Some(cause) => {
-                let _ = self.cause.set(cause);
+                let _ = self.set_cause(cause);
                 true
             }
             None => false,
@@ -185,7 +240,7 @@ impl Shared {
     /// the thread that holds it as soon as it lets go (or at the group's
     /// end). Returns whether it is aborted now.
     pub(crate) fn request_abort(&self, cause: AbortCause) -> bool {
-        let _ = self.cause.set(cause);
+        let _ = self.set_cause(cause);
         let Some(mut state) = self.try_lock() else {
             return false;
         };
@@ -301,7 +356,7 @@ impl Shared {
             return Ok(());
         };
         **state = State::Aborted;
-        let _ = self.cause.set(AbortCause::Requested);
+        let _ = self.set_cause(AbortCause::Requested);
         let _span = tracing::debug_span!("nccl.abort").entered();
         let _ = self.ctx.bind_to_thread();
         match self.lib.raw().ncclCommAbort() {
@@ -328,7 +383,7 @@ impl Shared {
     /// thread to return. Deferred to the group's end when an open group
     /// refers to the communicator.
     pub(crate) fn abort(&self, cause: AbortCause) -> Result<()> {
-        let _ = self.cause.set(cause);
+        let _ = self.set_cause(cause);
         let mut state = self.lock();
         if !matches!(*state, State::Live(_)) || self.in_open_group.load(Ordering::Acquire) {
             return Ok(());

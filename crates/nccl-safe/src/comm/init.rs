@@ -70,6 +70,7 @@ impl Comm {
             drain: Mutex::new(None),
             last_observer: Mutex::new(None),
             spare_events: Mutex::new(Vec::new()),
+            kernel_words: OnceLock::new(),
         });
         // Enrolled before the wait, so a signal can cut a nonblocking init
         // short.

@@ -345,7 +345,9 @@ impl Comm {
             // when it returns.
             self.shared.request_abort(cause);
         }
-        waited
+        waited?;
+        // A one-shot all-reduce that ended early left its result undefined.
+        self.shared.kernel_failed(OP)
     }
 
     /// Whether NCCL calls block (the configuration's `blocking`).

@@ -159,7 +159,7 @@ impl Source for OnComm {
 fn abort_elsewhere(shared: &Arc<Shared>, cause: AbortCause) {
     // The cause first, so the other futures of the communicator resolve
     // with it and none of them starts a thread of its own (once).
-    if shared.cause.set(cause).is_err() {
+    if shared.set_cause(cause).is_err() {
         return;
     }
     let on_its_own = Arc::clone(shared);

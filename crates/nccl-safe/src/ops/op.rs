@@ -52,6 +52,9 @@ pub(crate) struct Op {
     pub(crate) reduction: ncclRedOp_t,
     pub(crate) reduction_name: &'static str,
     pub(crate) in_place: bool,
+    /// Our one-shot kernel instead of NCCL (an all-reduce on a
+    /// [`crate::SymmetricBuffer`] that qualifies).
+    pub(crate) fast: Option<crate::OneShot>,
 }
 
 impl Op {
@@ -70,7 +73,14 @@ impl Op {
             reduction: ncclRedOp_t::ncclSum,
             reduction_name: "",
             in_place: false,
+            fast: None,
         }
+    }
+
+    /// Runs on our one-shot kernel (see [`OnStream::one_shot_for`]).
+    #[inline]
+    pub(crate) fn fast(self, fast: Option<crate::OneShot>) -> Op {
+        Op { fast, ..self }
     }
 
     /// The addresses read and written.
@@ -249,6 +259,10 @@ impl<'a> OnStream<'_, 'a> {
         let (n, dt, red, peer) = (op.count, op.dtype, op.reduction, op.peer as i32);
         match op.kind {
             Kind::AllReduce => {
+                if let Some(fast) = op.fast {
+                    // SAFETY: the caller's promise; `one_shot_for` chose it.
+                    return unsafe { self.launch_one_shot(op, fast) };
+                }
                 let f = lib.ncclAllReduce()?;
                 // SAFETY: the caller's promise (validated buffers and op).
                 self.call(info, |c, st| unsafe { f(s, r, n, dt, red, c, st) })
@@ -298,6 +312,57 @@ impl<'a> OnStream<'_, 'a> {
                 self.call(info, |c, st| unsafe { f(r, n, dt, peer, c, st) })
             }
         }
+    }
+
+    /// Our one-shot all-reduce of `op` (see `crate::one_shot`): launched
+    /// with the communicator live and its context current, then reported
+    /// to the observer as an NCCL call would be.
+    ///
+    /// # Safety
+    ///
+    /// As for [`OnStream::enqueue`]; `fast` came from
+    /// [`OnStream::one_shot_for`] for this `op`.
+    unsafe fn launch_one_shot(&self, op: &Op, fast: crate::OneShot) -> Result<()> {
+        let stream = self.stream.cu_stream();
+        self.comm.shared().with_raw(op.name, |_| {
+            // SAFETY: the caller's promise: `takes` said yes, `recv` holds
+            // `count` writable elements ordered after earlier uses, the
+            // ranks make the same calls in the same order; `with_raw`
+            // made the context current.
+            unsafe { fast.launch(op.dtype, op.elem_bytes, op.recv, op.count, stream) }.map_err(
+                |source| Error::Cuda {
+                    op: op.name,
+                    source,
+                },
+            )
+        })?;
+        Self::observe(self.comm, op.info(), self.stream, self.hold);
+        Ok(())
+    }
+
+    /// The one-shot kernel for an all-reduce `op` reading a buffer whose
+    /// view is `view`: only outside groups, for a built-in sum on the
+    /// communicator's own stream (or inside a capture), when the kernel
+    /// takes its type, size and addresses. A kernel that ended early on
+    /// this communicator is an error here (its result was undefined).
+    pub(crate) fn one_shot_for(
+        &self,
+        view: Option<crate::OneShot>,
+        op: &Op,
+    ) -> Result<Option<crate::OneShot>> {
+        let Some(v) = view else { return Ok(None) };
+        if v.words.status() != 0 {
+            self.comm.shared().kernel_failed(op.name)?;
+        }
+        let own_stream =
+            self.capture.is_some() || self.stream.cu_stream() == self.comm.stream().cu_stream();
+        let takes = self.hold.is_none()
+            && !crate::group::is_open()
+            && own_stream
+            && op.reduction == nccl_sys::ncclRedOp_t::ncclSum
+            && v.nranks as usize == self.comm.size()
+            && v.takes(op.dtype, op.elem_bytes, op.send, op.recv, op.count);
+        Ok(takes.then_some(v))
     }
 
     /// Grouped `ncclSend`/`ncclRecv` with every peer (zero counts skipped):

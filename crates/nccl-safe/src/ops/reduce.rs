@@ -36,16 +36,14 @@ impl<'s, 'a> OnStream<'s, 'a> {
             return Ok(());
         }
         let scalar = op.scalar_access(self.stream);
-        let o = Op::of::<T>(OP, Kind::AllReduce, count).buffers(sp, rp);
+        let o = Op::of::<T>(OP, Kind::AllReduce, count)
+            .buffers(sp, rp)
+            .reduce(redop, op.name());
+        let o = o.fast(self.one_shot_for(send.one_shot(), &o)?);
         // SAFETY: validated: both buffers on this device, `count` elements
         // readable at `sp` and writable at `rp`, no partial overlap; the
         // op belongs to this communicator.
-        unsafe {
-            self.enqueue(
-                o.reduce(redop, op.name()),
-                [sa, ra].into_iter().chain(scalar),
-            )
-        }
+        unsafe { self.enqueue(o, [sa, ra].into_iter().chain(scalar)) }
     }
 
     /// In-place `ncclAllReduce` on `buf`.
@@ -64,17 +62,17 @@ impl<'s, 'a> OnStream<'s, 'a> {
         if count == 0 {
             return Ok(());
         }
+        let view = buf.one_shot();
         let (p, a) = self.write_buf(OP, buf)?;
         let scalar = op.scalar_access(self.stream);
-        let o = Op::of::<T>(OP, Kind::AllReduce, count).buffers(p, p);
+        let o = Op::of::<T>(OP, Kind::AllReduce, count)
+            .buffers(p, p)
+            .reduce(redop, op.name())
+            .in_place();
+        let o = o.fast(self.one_shot_for(view, &o)?);
         // SAFETY: `count` elements at `p` on this device, read and written
         // in place as NCCL defines for sendbuff == recvbuff.
-        unsafe {
-            self.enqueue(
-                o.reduce(redop, op.name()).in_place(),
-                [a].into_iter().chain(scalar),
-            )
-        }
+        unsafe { self.enqueue(o, [a].into_iter().chain(scalar)) }
     }
 
     /// `ncclReduce`: `root`'s `recv` gets the reduction of every rank's

@@ -275,6 +275,18 @@ fn symmetric_buffers_reduce_bit_exact_and_drop_on_every_rank() {
 
 #[test]
 #[ignore = "needs GPUs: cargo xtask gpu-test"]
+fn one_shot_all_reduce_is_bit_exact_eager_in_place_and_in_graphs() {
+    symmetric::one_shot_all_reduce_is_bit_exact_eager_in_place_and_in_graphs()
+}
+
+#[test]
+#[ignore = "needs GPUs: cargo xtask gpu-test"]
+fn one_shot_kernel_stops_waiting_when_the_communicator_aborts() {
+    symmetric::one_shot_kernel_stops_waiting_when_the_communicator_aborts()
+}
+
+#[test]
+#[ignore = "needs GPUs: cargo xtask gpu-test"]
 fn one_thread_captures_one_graph_over_its_gpus_and_replays_bit_exact() {
     capture::one_thread_captures_one_graph_over_its_gpus_and_replays_bit_exact()
 }

@@ -103,3 +103,159 @@ pub fn symmetric_buffers_reduce_bit_exact_and_drop_on_every_rank() {
         Ok(())
     });
 }
+
+/// Elements of `T` per rank the one-shot tests use: tails (fewer than a
+/// 16-byte vector), one block, several blocks, and the kernel's largest.
+fn one_shot_sizes<T: TestType>(world: usize) -> Vec<usize> {
+    let most = nccl_safe::one_shot_max_bytes(world) / std::mem::size_of::<T>();
+    vec![1, 3, 8, 9, 1027, 4096 + 5, 1 << 16, most / 2 + 3, most]
+}
+
+/// Small integers whose sums over up to 8 ranks are exact in bf16 and f16.
+fn one_shot_input(rank: usize, i: usize) -> f64 {
+    ((rank + 1) * (i % 7 + 1)) as f64
+}
+
+/// This rank's check of `got` against the exact sums.
+fn check_sums<T: TestType>(r: &Rank, what: &str, got: &[T]) -> TestResult {
+    let want = |i: usize| (0..r.world).map(|q| one_shot_input(q, i)).sum::<f64>();
+    match (0..got.len()).find(|&i| got[i] != T::from_f64(want(i))) {
+        Some(i) => Err(format!(
+            "rank {}: {what}: [{i}] = {:?}, want {}",
+            r.rank,
+            got[i],
+            want(i)
+        )
+        .into()),
+        None => Ok(()),
+    }
+}
+
+/// Fills a symmetric buffer of this rank with [`one_shot_input`].
+fn fill<T: TestType>(r: &Rank, b: &mut SymmetricBuffer<'_, T>) -> TestResult {
+    let host: Vec<T> = (0..b.len())
+        .map(|i| T::from_f64(one_shot_input(r.rank, i)))
+        .collect();
+    b.copy_from(r.stream(), &r.stream().clone_htod(&host)?)?;
+    Ok(())
+}
+
+fn read_back<T: TestType>(r: &Rank, b: &SymmetricBuffer<'_, T>) -> TestResult<Vec<T>> {
+    let mut dev = r.stream().alloc_zeros::<T>(b.len())?;
+    b.copy_to(r.stream(), &mut dev)?;
+    Ok(r.stream().clone_dtoh(&dev)?)
+}
+
+/// One rank (a thread or a process per rank): every size, out of place and
+/// in place, three calls each (the flags' epochs move on), then NCCL's
+/// path on the same buffers, then a graph replayed and an eager call after
+/// it, all bit-exact.
+fn one_shot_rank<T: TestType>(r: &Rank) -> TestResult {
+    let new_enough = r.comm.library().version().at_least(2, 28, 0);
+    for n in one_shot_sizes::<T>(r.world) {
+        let mut send = SymmetricBuffer::<T>::new(&r.comm, n)?;
+        let mut recv = SymmetricBuffer::<T>::new(&r.comm, n)?;
+        if new_enough && r.world <= nccl_safe::ONE_SHOT_MAX_RANKS && !send.uses_one_shot() {
+            return Err(format!("rank {}: no one-shot kernel for {n} elements", r.rank).into());
+        }
+        for round in 0..3 {
+            fill(r, &mut send)?;
+            r.comm.all_reduce(&send, &mut recv, ReduceOp::Sum)?;
+            check_sums(
+                r,
+                &format!("{n} out of place, call {round}"),
+                &read_back(r, &recv)?,
+            )?;
+            r.comm.all_reduce_in_place(&mut send, ReduceOp::Sum)?;
+            check_sums(
+                r,
+                &format!("{n} in place, call {round}"),
+                &read_back(r, &send)?,
+            )?;
+        }
+        // NCCL's path on the same buffers, then ours again.
+        send.set_one_shot(false);
+        fill(r, &mut send)?;
+        r.comm.all_reduce(&send, &mut recv, ReduceOp::Sum)?;
+        check_sums(r, &format!("{n} through NCCL"), &read_back(r, &recv)?)?;
+        send.set_one_shot(true);
+        r.comm.all_reduce(&send, &mut recv, ReduceOp::Sum)?;
+        check_sums(r, &format!("{n} after NCCL"), &read_back(r, &recv)?)?;
+        r.comm.synchronize(r.stream())?;
+    }
+    // A graph of one-shot calls, replayed, then an eager call.
+    let n = 4096 + 5;
+    let mut pair = (
+        SymmetricBuffer::<T>::new(&r.comm, n)?,
+        SymmetricBuffer::<T>::new(&r.comm, n)?,
+    );
+    fill(r, &mut pair.0)?;
+    let mut graph = nccl_safe::capture(r.stream(), pair, |cap, (send, recv)| {
+        cap.on(&r.comm).all_reduce(send, recv, ReduceOp::Sum)
+    })?;
+    for _ in 0..3 {
+        graph.launch()?;
+    }
+    let (send, recv) = graph.buffers().ok_or("no buffers")?;
+    check_sums(r, "graph", &read_back(r, recv)?)?;
+    r.comm.all_reduce(send, recv, ReduceOp::Sum)?;
+    check_sums(r, "eager after the graph", &read_back(r, recv)?)?;
+    drop(graph);
+    Ok(())
+}
+
+pub fn one_shot_all_reduce_is_bit_exact_eager_in_place_and_in_graphs() {
+    run(Config::new(), |ranks| {
+        let ranks: &[Rank] = ranks;
+        if ranks.len() != 1 || ranks[0].world < 2 {
+            // One thread driving every rank calls inside groups, where
+            // NCCL's path is kept (the buffers' own test covers it).
+            return Ok(());
+        }
+        let r = &ranks[0];
+        one_shot_rank::<f32>(r)?;
+        one_shot_rank::<nccl_safe::half::bf16>(r)?;
+        one_shot_rank::<nccl_safe::half::f16>(r)
+    });
+}
+
+/// Rank 0 launches a one-shot all-reduce no other rank makes, then aborts:
+/// the kernel stops waiting (its abort word), the stream drains within
+/// seconds, and the communicator reports the abort. The other ranks abort
+/// too, so no drop waits for rank 0.
+pub fn one_shot_kernel_stops_waiting_when_the_communicator_aborts() {
+    run(Config::new(), |ranks| {
+        let ranks: &[Rank] = ranks;
+        if ranks.len() != 1 || ranks[0].world < 2 {
+            return Ok(());
+        }
+        let r = &ranks[0];
+        let mut buf = SymmetricBuffer::<f32>::new(&r.comm, 1024)?;
+        if !buf.uses_one_shot() {
+            return Ok(());
+        }
+        if r.rank == 0 {
+            r.comm.all_reduce_in_place(&mut buf, ReduceOp::Sum)?;
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            let event = r.stream().record_event(None)?;
+            if event.is_complete() {
+                return Err("the lone one-shot call finished without its peers".into());
+            }
+            r.comm.abort_handle().abort()?;
+            let t = std::time::Instant::now();
+            while !event.is_complete() {
+                if t.elapsed() > std::time::Duration::from_secs(10) {
+                    return Err("the kernel did not stop within 10 s of the abort".into());
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            if !matches!(r.comm.synchronize(r.stream()), Err(Error::Aborted { .. })) {
+                return Err("synchronize after the abort did not report it".into());
+            }
+        } else {
+            r.comm.abort_handle().abort()?;
+        }
+        drop(buf);
+        Ok(())
+    });
+}

@@ -1,0 +1,357 @@
+//! Our own all-reduce for small symmetric buffers: a one-shot kernel
+//! (`kernels/one_shot.cu`) that reads every rank's [`crate::SymmetricBuffer`]
+//! through the mappings NCCL made when it registered the window, adds them
+//! in rank order and writes the sum, with two flag barriers between the
+//! ranks. NCCL's own path (symmetric kernels included) costs 10–15 µs per
+//! call below 1 MiB on 2 H100s, mostly on the host; this one is one kernel
+//! launch (`docs/architecture.md`, "Small messages").
+//!
+//! - **Build**: the CUDA source is compiled to PTX by `cargo xtask
+//!   kernels` (NVRTC, pinned) and the PTX is committed; the driver
+//!   JIT-compiles it on first use (once per device and process). No nvcc or
+//!   NVRTC is needed where the crate runs; a driver that cannot load it
+//!   leaves NCCL's path in place.
+//! - **When**: a sum of f32, bf16 or f16 on a [`crate::SymmetricBuffer`]
+//!   of at most [`max_bytes`], outside groups, eager or captured, on a
+//!   communicator whose ranks NCCL mapped into one another (one LSA team,
+//!   at most [`MAX_RANKS`]): agreed by every rank when the buffer is made.
+//! - **Bounded**: each wait polls the communicator's abort (a host-mapped
+//!   word set by every abort) and its timeout; either ends the kernel with
+//!   its status word set, which `Comm::synchronize` and the next launch
+//!   report (the communicator is then aborted).
+//! - **Layout**: the window's device-side descriptor (`ncclWindow_vidmem`
+//!   in NCCL's `nccl_device/impl/core__types.h`) starts with the same five
+//!   fields from 2.28 to 2.30: the fast path needs NCCL 2.28 or later and
+//!   checks what it reads (the world rank must be this rank's).
+
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{CudaContext, result, sys};
+
+/// The PTX, built from `kernels/one_shot.cu` by `cargo xtask kernels`.
+pub(crate) const PTX: &str = include_str!("../kernels/one_shot.ptx");
+/// The CUDA source it was built from (its hash is checked by a test).
+#[cfg(test)]
+pub(crate) const SOURCE: &str = include_str!("../kernels/one_shot.cu");
+
+/// Ranks the kernel's flags have room for.
+pub const MAX_RANKS: usize = 8;
+const MAX_BLOCKS: u64 = 128;
+const THREADS: u32 = 512;
+/// 16-byte vectors a thread keeps.
+const VMAX: u64 = 8;
+/// The kernel's flags (`Pad`: an epoch per block, arrive and depart flags
+/// per block and rank), rounded up to a 4 KiB boundary.
+pub(crate) const PAD_BYTES: usize = 16384;
+const _: () = assert!(4 * (MAX_BLOCKS as usize) * (1 + 2 * MAX_RANKS) <= PAD_BYTES);
+
+/// The largest all-reduce (bytes per rank) the kernel takes on `ranks`
+/// ranks: 4 MiB on two (above it NCCL's symmetric kernels were as fast
+/// on 2 H100s), 1 MiB on more, where each rank's reads grow with the
+/// ranks (not measured yet: NCCL's path is kept above it). The grid
+/// holds 8 MiB.
+pub fn max_bytes(ranks: usize) -> usize {
+    const GRID: usize = (MAX_BLOCKS * THREADS as u64 * VMAX * 16) as usize;
+    const LIMIT: usize = 4 << 20;
+    const _: () = assert!(LIMIT <= GRID);
+    if ranks <= 2 { LIMIT } else { LIMIT / 4 }
+}
+
+/// The kernel's argument (`Args` in the source): one value, by copy.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Args {
+    flat: u64,
+    stride: u64,
+    pad: u64,
+    out: u64,
+    count: u64,
+    abort: u64,
+    status: u64,
+    timeout: u64,
+    rank: u32,
+    nranks: u32,
+    in_place: u32,
+}
+
+/// The kernels of one device, loaded once per process and kept.
+pub(crate) struct Kernels {
+    f32: sys::CUfunction,
+    bf16: sys::CUfunction,
+    f16: sys::CUfunction,
+    /// Keeps the context (and with it the module) alive.
+    _ctx: Arc<CudaContext>,
+}
+
+// SAFETY: function handles of a module that is never unloaded, usable from
+// any thread with their context current (the launch binds it).
+unsafe impl Send for Kernels {}
+// SAFETY: as above; nothing in it is mutated.
+unsafe impl Sync for Kernels {}
+
+/// Loaded kernels per device ordinal (`None`: the driver refused them).
+static LOADED: Mutex<Vec<(usize, Option<&'static Kernels>)>> = Mutex::new(Vec::new());
+
+/// The kernels for `ctx`'s device, loading them on first use.
+pub(crate) fn kernels(ctx: &Arc<CudaContext>) -> Option<&'static Kernels> {
+    let ordinal = ctx.ordinal();
+    let mut loaded = LOADED.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, k)) = loaded.iter().find(|(o, _)| *o == ordinal) {
+        return *k;
+    }
+    let k = match load(ctx) {
+        Ok(k) => Some(&*Box::leak(Box::new(k))),
+        Err(e) => {
+            tracing::warn!(device = ordinal, error = %e, "the one-shot kernels did not load: NCCL's path stays");
+            None
+        }
+    };
+    loaded.push((ordinal, k));
+    k
+}
+
+fn load(ctx: &Arc<CudaContext>) -> std::result::Result<Kernels, result::DriverError> {
+    ctx.bind_to_thread()?;
+    let image = std::ffi::CString::new(PTX).expect("the PTX has no NUL byte");
+    // SAFETY: a NUL-terminated PTX image; the module is never unloaded.
+    let module = unsafe { result::module::load_data(image.as_ptr() as *const c_void) }?;
+    let get = |name: &str| {
+        let name = std::ffi::CString::new(name).expect("no NUL");
+        // SAFETY: the module just loaded; the name is one of its entries.
+        unsafe { result::module::get_function(module, name) }
+    };
+    Ok(Kernels {
+        f32: get("one_shot_f32")?,
+        bf16: get("one_shot_bf16")?,
+        f16: get("one_shot_f16")?,
+        _ctx: Arc::clone(ctx),
+    })
+}
+
+/// Two host-mapped words of a communicator, `[abort, status]`, that its
+/// kernels poll and report through. Never freed (a kernel may read them
+/// until it ends), so a copy stays valid for the process.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Words {
+    ptr: *mut u32,
+}
+
+// SAFETY: the words are process-lifetime pinned memory, only read and
+// written with volatile accesses.
+unsafe impl Send for Words {}
+// SAFETY: as above.
+unsafe impl Sync for Words {}
+
+/// A page of words handed out in slots; never freed or reused.
+static SLOTS: Mutex<(usize, usize)> = Mutex::new((0, 0));
+const SLOTS_PER_PAGE: usize = 4096 / 8;
+
+impl Words {
+    /// Two new zeroed words, mapped for every device (`ctx` current to
+    /// allocate).
+    pub(crate) fn new(ctx: &Arc<CudaContext>) -> Option<Words> {
+        let mut slots = SLOTS.lock().unwrap_or_else(|p| p.into_inner());
+        if slots.0 == 0 || slots.1 == SLOTS_PER_PAGE {
+            ctx.bind_to_thread().ok()?;
+            let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
+            // SAFETY: a fresh pinned allocation, never freed.
+            let page = unsafe { result::malloc_host(4096, flags) }.ok()?;
+            let mut device: sys::CUdeviceptr = 0;
+            // SAFETY: `page` is mapped pinned memory; the out-pointer is valid.
+            let mapped = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, page, 0) };
+            // Kernels get the host address: with unified addressing the two
+            // are one (refused otherwise).
+            if mapped != sys::CUresult::CUDA_SUCCESS || device != page as u64 {
+                return None;
+            }
+            // SAFETY: 4096 writable bytes.
+            unsafe { std::ptr::write_bytes(page as *mut u8, 0, 4096) };
+            *slots = (page as usize, 0);
+        }
+        let ptr = (slots.0 + 8 * slots.1) as *mut u32;
+        slots.1 += 1;
+        Some(Words { ptr })
+    }
+
+    /// Tells the communicator's kernels to stop waiting.
+    pub(crate) fn raise_abort(&self) {
+        // SAFETY: a live mapped word (never freed).
+        unsafe { std::ptr::write_volatile(self.ptr, 1) };
+    }
+
+    /// What a kernel reported: 0 nothing, 1 it saw the abort, 2 it timed out.
+    pub(crate) fn status(&self) -> u32 {
+        // SAFETY: a live mapped word (never freed).
+        unsafe { std::ptr::read_volatile(self.ptr.add(1)) }
+    }
+
+    fn addresses(&self) -> (u64, u64) {
+        (self.ptr as u64, self.ptr as u64 + 4)
+    }
+}
+
+/// What the one-shot kernel needs to know of a symmetric buffer, agreed by
+/// every rank when it was made. Opaque outside the crate.
+#[derive(Clone, Copy)]
+pub struct OneShot {
+    pub(crate) kernels: &'static Kernels,
+    pub(crate) words: Words,
+    /// The buffer's own address and length (elements): a call must read
+    /// exactly this buffer.
+    pub(crate) base: u64,
+    pub(crate) len: usize,
+    pub(crate) flat: u64,
+    pub(crate) stride: u64,
+    pub(crate) pad: u64,
+    pub(crate) rank: u32,
+    pub(crate) nranks: u32,
+    pub(crate) timeout_ns: u64,
+}
+
+impl std::fmt::Debug for OneShot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OneShot")
+            .field("len", &self.len)
+            .field("rank", &self.rank)
+            .field("nranks", &self.nranks)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The fields of NCCL's window descriptor the kernel uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct WindowView {
+    pub(crate) flat: u64,
+    pub(crate) lsa_rank: i32,
+    pub(crate) world_rank: i32,
+    pub(crate) stride: u64,
+}
+
+/// Reads NCCL's descriptor of `win` (device memory, NCCL 2.28+ layout).
+///
+/// # Safety
+///
+/// `win` is a live window handle of NCCL 2.28 or later, registered on a
+/// communicator of `ctx`'s device.
+pub(crate) unsafe fn read_window(ctx: &Arc<CudaContext>, win: u64) -> Option<WindowView> {
+    ctx.bind_to_thread().ok()?;
+    let mut raw = [0u64; 4];
+    // SAFETY: the caller's promise: `win` points at the descriptor, whose
+    // first 32 bytes are winHost, lsaFlatBase, lsaRank, worldRank,
+    // stride4G, mcOffset4K.
+    unsafe { result::memcpy_dtoh_sync(&mut raw, win) }.ok()?;
+    Some(WindowView {
+        flat: raw[1],
+        lsa_rank: raw[2] as u32 as i32,
+        world_rank: (raw[2] >> 32) as u32 as i32,
+        stride: (raw[3] & 0xffff_ffff) << 32,
+    })
+}
+
+impl OneShot {
+    /// Whether a sum of `count` elements of `dtype` read at `send` and
+    /// written at `recv` runs on the kernel.
+    pub(crate) fn takes(
+        &self,
+        dtype: nccl_sys::ncclDataType_t,
+        elem_bytes: usize,
+        send: u64,
+        recv: u64,
+        count: usize,
+    ) -> bool {
+        use nccl_sys::ncclDataType_t as D;
+        [D::ncclFloat32, D::ncclBfloat16, D::ncclFloat16].contains(&dtype)
+            && send == self.base
+            && count <= self.len
+            && count.saturating_mul(elem_bytes) <= max_bytes(self.nranks as usize)
+            && recv % 16 == 0
+            && self.words.status() == 0
+    }
+
+    /// Launches the kernel on `stream`: the sum of every rank's first
+    /// `count` elements into `recv` (this buffer itself when equal).
+    ///
+    /// # Safety
+    ///
+    /// [`OneShot::takes`] said yes for these arguments; `recv` holds
+    /// `count` writable elements of `dtype` on the stream's device, ordered
+    /// after earlier uses; every rank launches the same call in the same
+    /// order on this buffer; the stream's context is current.
+    pub(crate) unsafe fn launch(
+        &self,
+        dtype: nccl_sys::ncclDataType_t,
+        elem_bytes: usize,
+        recv: u64,
+        count: usize,
+        stream: sys::CUstream,
+    ) -> std::result::Result<(), result::DriverError> {
+        use nccl_sys::ncclDataType_t as D;
+        let (f, per_vec) = if dtype == D::ncclFloat32 {
+            (self.kernels.f32, 4)
+        } else if dtype == D::ncclBfloat16 {
+            (self.kernels.bf16, 8)
+        } else {
+            (self.kernels.f16, 8)
+        };
+        debug_assert_eq!(per_vec * elem_bytes, 16);
+        let vectors = (count / per_vec) as u64;
+        let blocks = vectors.div_ceil(THREADS as u64).clamp(1, MAX_BLOCKS);
+        let (abort, status) = self.words.addresses();
+        let mut args = Args {
+            flat: self.flat,
+            stride: self.stride,
+            pad: self.pad,
+            out: recv,
+            count: count as u64,
+            abort,
+            status,
+            timeout: self.timeout_ns,
+            rank: self.rank,
+            nranks: self.nranks,
+            in_place: u32::from(recv == self.base),
+        };
+        let mut params = [&mut args as *mut Args as *mut c_void];
+        // SAFETY: the caller's promise; `args` matches the kernel's `Args`
+        // (C layout) and outlives the call, which copies it.
+        unsafe {
+            result::launch_kernel(
+                f,
+                (blocks as u32, 1, 1),
+                (THREADS, 1, 1),
+                0,
+                stream,
+                &mut params,
+            )
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The committed PTX was built from the committed source: `cargo xtask
+    /// kernels` writes the source's SHA-256 into the PTX's second line.
+    #[test]
+    fn ptx_matches_its_source() {
+        use sha2::Digest;
+        let digest = sha2::Sha256::digest(SOURCE.as_bytes());
+        let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+        let line = PTX.lines().nth(1).unwrap_or_default();
+        assert!(
+            line.ends_with(&format!("source sha256 {hex}")),
+            "kernels/one_shot.ptx is stale: run `cargo xtask kernels` ({line})"
+        );
+        for name in ["one_shot_f32", "one_shot_bf16", "one_shot_f16"] {
+            assert!(PTX.contains(&format!(".entry {name}(")), "{name} missing");
+        }
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(max_bytes(2), 4 << 20);
+        assert_eq!(max_bytes(8), 1 << 20);
+        assert_eq!(std::mem::size_of::<Args>(), 80);
+    }
+}
