@@ -265,7 +265,7 @@ impl OneShot {
             && send == self.base
             && count <= self.len
             && count.saturating_mul(elem_bytes) <= max_bytes(self.nranks as usize)
-            && recv % 16 == 0
+            && recv.is_multiple_of(16)
             && self.words.status() == 0
     }
 
