@@ -253,6 +253,10 @@ const NOTHING_TO_REFUSE: &[(&str, &str)] = &[
         "a buffer of another length or on another device is refused before any copy (InvalidArgument)",
     ),
     (
+        "DeviceBuffer::one_shot (hidden)",
+        "no input: a view only SymmetricBuffer gives (its type cannot be made elsewhere), and a call checks that it reads exactly that buffer before the kernel runs",
+    ),
+    (
         "SymmetricBuffer::uses_one_shot set_one_shot one_shot_max_bytes",
         "no input to refuse: a flag and a size limit; a call the one-shot kernel cannot take (another type, a reduction other than a sum, a group, an unaligned output, more than the limit) goes to NCCL",
     ),
