@@ -204,7 +204,7 @@ __device__ void one_shot(const Args& a) {
   if (!barrier(a, e, 0)) return;
 
   // Each rank's vectors loaded together (many reads in flight), added
-  // in rank order.
+  // in rank order from rank 0's value (so -0 + -0 stays -0, as NCCL's).
   float acc[VMAX][D::E];
 #pragma unroll
   for (int v = 0; v < VMAX; ++v)
@@ -222,7 +222,7 @@ __device__ void one_shot(const Args& a) {
     for (int v = 0; v < VMAX; ++v) {
       if (me + v * threads < nvec) {
 #pragma unroll
-        for (int k = 0; k < D::E; ++k) acc[v][k] += D::get(x[v], k);
+        for (int k = 0; k < D::E; ++k) acc[v][k] = r == 0 ? D::get(x[v], k) : acc[v][k] + D::get(x[v], k);
       }
     }
   }
@@ -241,7 +241,10 @@ __device__ void one_shot(const Args& a) {
   const bool has_last = b == 0 && threadIdx.x < tail;
   const u64 j = nvec * D::E + threadIdx.x;
   if (has_last) {
-    for (u32 r = 0; r < a.nranks; ++r) last += D::scalar((const char*)(a.flat + r * a.stride) + j * elem);
+    for (u32 r = 0; r < a.nranks; ++r) {
+      const float y = D::scalar((const char*)(a.flat + r * a.stride) + j * elem);
+      last = r == 0 ? y : last + y;
+    }
     if (!a.in_place) D::store((char*)a.out + j * elem, last);
   }
 

@@ -183,24 +183,27 @@ fn one_shot_rank<T: TestType>(r: &Rank) -> TestResult {
         check_sums(r, &format!("{n} after NCCL"), &read_back(r, &recv)?)?;
         r.comm.synchronize(r.stream())?;
     }
-    // A graph of one-shot calls, replayed, then an eager call.
-    let n = 4096 + 5;
-    let mut pair = (
-        SymmetricBuffer::<T>::new(&r.comm, n)?,
-        SymmetricBuffer::<T>::new(&r.comm, n)?,
-    );
-    fill(r, &mut pair.0)?;
-    let mut graph = nccl_safe::capture(r.stream(), pair, |cap, (send, recv)| {
-        cap.on(&r.comm).all_reduce(send, recv, ReduceOp::Sum)
-    })?;
-    for _ in 0..3 {
-        graph.launch()?;
+    // Graphs of one-shot calls (one block, many blocks), replayed, then an
+    // eager call.
+    let most = nccl_safe::one_shot_max_bytes(r.world) / std::mem::size_of::<T>();
+    for n in [4096 + 5, most / 2 + 3] {
+        let mut pair = (
+            SymmetricBuffer::<T>::new(&r.comm, n)?,
+            SymmetricBuffer::<T>::new(&r.comm, n)?,
+        );
+        fill(r, &mut pair.0)?;
+        let mut graph = nccl_safe::capture(r.stream(), pair, |cap, (send, recv)| {
+            cap.on(&r.comm).all_reduce(send, recv, ReduceOp::Sum)
+        })?;
+        for _ in 0..3 {
+            graph.launch()?;
+        }
+        let (send, recv) = graph.buffers().ok_or("no buffers")?;
+        check_sums(r, &format!("graph of {n}"), &read_back(r, recv)?)?;
+        r.comm.all_reduce(send, recv, ReduceOp::Sum)?;
+        check_sums(r, &format!("eager after the graph of {n}"), &read_back(r, recv)?)?;
+        drop(graph);
     }
-    let (send, recv) = graph.buffers().ok_or("no buffers")?;
-    check_sums(r, "graph", &read_back(r, recv)?)?;
-    r.comm.all_reduce(send, recv, ReduceOp::Sum)?;
-    check_sums(r, "eager after the graph", &read_back(r, recv)?)?;
-    drop(graph);
     Ok(())
 }
 
