@@ -23,14 +23,18 @@
 //! order in each, the median per way; the slowest rank's. Then each way
 //! runs once more into a zeroed output, checked bit-exact (inputs
 //! `rank + 1`, whose sums are exact in both types). Every wait is bounded
-//! (`--timeout`). CUDA graphs are not built yet; PyTorch's side is
-//! `python/examples/torch_small.py`.
+//! (`--timeout`). Then the graph mode (rows `<way>_graph`): each way's
+//! `-n` calls captured once in a CUDA graph, replayed `--graph-launches`
+//! times per round, the ways rotating, the output checked after. PyTorch's
+//! side is `python/examples/torch_small.py` (eager).
 
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use nccl_dist::nccl_safe::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use nccl_dist::nccl_safe::cudarc::driver::{
+    CudaGraph, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, sys,
+};
 use nccl_dist::nccl_safe::{Comm, ReduceOp, SymmetricBuffer};
 use nccl_dist::{Error, World};
 use serde_json::{Value, json};
@@ -38,7 +42,7 @@ use serde_json::{Value, json};
 use crate::barrier::HostBarrier;
 use crate::cli::{Mode, Opts};
 use crate::coll::Elem;
-use crate::error::{BoxError, Result};
+use crate::error::{BoxError, Result, cuda_err};
 use crate::fns::Fns;
 
 const NCCL_SUCCESS: nccl_dist::nccl_safe::nccl_sys::ncclResult_t =
@@ -46,6 +50,13 @@ const NCCL_SUCCESS: nccl_dist::nccl_safe::nccl_sys::ncclResult_t =
 
 /// The ways measured, in their interleaved order.
 const WAYS: [&str; 4] = ["raw", "plain", "symmetric", "nccl_symmetric"];
+/// The same ways captured in CUDA graphs and replayed.
+const GRAPH_WAYS: [&str; 4] = [
+    "raw_graph",
+    "plain_graph",
+    "symmetric_graph",
+    "nccl_symmetric_graph",
+];
 
 /// One rank's results: (dtype, bytes, way) → (median µs, wrong elements).
 type Rows = Vec<(&'static str, usize, &'static str, f64, u64)>;
@@ -126,6 +137,50 @@ impl<T: Elem> Bufs<'_, T> {
         Ok(())
     }
 
+    /// `way`'s `calls` calls captured in one CUDA graph on `comm`'s stream
+    /// (a relaxed capture, as `nccl_safe::capture` begins).
+    ///
+    /// # Safety
+    ///
+    /// The graph is launched only while `self` and `comm` live.
+    unsafe fn graph(
+        &mut self,
+        way: usize,
+        calls: usize,
+        comm: &Comm,
+        fns: &Fns,
+    ) -> Result<CudaGraph> {
+        let stream = comm.stream();
+        stream
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+            .map_err(cuda_err("beginning a capture"))?;
+        // SAFETY: the caller's promise: the buffers and the communicator
+        // outlive every launch.
+        let issued =
+            unsafe { nccl_dist::nccl_safe::allow_capture(|| self.issue(way, calls, comm, fns)) };
+        // Ended even after a failure, so the stream is not left capturing.
+        let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
+        issued?;
+        graph
+            .map_err(cuda_err("ending the capture"))?
+            .ok_or_else(|| "the capture recorded nothing".into())
+    }
+
+    /// `way`'s output after its graph ran: its elements off the sum.
+    fn wrong_after(&mut self, way: usize, comm: &Comm, n: usize) -> Result<u64> {
+        let stream = comm.stream();
+        comm.synchronize(stream)?;
+        match way {
+            0 => wrong(stream, &self.raw_recv, n),
+            1 => wrong(stream, &self.recv, n),
+            _ => {
+                let mut out = stream.alloc_zeros::<T>(self.count)?;
+                self.sym_recv.copy_to(stream, &mut out)?;
+                wrong(stream, &out, n)
+            }
+        }
+    }
+
     /// `way`'s output: zeroed, one call, then its elements off the sum
     /// over `n` ranks (a way that did nothing leaves zeros).
     fn checked(&mut self, way: usize, comm: &Comm, fns: &Fns, n: usize) -> Result<u64> {
@@ -148,6 +203,60 @@ impl<T: Elem> Bufs<'_, T> {
             }
         }
     }
+}
+
+/// The four ways of one size, each captured once (`-n` calls in a graph)
+/// and replayed `--graph-launches` times per round, the ways rotating;
+/// then each output checked against the sum.
+fn graphs<T: Elem>(
+    b: &mut Bufs<'_, T>,
+    comm: &Comm,
+    fns: &Fns,
+    opts: &Opts,
+    met: &HostBarrier,
+    n: usize,
+    rows: &mut Rows,
+) -> Result<()> {
+    let stream = comm.stream();
+    let mut graphs = Vec::with_capacity(WAYS.len());
+    for way in 0..WAYS.len() {
+        met.wait()?;
+        // SAFETY: the graphs are dropped at the end of this function,
+        // before `b` and `comm`.
+        graphs.push(unsafe { b.graph(way, opts.iters, comm, fns) }?);
+    }
+    let mut times: [Vec<f64>; 4] = Default::default();
+    for round in 0..opts.rounds {
+        for k in 0..WAYS.len() {
+            let way = (round + k) % WAYS.len();
+            graphs[way]
+                .launch()
+                .map_err(cuda_err("launching a graph"))?;
+            comm.synchronize(stream)?;
+            met.wait()?;
+            let t = Instant::now();
+            for _ in 0..opts.graph_launches {
+                graphs[way]
+                    .launch()
+                    .map_err(cuda_err("launching a graph"))?;
+            }
+            comm.synchronize(stream)?;
+            let calls = (opts.iters * opts.graph_launches) as f64;
+            times[way].push(t.elapsed().as_secs_f64() * 1e6 / calls);
+        }
+    }
+    for (way, mut t) in times.into_iter().enumerate() {
+        let wrong = b.wrong_after(way, comm, n)?;
+        rows.push((
+            T::NAME,
+            b.count * std::mem::size_of::<T>(),
+            GRAPH_WAYS[way],
+            crate::median(&mut t),
+            wrong,
+        ));
+    }
+    drop(graphs);
+    Ok(())
 }
 
 /// Every size of one type on one rank, the four ways interleaved.
@@ -213,6 +322,7 @@ fn sizes<T: Elem>(
                 bad[way],
             ));
         }
+        graphs(&mut b, comm, fns, opts, met, n, rows)?;
         drop(b);
         bytes *= 2;
     }

@@ -577,7 +577,7 @@ pub fn setup_section(
 /// The small phase: per type and size, µs per all_reduce of each way
 /// (slowest rank), symmetric over raw, and the wrong elements.
 pub fn small_section(md: &mut String, docs: &BTreeMap<String, Value>) -> Result<()> {
-    let heading = "## Small messages\n\nall_reduce (sum), µs per call back to back, median of interleaved rounds, slowest rank, a thread per GPU: raw NCCL on plain buffers (its default path), ours on plain buffers, ours on symmetric buffers (`SymmetricBuffer`: our one-shot kernel up to `one_shot_max_bytes`, 4 MiB on 2 ranks, NCCL's symmetric kernels above), and the same buffers with the one-shot kernel off (NCCL's symmetric kernels at every size), all on a communicator made with `Config::for_symmetric_kernels` (at least 16 CTAs); target at 2 MiB bf16: symmetric / raw ≤ 0.6 (`small_allreduce_over_nccl_2mib`). PyTorch's rows (mode torch, `--python`) hold its NCCL all_reduce, its symmetric-memory one-shot and two-shot in the first three columns. Wrong: elements off the exact sum, over every way.\n\n| mode | dtype | bytes | raw | plain | symmetric | NCCL symmetric | symmetric / raw | wrong |\n|---|---|---|---|---|---|---|---|---|\n";
+    let heading = "## Small messages\n\nall_reduce (sum), µs per call back to back, median of interleaved rounds, slowest rank, a thread per GPU: raw NCCL on plain buffers (its default path), ours on plain buffers, ours on symmetric buffers (`SymmetricBuffer`: our one-shot kernel up to `one_shot_max_bytes`, 4 MiB on 2 ranks, NCCL's symmetric kernels above), and the same buffers with the one-shot kernel off (NCCL's symmetric kernels at every size), all on a communicator made with `Config::for_symmetric_kernels` (at least 16 CTAs); target at 2 MiB bf16: symmetric / raw ≤ 0.6 (`small_allreduce_over_nccl_2mib`). PyTorch's rows (mode torch, `--python`) hold its NCCL all_reduce, its symmetric-memory one-shot and two-shot in the first three columns. Rows `threads graph`: the same ways, each's `-n` calls captured in one CUDA graph and replayed (`--graph-launches` times per round). Wrong: elements off the exact sum, over every way.\n\n| mode | dtype | bytes | raw | plain | symmetric | NCCL symmetric | symmetric / raw | wrong |\n|---|---|---|---|---|---|---|---|---|\n";
     let found = phase(md, docs, "small-", heading);
     for &(mode, doc) in &found {
         let rows: Vec<&Value> = doc["small"].as_array().into_iter().flatten().collect();
@@ -595,37 +595,63 @@ pub fn small_section(md: &mut String, docs: &BTreeMap<String, Value>) -> Result<
                     .map(|r| (f(r, "time_us"), f(r, "wrong")))
             };
             // PyTorch's rows (`--python`): its NCCL path, one-shot and
-            // two-shot, in the same three columns.
-            let ways = if mode == "torch" {
-                ["torch_nccl", "torch_one_shot", "torch_two_shot", ""]
+            // two-shot, in the same three columns; ours eager, then in
+            // CUDA graphs (`<way>_graph`).
+            let variants: &[(&str, [&str; 4])] = if mode == "torch" {
+                &[("", ["torch_nccl", "torch_one_shot", "torch_two_shot", ""])]
             } else {
-                ["raw", "plain", "symmetric", "nccl_symmetric"]
+                &[
+                    ("", ["raw", "plain", "symmetric", "nccl_symmetric"]),
+                    (
+                        " graph",
+                        [
+                            "raw_graph",
+                            "plain_graph",
+                            "symmetric_graph",
+                            "nccl_symmetric_graph",
+                        ],
+                    ),
+                ]
             };
-            let (raw, plain, sym, nccl_sym) = (of(ways[0]), of(ways[1]), of(ways[2]), of(ways[3]));
-            let cell =
-                |v: Option<(f64, f64)>| v.map_or("-".to_string(), |(t, _)| format!("{t:.2}"));
-            let ratio = match (sym, raw) {
-                (Some((a, _)), Some((b, _))) => format!("{:.3}", a / b),
-                _ => "-".to_string(),
-            };
-            let wrong: f64 = [raw, plain, sym, nccl_sym]
-                .iter()
-                .flatten()
-                .map(|(_, w)| w)
-                .sum();
-            writeln!(
-                md,
-                "| {mode} | {dtype} | {bytes} | {} | {} | {} | {} | {ratio} | {wrong} |",
-                cell(raw),
-                cell(plain),
-                cell(sym),
-                cell(nccl_sym),
-            )?;
+            for (suffix, ways) in variants {
+                let found = [of(ways[0]), of(ways[1]), of(ways[2]), of(ways[3])];
+                if found.iter().all(Option::is_none) {
+                    continue;
+                }
+                small_row(md, &format!("{mode}{suffix}"), &dtype, bytes, found)?;
+            }
         }
     }
     if !found.is_empty() {
         writeln!(md)?;
     }
+    Ok(())
+}
+
+/// One row of the small section: raw, plain, symmetric and NCCL's
+/// symmetric kernels, each (µs, wrong) where measured.
+fn small_row(
+    md: &mut String,
+    mode: &str,
+    dtype: &str,
+    bytes: u64,
+    ways: [Option<(f64, f64)>; 4],
+) -> Result<()> {
+    let [raw, plain, sym, nccl_sym] = ways;
+    let cell = |v: Option<(f64, f64)>| v.map_or("-".to_string(), |(t, _)| format!("{t:.2}"));
+    let ratio = match (sym, raw) {
+        (Some((a, _)), Some((b, _))) => format!("{:.3}", a / b),
+        _ => "-".to_string(),
+    };
+    let wrong: f64 = ways.iter().flatten().map(|(_, w)| w).sum();
+    writeln!(
+        md,
+        "| {mode} | {dtype} | {bytes} | {} | {} | {} | {} | {ratio} | {wrong} |",
+        cell(raw),
+        cell(plain),
+        cell(sym),
+        cell(nccl_sym),
+    )?;
     Ok(())
 }
 

@@ -201,7 +201,11 @@ fn one_shot_rank<T: TestType>(r: &Rank) -> TestResult {
         let (send, recv) = graph.buffers().ok_or("no buffers")?;
         check_sums(r, &format!("graph of {n}"), &read_back(r, recv)?)?;
         r.comm.all_reduce(send, recv, ReduceOp::Sum)?;
-        check_sums(r, &format!("eager after the graph of {n}"), &read_back(r, recv)?)?;
+        check_sums(
+            r,
+            &format!("eager after the graph of {n}"),
+            &read_back(r, recv)?,
+        )?;
         drop(graph);
     }
     Ok(())
