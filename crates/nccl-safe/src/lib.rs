@@ -89,7 +89,9 @@ pub use memory::{NcclMemory, Registration, Window};
 pub use observe::{CheckError, ObservedStream, OpInfo, OpObserver};
 #[doc(hidden)]
 pub use one_shot::OneShot;
-pub use one_shot::{MAX_RANKS as ONE_SHOT_MAX_RANKS, max_bytes as one_shot_max_bytes};
+pub use one_shot::{
+    CAPTURED_NCCL_MAX_BYTES, MAX_RANKS as ONE_SHOT_MAX_RANKS, max_bytes as one_shot_max_bytes,
+};
 pub use ops::OnStream;
 pub use peer::{copy_peer, copy_peer_async};
 pub use reduce_op::{PreMulSum, ReduceOp, Reduction};

@@ -12,9 +12,11 @@
 //!   NVRTC is needed where the crate runs; a driver that cannot load it
 //!   leaves NCCL's path in place.
 //! - **When**: a sum of f32, bf16 or f16 on a [`crate::SymmetricBuffer`]
-//!   of at most [`max_bytes`], outside groups, eager or captured, on a
-//!   communicator whose ranks NCCL mapped into one another (one LSA team,
-//!   at most [`MAX_RANKS`]): agreed by every rank when the buffer is made.
+//!   of at most [`max_bytes`], outside groups, eager or captured (captured
+//!   above [`CAPTURED_NCCL_MAX_BYTES`] only: below it NCCL's symmetric
+//!   kernels win once their host cost is gone), on a communicator whose
+//!   ranks NCCL mapped into one another (one LSA team, at most
+//!   [`MAX_RANKS`]): agreed by every rank when the buffer is made.
 //! - **Bounded**: each wait polls the communicator's abort (a host-mapped
 //!   word set by every abort) and its timeout; either ends the kernel with
 //!   its status word set, which `Comm::synchronize` and the next launch
@@ -57,6 +59,12 @@ pub fn max_bytes(ranks: usize) -> usize {
     const _: () = assert!(LIMIT <= GRID);
     if ranks <= 2 { LIMIT } else { LIMIT / 4 }
 }
+
+/// Captured in a CUDA graph, an all-reduce of at most this many bytes
+/// keeps NCCL's symmetric kernels: without their host cost they are the
+/// faster there (3.7–4.9 µs against our 5.1–5.2 µs up to 64 KiB, 2 H100s;
+/// ours from 128 KiB: 5.2 against 7.8).
+pub const CAPTURED_NCCL_MAX_BYTES: usize = 64 << 10;
 
 /// The kernel's argument (`Args` in the source): one value, by copy.
 #[repr(C)]
@@ -251,20 +259,23 @@ pub(crate) unsafe fn read_window(ctx: &Arc<CudaContext>, win: u64) -> Option<Win
 
 impl OneShot {
     /// Whether a sum of `count` elements of `dtype` read at `send` and
-    /// written at `recv` runs on the kernel.
+    /// written at `recv` runs on the kernel (`captured`: into a CUDA
+    /// graph, where small ones keep NCCL's path).
     pub(crate) fn takes(
         &self,
         dtype: nccl_sys::ncclDataType_t,
         elem_bytes: usize,
-        send: u64,
-        recv: u64,
+        (send, recv): (u64, u64),
         count: usize,
+        captured: bool,
     ) -> bool {
         use nccl_sys::ncclDataType_t as D;
+        let bytes = count.saturating_mul(elem_bytes);
         [D::ncclFloat32, D::ncclBfloat16, D::ncclFloat16].contains(&dtype)
             && send == self.base
             && count <= self.len
-            && count.saturating_mul(elem_bytes) <= max_bytes(self.nranks as usize)
+            && bytes <= max_bytes(self.nranks as usize)
+            && !(captured && bytes <= CAPTURED_NCCL_MAX_BYTES)
             && recv.is_multiple_of(16)
             && self.words.status() == 0
     }

@@ -257,7 +257,7 @@ const NOTHING_TO_REFUSE: &[(&str, &str)] = &[
         "no input: a view only SymmetricBuffer gives (its type cannot be made elsewhere), and a call checks that it reads exactly that buffer before the kernel runs",
     ),
     (
-        "SymmetricBuffer::uses_one_shot set_one_shot one_shot_max_bytes",
+        "SymmetricBuffer::uses_one_shot set_one_shot one_shot_max_bytes CAPTURED_NCCL_MAX_BYTES",
         "no input to refuse: a flag and a size limit; a call the one-shot kernel cannot take (another type, a reduction other than a sum, a group, an unaligned output, more than the limit) goes to NCCL",
     ),
     (

@@ -356,12 +356,21 @@ impl<'a> OnStream<'_, 'a> {
         }
         let own_stream =
             self.capture.is_some() || self.stream.cu_stream() == self.comm.stream().cu_stream();
+        // Into a graph (ours, or a capture the caller allowed): small ones
+        // keep NCCL's symmetric kernels.
+        let captured = self.capture.is_some() || crate::capture_state::is_allowed();
         let takes = self.hold.is_none()
             && !crate::group::is_open()
             && own_stream
             && op.reduction == nccl_sys::ncclRedOp_t::ncclSum
             && v.nranks as usize == self.comm.size()
-            && v.takes(op.dtype, op.elem_bytes, op.send, op.recv, op.count);
+            && v.takes(
+                op.dtype,
+                op.elem_bytes,
+                (op.send, op.recv),
+                op.count,
+                captured,
+            );
         Ok(takes.then_some(v))
     }
 
