@@ -138,7 +138,9 @@ fn cudarc_access<'a>(
 /// elements of `T` in memory of device `device()`, and that memory must stay
 /// allocated until the work enqueued on `stream` while the returned
 /// [`Access`] lived has finished (free it stream-ordered after that work, or
-/// synchronise first).
+/// synchronise first). The hidden `one_shot` must be left as it is (it
+/// answers `None`), or forward the answer of a live
+/// [`crate::SymmetricBuffer`] whose memory `read` returns.
 pub unsafe trait DeviceBuffer<T: NcclType> {
     /// Number of elements.
     fn len(&self) -> usize;
