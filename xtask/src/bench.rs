@@ -260,6 +260,15 @@ fn jobs(o: &Options) -> Vec<Job> {
             });
         }
     }
+    // The small phase again with a process per GPU, as PyTorch's side runs
+    // (its rows beside the threads'; the summary keys stay the threads').
+    if want("small") {
+        jobs.push(Job {
+            name: "small-processes".into(),
+            mode: "processes",
+            args: w("--small -b 8 -e 16M -n 200 -w 20 --rounds 5"),
+        });
+    }
     jobs
 }
 

@@ -1,6 +1,7 @@
 //! `--small`: the all-reduce of small messages (sum; `-b` to `-e`, the
-//! issue's range 8 B to 16 MiB by ×2; f32 and bf16), a thread per GPU,
-//! eager, four ways on one communicator split from the world's with
+//! issue's range 8 B to 16 MiB by ×2; f32 and bf16), a thread per GPU
+//! (`--mode threads`) or a process per GPU (`--mode processes`, under a
+//! launcher; the ranks meet on the communicator), eager, four ways on one communicator split from the world's with
 //! [`nccl_dist::nccl_safe::Config::for_symmetric_kernels`] (`minCTAs`
 //! 16: NCCL makes no more channels than its 24 between two NVLink-linked
 //! H100s or H200s, so the default path is NCCL's default; the symmetric
@@ -213,7 +214,7 @@ fn graphs<T: Elem>(
     comm: &Comm,
     fns: &Fns,
     opts: &Opts,
-    met: &HostBarrier,
+    met: &Meet<'_>,
     n: usize,
     rows: &mut Rows,
 ) -> Result<()> {
@@ -259,13 +260,86 @@ fn graphs<T: Elem>(
     Ok(())
 }
 
+/// Where the ranks meet between measurements: the threads of this process
+/// (a host barrier with a deadline), or the processes (a barrier on the
+/// communicator, bounded by its timeout).
+enum Meet<'a> {
+    Host(&'a HostBarrier),
+    Comm(&'a Comm),
+}
+
+impl Meet<'_> {
+    fn wait(&self) -> Result<()> {
+        match self {
+            Meet::Host(h) => h.wait(),
+            Meet::Comm(c) => Ok(nccl_dist::Communicator::barrier(*c)?),
+        }
+    }
+}
+
+/// Both types on one rank.
+fn rank_rows(world: &World, comm: &Comm, fns: &Fns, opts: &Opts, met: &Meet<'_>) -> Result<Rows> {
+    let mut rows = Rows::new();
+    sizes::<f32>(world, comm, fns, opts, met, &mut rows)?;
+    sizes::<half::bf16>(world, comm, fns, opts, met, &mut rows)?;
+    Ok(rows)
+}
+
+/// A thread per GPU: every rank's rows, and the ranks.
+fn threads(opts: &Opts, fns: &Fns) -> Result<(Vec<Rows>, usize)> {
+    let devices = crate::devices(opts)?;
+    let n = devices.len();
+    if n < 2 {
+        return Err(format!("--small needs 2 GPUs or more ({n} visible)").into());
+    }
+    // Bounded: a thread that failed makes the others fail, not hang.
+    let host = HostBarrier::new(n, opts.timeout);
+    let all: Mutex<Vec<Rows>> = Mutex::new(Vec::new());
+    World::spawn_local_with_options(&devices, &crate::world_options(opts), |world| {
+        let config = crate::config(opts).for_symmetric_kernels();
+        let comm = crate::bare_comm_with(&world, &config).map_err(|e| bad(e.to_string()))?;
+        let rows = rank_rows(&world, &comm, fns, opts, &Meet::Host(&host))
+            .map_err(|e| bad(e.to_string()))?;
+        all.lock().unwrap_or_else(|p| p.into_inner()).push(rows);
+        Ok::<(), Error>(())
+    })?;
+    Ok((all.into_inner().unwrap_or_else(|p| p.into_inner()), n))
+}
+
+/// A process per GPU (under a launcher): on global rank 0, the rows with
+/// the slowest rank's times and every rank's wrong elements (reduced over
+/// the communicator), and the ranks; `None` elsewhere.
+fn processes(opts: &Opts, fns: &Fns) -> Result<Option<(Vec<Rows>, usize)>> {
+    let launch = nccl_dist::Launch::detect()
+        .map_err(|e| format!("--small --mode processes needs a launcher ({e})"))?;
+    let world = World::init_with(launch, &crate::world_options(opts))?;
+    let n = world.size();
+    if n < 2 {
+        return Err(format!("--small needs 2 ranks or more ({n})").into());
+    }
+    let config = crate::config(opts).for_symmetric_kernels();
+    let comm = crate::bare_comm_with(&world, &config)?;
+    let mut rows = rank_rows(&world, &comm, fns, opts, &Meet::Comm(&comm))?;
+    let stream = comm.stream();
+    let mut times = stream.clone_htod(&rows.iter().map(|r| r.3).collect::<Vec<f64>>())?;
+    let mut wrong = stream.clone_htod(&rows.iter().map(|r| r.4 as f64).collect::<Vec<f64>>())?;
+    comm.all_reduce_in_place(&mut times, ReduceOp::Max)?;
+    comm.all_reduce_in_place(&mut wrong, ReduceOp::Sum)?;
+    comm.synchronize(stream)?;
+    let (times, wrong) = (stream.clone_dtoh(&times)?, stream.clone_dtoh(&wrong)?);
+    for ((row, t), w) in rows.iter_mut().zip(times).zip(wrong) {
+        (row.3, row.4) = (t, w as u64);
+    }
+    Ok((world.rank() == 0).then_some((vec![rows], n)))
+}
+
 /// Every size of one type on one rank, the four ways interleaved.
 fn sizes<T: Elem>(
     world: &World,
     comm: &Comm,
     fns: &Fns,
     opts: &Opts,
-    met: &HostBarrier,
+    met: &Meet<'_>,
     rows: &mut Rows,
 ) -> Result<()> {
     let stream = comm.stream();
@@ -330,33 +404,25 @@ fn sizes<T: Elem>(
 }
 
 pub fn run(opts: &Opts) -> Result<()> {
-    if opts.mode != Mode::Threads {
-        return Err("--small runs with a thread per GPU (--mode threads)".into());
-    }
-    let devices = crate::devices(opts)?;
-    let n = devices.len();
-    if n < 2 {
-        return Err(format!("--small needs 2 GPUs or more ({n} visible)").into());
-    }
     let fns = Fns::load()?;
-    // Bounded: a thread that failed makes the others fail, not hang.
-    let met = HostBarrier::new(n, opts.timeout);
-    let all: Mutex<Vec<Rows>> = Mutex::new(Vec::new());
-    World::spawn_local_with_options(&devices, &crate::world_options(opts), |world| {
-        let config = crate::config(opts).for_symmetric_kernels();
-        let comm = crate::bare_comm_with(&world, &config).map_err(|e| bad(e.to_string()))?;
-        let mut rows = Rows::new();
-        let done = sizes::<f32>(&world, &comm, &fns, opts, &met, &mut rows)
-            .and_then(|()| sizes::<half::bf16>(&world, &comm, &fns, opts, &met, &mut rows));
-        done.map_err(|e| bad(e.to_string()))?;
-        all.lock().unwrap_or_else(|p| p.into_inner()).push(rows);
-        Ok::<(), Error>(())
-    })?;
-    let all = all.into_inner().unwrap_or_else(|p| p.into_inner());
+    let (all, n) = match opts.mode {
+        Mode::Threads => threads(opts, &fns)?,
+        Mode::Processes => match processes(opts, &fns)? {
+            Some(done) => done,
+            // Only global rank 0 reports.
+            None => return Ok(()),
+        },
+        Mode::Single => {
+            return Err("--small runs with a thread or a process per GPU".into());
+        }
+    };
     // The slowest rank's time and every rank's wrong elements, per row.
     let first = all.first().ok_or("no rank reported")?;
     let mut results: Vec<Value> = Vec::new();
-    println!("# nccl-rs bench --small: {n} threads, all_reduce sum, µs per call (slowest rank)");
+    println!(
+        "# nccl-rs bench --small: {n} ranks ({}), all_reduce sum, µs per call (slowest rank)",
+        opts.mode.name()
+    );
     println!(
         "# {:>6} {:>10} {:>10} {:>10} {:>8}",
         "dtype", "bytes", "way", "time(us)", "#wrong"

@@ -416,7 +416,7 @@ pub fn summary(docs: &BTreeMap<String, Value>) -> (Value, Vec<Target>) {
             ))
     });
     let small_wrong = small_doc.map(|_| {
-        let total: f64 = [small_doc, small_torch]
+        let total: f64 = [small_doc, docs.get("small-processes"), small_torch]
             .into_iter()
             .flatten()
             .flat_map(|d| d["small"].as_array().into_iter().flatten())
@@ -424,7 +424,7 @@ pub fn summary(docs: &BTreeMap<String, Value>) -> (Value, Vec<Target>) {
             .sum();
         (
             total,
-            "small-threads and small-torch, every row".to_string(),
+            "small-threads, small-processes and small-torch, every row".to_string(),
         )
     });
     // From a loss known to the first all-reduce done on the recovered
