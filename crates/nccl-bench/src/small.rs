@@ -167,7 +167,7 @@ impl<T: Elem> Bufs<'_, T> {
             .ok_or_else(|| "the capture recorded nothing".into())
     }
 
-    /// `way`'s output after its graph ran: its elements off the sum.
+    /// `way`'s output once its work is done: its elements off the sum.
     fn wrong_after(&mut self, way: usize, comm: &Comm, n: usize) -> Result<u64> {
         let stream = comm.stream();
         comm.synchronize(stream)?;
@@ -193,16 +193,7 @@ impl<T: Elem> Bufs<'_, T> {
             _ => self.sym_recv.copy_from(stream, &zeros)?,
         }
         self.issue(way, 1, comm, fns)?;
-        comm.synchronize(stream)?;
-        match way {
-            0 => wrong(stream, &self.raw_recv, n),
-            1 => wrong(stream, &self.recv, n),
-            _ => {
-                let mut out = stream.alloc_zeros::<T>(self.count)?;
-                self.sym_recv.copy_to(stream, &mut out)?;
-                wrong(stream, &out, n)
-            }
-        }
+        self.wrong_after(way, comm, n)
     }
 }
 
