@@ -1,5 +1,5 @@
 // One-shot all-reduce (sum) over an NCCL symmetric window, for nccl-safe's
-// `SymmetricBuffer` (see `src/fast/mod.rs` for the host side and
+// `SymmetricBuffer` (see `src/one_shot.rs` for the host side and
 // `docs/architecture.md`, "Small messages", for why it exists).
 //
 // Every rank's input is a window registered with NCCL_WIN_COLL_SYMMETRIC:
@@ -13,13 +13,14 @@
 //      ready (the work before the kernel on this stream is complete), and
 //      waits until every peer's block b said the same;
 //   2. it reads its vectors from every rank's window, adds them in rank
-//      order (every rank gets the same bits), accumulating in f32, and
-//      keeps the results in registers;
+//      order (every rank gets the same bits), accumulating in f32; out of
+//      place it stores the results now, in place it keeps them in
+//      registers;
 //   3. depart: it tells every peer's block b that it has read their input,
 //      and waits for the same from every peer: after that no peer reads
 //      this rank's input again, so it may be overwritten (in place here,
 //      by the caller's next work otherwise);
-//   4. it stores its results.
+//   4. in place, it stores its results.
 // Flags carry a per-block epoch, so they never need resetting; they are
 // relaxed stores and loads at system scope (no fences: see ld_flag). A wait
 // polls, every 256 polls, the host-mapped abort word (set when the

@@ -2,29 +2,45 @@
 //! (`kernels/one_shot.cu`) that reads every rank's [`crate::SymmetricBuffer`]
 //! through the mappings NCCL made when it registered the window, adds them
 //! in rank order and writes the sum, with two flag barriers between the
-//! ranks. NCCL's own path (symmetric kernels included) costs 10–15 µs per
-//! call below 1 MiB on 2 H100s, mostly on the host; this one is one kernel
-//! launch (`docs/architecture.md`, "Small messages").
+//! ranks. NCCL's own path (symmetric kernels included) cost 6.7–14.7 µs
+//! per eager call below 1 MiB on 2 H100s, much of it on the host; this one
+//! is one kernel launch, 5.7–9.5 µs (`docs/architecture.md`, "Small
+//! messages").
 //!
 //! - **Build**: the CUDA source is compiled to PTX by `cargo xtask
 //!   kernels` (NVRTC, pinned) and the PTX is committed; the driver
 //!   JIT-compiles it on first use (once per device and process). No nvcc or
 //!   NVRTC is needed where the crate runs; a driver that cannot load it
 //!   leaves NCCL's path in place.
-//! - **When**: a sum of f32, bf16 or f16 on a [`crate::SymmetricBuffer`]
-//!   of at most [`max_bytes`], outside groups, eager or captured (captured
-//!   above [`CAPTURED_NCCL_MAX_BYTES`] only: below it NCCL's symmetric
-//!   kernels win once their host cost is gone), on a communicator whose
-//!   ranks NCCL mapped into one another (one LSA team, at most
-//!   [`MAX_RANKS`]): agreed by every rank when the buffer is made.
+//! - **When**: a sum of f32, bf16 or f16 reading a
+//!   [`crate::SymmetricBuffer`], of at most [`max_bytes`], on the buffer's
+//!   own communicator and its stream, outside groups, into an output
+//!   aligned to 16 bytes, eager or captured (captured above
+//!   [`CAPTURED_NCCL_MAX_BYTES`] only: below it NCCL's symmetric kernels
+//!   win once their host cost is gone), with NCCL 2.28 to 2.30 (the
+//!   descriptor layout read below), on a communicator whose ranks NCCL
+//!   mapped into one another (one LSA team, at most [`MAX_RANKS`]): agreed
+//!   by every rank, with the buffers' lengths, when the buffers are made.
+//!   The rest of the choice is made on each rank: the ranks must make a
+//!   call alike (the same stream choice, group or not, output alignment,
+//!   [`crate::SymmetricBuffer::set_one_shot`]), as NCCL asks of matching
+//!   calls; ranks that differ wait for each other until the timeout.
+//! - **Flags** are relaxed system-scope stores and loads, no fences: arrive
+//!   announces input that work before the kernel wrote (complete when it
+//!   started), depart that the block's loads returned (their values were
+//!   added before the block's barrier). That rests on how the hardware
+//!   performs loads and launches, not on the PTX memory model's letter; a
+//!   release and acquire in the signalling threads alone are to be
+//!   measured (with fences in every barrier thread a small call took
+//!   14.5 µs instead of 5.6).
 //! - **Bounded**: each wait polls the communicator's abort (a host-mapped
 //!   word set by every abort) and its timeout; either ends the kernel with
 //!   its status word set, which `Comm::synchronize` and the next launch
 //!   report (the communicator is then aborted).
 //! - **Layout**: the window's device-side descriptor (`ncclWindow_vidmem`
 //!   in NCCL's `nccl_device/impl/core__types.h`) starts with the same five
-//!   fields from 2.28 to 2.30: the fast path needs NCCL 2.28 or later and
-//!   checks what it reads (the world rank must be this rank's).
+//!   fields from 2.28 to 2.30: the fast path needs one of those releases
+//!   and checks what it reads (the world rank must be this rank's).
 
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
@@ -171,8 +187,13 @@ impl Words {
             // Kernels get the host address: with unified addressing the two
             // are one (refused otherwise).
             if mapped != sys::CUresult::CUDA_SUCCESS || device != page as u64 {
+                // SAFETY: the page just allocated, never handed out.
+                let _ = unsafe { result::free_host(page) };
                 return None;
             }
+            // Pinned memory lives as long as its context: that context is
+            // kept for the process (the words are never freed).
+            std::mem::forget(Arc::clone(ctx));
             // SAFETY: 4096 writable bytes.
             unsafe { std::ptr::write_bytes(page as *mut u8, 0, 4096) };
             *slots = (page as usize, 0);
@@ -203,6 +224,9 @@ impl Words {
 /// every rank when it was made. Opaque outside the crate.
 #[derive(Clone, Copy)]
 pub struct OneShot {
+    /// The communicator the buffer is registered on (its shared state's
+    /// address): a call on another communicator keeps NCCL's path.
+    pub(crate) comm: usize,
     pub(crate) kernels: &'static Kernels,
     pub(crate) words: Words,
     /// The buffer's own address and length (elements): a call must read

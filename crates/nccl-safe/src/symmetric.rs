@@ -367,7 +367,10 @@ fn padded<T: NcclType>(comm: &Comm, len: usize) -> Result<NcclMemory<T>> {
 fn candidate<T: NcclType>(b: &SymmetricBuffer<'_, T>) -> Option<OneShot> {
     let comm = b.comm;
     let n = comm.size();
-    if !(2..=one_shot::MAX_RANKS).contains(&n) || !comm.library().version().at_least(2, 28, 0) {
+    let version = comm.library().version();
+    // The descriptor's layout was read from the headers of 2.28 to 2.30.
+    let known = version.at_least(2, 28, 0) && !version.at_least(2, 31, 0);
+    if !(2..=one_shot::MAX_RANKS).contains(&n) || !known {
         return None;
     }
     let ctx = comm.stream().context();
@@ -385,6 +388,7 @@ fn candidate<T: NcclType>(b: &SymmetricBuffer<'_, T>) -> Option<OneShot> {
         return None;
     }
     Some(OneShot {
+        comm: std::sync::Arc::as_ptr(comm.shared()) as usize,
         kernels,
         words,
         base: b.base,
@@ -399,8 +403,11 @@ fn candidate<T: NcclType>(b: &SymmetricBuffer<'_, T>) -> Option<OneShot> {
 }
 
 /// The ranks agree whether the one-shot kernel is used on these buffers
-/// (one per communicator this thread drives, made together): the minimum
-/// over the ranks of [`candidate`], one all-reduce (in one group).
+/// (one per communicator this thread drives, made together), and compare
+/// their lengths: one all-reduce (in one group) of the minimum over the
+/// ranks of `[`[`candidate`]`, len, u64::MAX - len]`. Lengths that differ
+/// are [`Error::InvalidArgument`] on every rank (the buffers are then
+/// dropped, collectively).
 fn agree<T: NcclType>(buffers: &mut [SymmetricBuffer<'_, T>]) -> Result<()> {
     if buffers.iter().all(|b| b.comm.size() < 2) {
         return Ok(());
@@ -411,8 +418,9 @@ fn agree<T: NcclType>(buffers: &mut [SymmetricBuffer<'_, T>]) -> Result<()> {
         .iter()
         .zip(&mine)
         .map(|(b, m)| {
-            let v = if m.is_some() { 1f32 } else { 0f32 };
-            b.comm.stream().clone_htod(&[v]).map_err(cuda)
+            let len = b.len as u64;
+            let v = [u64::from(m.is_some()), len, u64::MAX - len];
+            b.comm.stream().clone_htod(&v).map_err(cuda)
         })
         .collect::<Result<Vec<_>>>()?;
     if let ([b], [flag]) = (&*buffers, &mut flags[..]) {
@@ -425,12 +433,22 @@ fn agree<T: NcclType>(buffers: &mut [SymmetricBuffer<'_, T>]) -> Result<()> {
             Ok(())
         })?;
     }
+    let mut differ = false;
     for ((b, flag), m) in buffers.iter_mut().zip(&flags).zip(mine) {
         let stream = b.comm.stream();
         b.comm.synchronize(stream)?;
-        if stream.clone_dtoh(flag).map_err(cuda)?[0] == 1.0 {
+        let got = stream.clone_dtoh(flag).map_err(cuda)?;
+        let (least, most) = (got[1], u64::MAX - got[2]);
+        differ |= least != most;
+        if got[0] == 1 && !differ {
             b.one_shot = m;
         }
+    }
+    if differ {
+        return Err(Error::InvalidArgument {
+            op: OP,
+            reason: "the ranks made symmetric buffers of different lengths",
+        });
     }
     Ok(())
 }

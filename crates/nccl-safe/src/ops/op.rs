@@ -356,13 +356,16 @@ impl<'a> OnStream<'_, 'a> {
         }
         let own_stream =
             self.capture.is_some() || self.stream.cu_stream() == self.comm.stream().cu_stream();
-        // Into a graph (ours, or a capture the caller allowed): small ones
-        // keep NCCL's symmetric kernels.
-        let captured = self.capture.is_some() || crate::capture_state::is_allowed();
+        // Into a graph (ours, or a capture the caller allowed on this
+        // stream): small ones keep NCCL's symmetric kernels.
+        let captured = self.capture.is_some()
+            || (crate::capture_state::is_allowed()
+                && crate::capture_state::is_capturing(self.stream));
         let takes = self.hold.is_none()
             && !crate::group::is_open()
             && own_stream
             && op.reduction == nccl_sys::ncclRedOp_t::ncclSum
+            && v.comm == std::sync::Arc::as_ptr(self.comm.shared()) as usize
             && v.nranks as usize == self.comm.size()
             && v.takes(
                 op.dtype,

@@ -183,8 +183,10 @@ fn one_shot_rank<T: TestType>(r: &Rank) -> TestResult {
         check_sums(r, &format!("{n} after NCCL"), &read_back(r, &recv)?)?;
         r.comm.synchronize(r.stream())?;
     }
-    // Graphs of one-shot calls (one block, many blocks), replayed, then an
-    // eager call.
+    // Graphs of all-reduces on symmetric buffers, replayed, then an eager
+    // call: 4101 elements (at most 64 KiB: NCCL's symmetric kernels inside
+    // a graph, the one-shot kernel eager) and half the kernel's limit (the
+    // kernel, many blocks, both ways).
     let most = nccl_safe::one_shot_max_bytes(r.world) / std::mem::size_of::<T>();
     for n in [4096 + 5, most / 2 + 3] {
         let mut pair = (
