@@ -246,7 +246,7 @@ const NOTHING_TO_REFUSE: &[(&str, &str)] = &[
     ),
     (
         "SymmetricBuffer::new new_all",
-        "length 0 and an open group are refused before any NCCL call (a GPU is needed to reach them: symmetric_buffers_reduce_bit_exact_and_drop_on_every_rank checks the length); lengths that differ across ranks are refused by the ranks' meeting where the communicator's observer gates calls",
+        "length 0 and an open group are refused before any NCCL call (a GPU is needed to reach them: symmetric_buffers_reduce_bit_exact_and_drop_on_every_rank checks the length); lengths that differ across ranks are refused by the ranks' meeting where the communicator's observer gates calls, before NCCL; elsewhere by the ranks' agreement after registration (InvalidArgument on every rank, the buffers dropped collectively)",
     ),
     (
         "SymmetricBuffer::copy_from copy_to",
