@@ -35,8 +35,10 @@
 //!   14.5 µs instead of 5.6).
 //! - **Bounded**: each wait polls the communicator's abort (a host-mapped
 //!   word set by every abort) and its timeout; either ends the kernel with
-//!   its status word set, which `Comm::synchronize` and the next launch
-//!   report (the communicator is then aborted).
+//!   its status word set, which `Comm::synchronize`, completion futures
+//!   (`Comm::completion`) and the next launch report (the communicator is
+//!   then aborted). A wait that bypasses them (cudarc's own stream
+//!   synchronisation, a graph's settling) does not see it.
 //! - **Layout**: the window's device-side descriptor (`ncclWindow_vidmem`
 //!   in NCCL's `nccl_device/impl/core__types.h`) starts with the same five
 //!   fields from 2.28 to 2.30: the fast path needs one of those releases

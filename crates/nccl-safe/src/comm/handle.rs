@@ -104,23 +104,29 @@ impl Shared {
         words
     }
 
-    /// An error when one of our kernels on this communicator ended early
-    /// (it saw the abort, or timed out): the communicator is then aborted.
-    pub(crate) fn kernel_failed(&self, op: &'static str) -> Result<()> {
+    /// Why one of our kernels on this communicator ended early (it saw the
+    /// abort, or timed out), if one did: its result is undefined. One
+    /// volatile read.
+    pub(crate) fn kernel_cause(&self) -> Option<AbortCause> {
         let Some(Some(words)) = self.kernel_words.get() else {
-            return Ok(());
+            return None;
         };
         match words.status() {
-            0 => Ok(()),
-            status => {
-                let cause = if status == 1 {
-                    self.cause.get().cloned().unwrap_or(AbortCause::Requested)
-                } else {
-                    AbortCause::Timeout {
-                        op: "one-shot all-reduce",
-                        seq: None,
-                    }
-                };
+            0 => None,
+            1 => Some(self.cause.get().cloned().unwrap_or(AbortCause::Requested)),
+            _ => Some(AbortCause::Timeout {
+                op: "one-shot all-reduce",
+                seq: None,
+            }),
+        }
+    }
+
+    /// An error when one of our kernels on this communicator ended early:
+    /// the communicator is then aborted (without waiting).
+    pub(crate) fn kernel_failed(&self, op: &'static str) -> Result<()> {
+        match self.kernel_cause() {
+            None => Ok(()),
+            Some(cause) => {
                 self.request_abort(cause);
                 Err(self.aborted(op))
             }

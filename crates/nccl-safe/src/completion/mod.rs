@@ -125,6 +125,11 @@ impl Source for OnComm {
         if self.shared.abort_requested() {
             return Some(self.shared.aborted(op));
         }
+        // One of our one-shot kernels ended early: its result is undefined.
+        if let Some(cause) = self.shared.kernel_cause() {
+            abort_elsewhere(&self.shared, cause);
+            return Some(self.shared.aborted(op));
+        }
         if !deep {
             return None;
         }
