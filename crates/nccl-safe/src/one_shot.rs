@@ -39,6 +39,9 @@
 //!   (`Comm::completion`) and the next launch report (the communicator is
 //!   then aborted). A wait that bypasses them (cudarc's own stream
 //!   synchronisation, a graph's settling) does not see it.
+//! - **Occupancy**: up to 128 blocks of 512 threads, about one per SM on
+//!   Hopper, spin in the barriers while a peer is late; other work on the
+//!   GPU waits for SMs meanwhile (NCCL's kernels take 16–64 blocks).
 //! - **Layout**: the window's device-side descriptor (`ncclWindow_vidmem`
 //!   in NCCL's `nccl_device/impl/core__types.h`) starts with the same five
 //!   fields from 2.28 to 2.30: the fast path needs one of those releases
