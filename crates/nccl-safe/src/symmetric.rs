@@ -134,14 +134,7 @@ impl<'c, T: NcclType> SymmetricBuffer<'c, T> {
         let base = memory.device_ptr();
         meet::<T>(comm, len)?;
         let window = Window::register(comm, memory, nccl_sys::NCCL_WIN_COLL_SYMMETRIC)?;
-        let mut buffer = SymmetricBuffer {
-            comm,
-            len,
-            base,
-            one_shot: None,
-            one_shot_on: true,
-            window: ManuallyDrop::new(window),
-        };
+        let mut buffer = Self::registered(comm, len, base, window);
         agree(std::slice::from_mut(&mut buffer))?;
         Ok(buffer)
     }
@@ -164,17 +157,28 @@ impl<'c, T: NcclType> SymmetricBuffer<'c, T> {
             .into_iter()
             .zip(comms)
             .zip(bases)
-            .map(|((window, comm), base)| SymmetricBuffer {
-                comm,
-                len,
-                base,
-                one_shot: None,
-                one_shot_on: true,
-                window: ManuallyDrop::new(window),
-            })
+            .map(|((window, comm), base)| Self::registered(comm, len, base, window))
             .collect();
         agree(&mut buffers)?;
         Ok(buffers)
+    }
+
+    /// The value around a registered window of `len` elements at `base`,
+    /// before the ranks agree on the one-shot kernel.
+    fn registered(
+        comm: &'c Comm,
+        len: usize,
+        base: u64,
+        window: Window<'c, NcclMemory<T>>,
+    ) -> SymmetricBuffer<'c, T> {
+        SymmetricBuffer {
+            comm,
+            len,
+            base,
+            one_shot: None,
+            one_shot_on: true,
+            window: ManuallyDrop::new(window),
+        }
     }
 
     /// Whether an all-reduce (sum of f32, bf16 or f16, at most

@@ -96,8 +96,7 @@ impl Shared {
         let words = *self.kernel_words.get_or_init(|| Words::new(&self.ctx));
         std::sync::atomic::fence(Ordering::SeqCst);
         if let Some(w) = &words
-            && (self.cause.get().is_some()
-                || self.signal.as_ref().and_then(AbortSignal::cause).is_some())
+            && self.abort_due()
         {
             w.raise_abort();
         }
