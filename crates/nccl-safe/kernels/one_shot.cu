@@ -11,7 +11,8 @@
 // Each block b, on every rank, owns the same vectors of the buffer:
 //   1. arrive: it tells every peer's block b that this rank's input is
 //      ready (the work before the kernel on this stream is complete), and
-//      waits until every peer's block b said the same;
+//      waits until every peer's block b said the same (on two ranks it
+//      loads its own vectors first, so their reads overlap the wait);
 //   2. it reads its vectors from every rank's window, adds them in rank
 //      order (every rank gets the same bits), accumulating in f32; out of
 //      place it stores the results now, in place it keeps them in
@@ -187,7 +188,14 @@ struct F16 {
   __device__ static void store(void* p, float x) { *(u16*)p = (u16)back(x); }
 };
 
-template <typename D>
+// TWO: the kernel for exactly two ranks. It loads its own vectors before
+// the arrive barrier (they are ready: written by earlier work on this
+// stream) and the peer's after it, all in flight together; the sum of two
+// is the same bits in either order. Otherwise any rank count, one rank's
+// vectors loaded at a time and added in rank order from rank 0's value
+// (every rank gets the same bits; -0 + -0 stays -0, as NCCL's).
+// Accumulation is in f32.
+template <typename D, bool TWO>
 __device__ void one_shot(const Args& a) {
   const int b = blockIdx.x;
   const u64 threads = (u64)gridDim.x * THREADS;
@@ -202,39 +210,63 @@ __device__ void one_shot(const Args& a) {
   __syncthreads();
   const u32 e = epoch;
 
-  if (!barrier(a, e, 0)) return;
-
-  // Each rank's vectors loaded together (many reads in flight), added
-  // in rank order from rank 0's value (so -0 + -0 stays -0, as NCCL's).
-  float acc[VMAX][D::E];
+  uint4 sum[VMAX];
+  if (TWO) {
+    const uint4* own = (const uint4*)(a.flat + a.rank * a.stride);
+    const uint4* peer = (const uint4*)(a.flat + (a.rank ^ 1) * a.stride);
 #pragma unroll
-  for (int v = 0; v < VMAX; ++v)
-#pragma unroll
-    for (int k = 0; k < D::E; ++k) acc[v][k] = 0.0f;
-  for (u32 r = 0; r < a.nranks; ++r) {
-    const uint4* in = (const uint4*)(a.flat + r * a.stride);
+    for (int v = 0; v < VMAX; ++v) {
+      const u64 i = me + v * threads;
+      if (i < nvec) sum[v] = own[i];
+    }
+    if (!barrier(a, e, 0)) return;
     uint4 x[VMAX];
 #pragma unroll
     for (int v = 0; v < VMAX; ++v) {
       const u64 i = me + v * threads;
-      if (i < nvec) x[v] = in[i];
+      if (i < nvec) x[v] = peer[i];
     }
 #pragma unroll
     for (int v = 0; v < VMAX; ++v) {
       if (me + v * threads < nvec) {
 #pragma unroll
-        for (int k = 0; k < D::E; ++k) acc[v][k] = r == 0 ? D::get(x[v], k) : acc[v][k] + D::get(x[v], k);
+        for (int k = 0; k < D::E; ++k) D::put(sum[v], k, D::get(sum[v], k) + D::get(x[v], k));
       }
     }
+  } else {
+    if (!barrier(a, e, 0)) return;
+    float acc[VMAX][D::E];
+#pragma unroll
+    for (int v = 0; v < VMAX; ++v)
+#pragma unroll
+      for (int k = 0; k < D::E; ++k) acc[v][k] = 0.0f;
+    for (u32 r = 0; r < a.nranks; ++r) {
+      const uint4* in = (const uint4*)(a.flat + r * a.stride);
+      uint4 x[VMAX];
+#pragma unroll
+      for (int v = 0; v < VMAX; ++v) {
+        const u64 i = me + v * threads;
+        if (i < nvec) x[v] = in[i];
+      }
+#pragma unroll
+      for (int v = 0; v < VMAX; ++v) {
+        if (me + v * threads < nvec) {
+#pragma unroll
+          for (int k = 0; k < D::E; ++k) acc[v][k] = r == 0 ? D::get(x[v], k) : acc[v][k] + D::get(x[v], k);
+        }
+      }
+    }
+#pragma unroll
+    for (int v = 0; v < VMAX; ++v)
+      if (me + v * threads < nvec)
+#pragma unroll
+        for (int k = 0; k < D::E; ++k) D::put(sum[v], k, acc[v][k]);
   }
-  uint4 sum[VMAX];
+  if (!a.in_place) {
 #pragma unroll
-  for (int v = 0; v < VMAX; ++v) {
-    const u64 i = me + v * threads;
-    if (i < nvec) {
-#pragma unroll
-      for (int k = 0; k < D::E; ++k) D::put(sum[v], k, acc[v][k]);
-      if (!a.in_place) ((uint4*)a.out)[i] = sum[v];
+    for (int v = 0; v < VMAX; ++v) {
+      const u64 i = me + v * threads;
+      if (i < nvec) ((uint4*)a.out)[i] = sum[v];
     }
   }
   // The last elements (fewer than a vector): block 0, one per thread.
@@ -262,6 +294,9 @@ __device__ void one_shot(const Args& a) {
   if (threadIdx.x == 0) mine->epoch[b] = e;
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS) one_shot_f32(Args a) { one_shot<F32>(a); }
-extern "C" __global__ void __launch_bounds__(THREADS) one_shot_bf16(Args a) { one_shot<BF16>(a); }
-extern "C" __global__ void __launch_bounds__(THREADS) one_shot_f16(Args a) { one_shot<F16>(a); }
+extern "C" __global__ void __launch_bounds__(THREADS) one_shot_f32(Args a) { one_shot<F32, false>(a); }
+extern "C" __global__ void __launch_bounds__(THREADS) one_shot_bf16(Args a) { one_shot<BF16, false>(a); }
+extern "C" __global__ void __launch_bounds__(THREADS) one_shot_f16(Args a) { one_shot<F16, false>(a); }
+extern "C" __global__ void __launch_bounds__(THREADS) one_shot_f32_2(Args a) { one_shot<F32, true>(a); }
+extern "C" __global__ void __launch_bounds__(THREADS) one_shot_bf16_2(Args a) { one_shot<BF16, true>(a); }
+extern "C" __global__ void __launch_bounds__(THREADS) one_shot_f16_2(Args a) { one_shot<F16, true>(a); }

@@ -106,9 +106,10 @@ struct Args {
 
 /// The kernels of one device, loaded once per process and kept.
 pub(crate) struct Kernels {
-    f32: sys::CUfunction,
-    bf16: sys::CUfunction,
-    f16: sys::CUfunction,
+    /// For any rank count: f32, bf16, f16.
+    any: [sys::CUfunction; 3],
+    /// For two ranks (every load issued before any add): the same order.
+    two: [sys::CUfunction; 3],
     /// Keeps the context (and with it the module) alive.
     _ctx: Arc<CudaContext>,
 }
@@ -151,9 +152,8 @@ fn load(ctx: &Arc<CudaContext>) -> std::result::Result<Kernels, result::DriverEr
         unsafe { result::module::get_function(module, name) }
     };
     Ok(Kernels {
-        f32: get("one_shot_f32")?,
-        bf16: get("one_shot_bf16")?,
-        f16: get("one_shot_f16")?,
+        any: [get("one_shot_f32")?, get("one_shot_bf16")?, get("one_shot_f16")?],
+        two: [get("one_shot_f32_2")?, get("one_shot_bf16_2")?, get("one_shot_f16_2")?],
         _ctx: Arc::clone(ctx),
     })
 }
@@ -327,12 +327,13 @@ impl OneShot {
         stream: sys::CUstream,
     ) -> std::result::Result<(), result::DriverError> {
         use nccl_sys::ncclDataType_t as D;
+        let set = if self.nranks == 2 { &self.kernels.two } else { &self.kernels.any };
         let (f, per_vec) = if dtype == D::ncclFloat32 {
-            (self.kernels.f32, 4)
+            (set[0], 4)
         } else if dtype == D::ncclBfloat16 {
-            (self.kernels.bf16, 8)
+            (set[1], 8)
         } else {
-            (self.kernels.f16, 8)
+            (set[2], 8)
         };
         debug_assert_eq!(per_vec * elem_bytes, 16);
         let vectors = (count / per_vec) as u64;
@@ -383,8 +384,10 @@ mod tests {
             line.ends_with(&format!("source sha256 {hex}")),
             "kernels/one_shot.ptx is stale: run `cargo xtask kernels` ({line})"
         );
-        for name in ["one_shot_f32", "one_shot_bf16", "one_shot_f16"] {
-            assert!(PTX.contains(&format!(".entry {name}(")), "{name} missing");
+        for ty in ["f32", "bf16", "f16"] {
+            for name in [format!("one_shot_{ty}"), format!("one_shot_{ty}_2")] {
+                assert!(PTX.contains(&format!(".entry {name}(")), "{name} missing");
+            }
         }
     }
 
