@@ -280,32 +280,34 @@ pub fn cargo() -> Command {
 
 /// The checks CI runs, in order: the one list (`.ci/run` calls this).
 /// Builds `crates/nccl-safe/kernels/one_shot.cu` to PTX with the pinned
-/// NVRTC (`xtask/py/nvrtc_ptx.py`); `check`: only compares with the
-/// committed PTX.
+/// NVRTC (`xtask/py/nvrtc_ptx.py`), once per target: `one_shot.ptx` for
+/// compute_80 and `one_shot_90.ptx` for compute_90 (Hopper's launch
+/// dependency wait); `check`: only compares with the committed PTX.
 fn kernels(check: bool) -> Result<()> {
     let lib = fetch::nvrtc()?;
     let root = workspace_root();
     let dir = root.join("crates/nccl-safe/kernels");
-    let out = if check {
-        root.join("target/nvrtc/one_shot.ptx")
-    } else {
-        dir.join("one_shot.ptx")
-    };
-    run(Command::new(fetch::python())
-        .arg(root.join("xtask/py/nvrtc_ptx.py"))
-        .arg(&lib)
-        .arg(dir.join("one_shot.cu"))
-        .arg(&out)
-        .arg("compute_80"))?;
-    if check && std::fs::read(&out)? != std::fs::read(dir.join("one_shot.ptx"))? {
-        return Err(
-            "crates/nccl-safe/kernels/one_shot.ptx is stale: run `cargo xtask kernels`".into(),
-        );
+    for (file, arch) in [("one_shot.ptx", "compute_80"), ("one_shot_90.ptx", "compute_90")] {
+        let committed = dir.join(file);
+        let out = if check {
+            root.join("target/nvrtc").join(file)
+        } else {
+            committed.clone()
+        };
+        run(Command::new(fetch::python())
+            .arg(root.join("xtask/py/nvrtc_ptx.py"))
+            .arg(&lib)
+            .arg(dir.join("one_shot.cu"))
+            .arg(&out)
+            .arg(arch))?;
+        if check && std::fs::read(&out)? != std::fs::read(&committed)? {
+            return Err(format!(
+                "crates/nccl-safe/kernels/{file} is stale: run `cargo xtask kernels`"
+            )
+            .into());
+        }
+        eprintln!("xtask: kernels: {} is current", committed.display());
     }
-    eprintln!(
-        "xtask: kernels: {} is current",
-        dir.join("one_shot.ptx").display()
-    );
     Ok(())
 }
 

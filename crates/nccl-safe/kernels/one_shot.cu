@@ -29,8 +29,10 @@
 // timeout): either ends the kernel early with `status` set, the result
 // undefined; the host then refuses the buffer's fast path and reports it.
 //
-// Built to PTX by `cargo xtask kernels` (NVRTC, pinned; the PTX is
-// committed as one_shot.ptx and JIT-compiled by the driver at run time).
+// Built to PTX by `cargo xtask kernels` (NVRTC, pinned), for compute_80
+// (one_shot.ptx) and compute_90 (one_shot_90.ptx, with the launch
+// dependency wait); both committed and JIT-compiled by the driver at run
+// time.
 
 typedef unsigned int u32;
 typedef unsigned short u16;
@@ -204,6 +206,14 @@ __device__ void one_shot(const Args& a) {
   const u64 tail = a.count - nvec * D::E;
   const u64 elem = 16 / D::E;
   Pad* mine = (Pad*)(a.flat + a.rank * a.stride + a.pad);
+
+#if __CUDA_ARCH__ >= 900
+  // Launched with programmatic stream serialisation (Hopper on), this grid
+  // may be scheduled while the work before it on the stream finishes: wait
+  // until that work is complete and its memory visible. A no-op when the
+  // launch was a plain one.
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
 
   __shared__ u32 epoch;
   if (threadIdx.x == 0) epoch = mine->epoch[b] + 1;

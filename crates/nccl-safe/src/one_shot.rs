@@ -52,8 +52,11 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{CudaContext, result, sys};
 
-/// The PTX, built from `kernels/one_shot.cu` by `cargo xtask kernels`.
+/// The PTX, built from `kernels/one_shot.cu` by `cargo xtask kernels`:
+/// for compute_80, and for compute_90 (which waits on the launch
+/// dependency, so it may be launched with programmatic serialisation).
 pub(crate) const PTX: &str = include_str!("../kernels/one_shot.ptx");
+pub(crate) const PTX_90: &str = include_str!("../kernels/one_shot_90.ptx");
 /// The CUDA source it was built from (its hash is checked by a test).
 #[cfg(test)]
 pub(crate) const SOURCE: &str = include_str!("../kernels/one_shot.cu");
@@ -110,6 +113,13 @@ pub(crate) struct Kernels {
     any: [sys::CUfunction; 3],
     /// For two ranks (every load issued before any add): the same order.
     two: [sys::CUfunction; 3],
+    /// Hopper on (compute_90's PTX): launched as NCCL launches its
+    /// symmetric kernels, with programmatic stream serialisation (the grid
+    /// is scheduled while the work before it finishes, and waits for it
+    /// on the GPU) in the remote memory-synchronisation domain.
+    /// `NCCL_RS_ONE_SHOT_PDL=0` (read when a process first loads the
+    /// kernels) launches them plainly instead.
+    hopper: bool,
     /// Keeps the context (and with it the module) alive.
     _ctx: Arc<CudaContext>,
 }
@@ -143,7 +153,10 @@ pub(crate) fn kernels(ctx: &Arc<CudaContext>) -> Option<&'static Kernels> {
 
 fn load(ctx: &Arc<CudaContext>) -> std::result::Result<Kernels, result::DriverError> {
     ctx.bind_to_thread()?;
-    let image = std::ffi::CString::new(PTX).expect("the PTX has no NUL byte");
+    let hopper = ctx.compute_capability()?.0 >= 9
+        && std::env::var("NCCL_RS_ONE_SHOT_PDL").map_or(true, |v| v != "0");
+    let ptx = if hopper { PTX_90 } else { PTX };
+    let image = std::ffi::CString::new(ptx).expect("the PTX has no NUL byte");
     // SAFETY: a NUL-terminated PTX image; the module is never unloaded.
     let module = unsafe { result::module::load_data(image.as_ptr() as *const c_void) }?;
     let get = |name: &str| {
@@ -154,6 +167,7 @@ fn load(ctx: &Arc<CudaContext>) -> std::result::Result<Kernels, result::DriverEr
     Ok(Kernels {
         any: [get("one_shot_f32")?, get("one_shot_bf16")?, get("one_shot_f16")?],
         two: [get("one_shot_f32_2")?, get("one_shot_bf16_2")?, get("one_shot_f16_2")?],
+        hopper,
         _ctx: Arc::clone(ctx),
     })
 }
@@ -353,17 +367,46 @@ impl OneShot {
             in_place: u32::from(recv == self.base),
         };
         let mut params = [&mut args as *mut Args as *mut c_void];
+        if !self.kernels.hopper {
+            // SAFETY: the caller's promise; `args` matches the kernel's
+            // `Args` (C layout) and outlives the call, which copies it.
+            return unsafe {
+                result::launch_kernel(
+                    f,
+                    (blocks as u32, 1, 1),
+                    (THREADS, 1, 1),
+                    0,
+                    stream,
+                    &mut params,
+                )
+            };
+        }
+        use sys::CUlaunchAttributeID as Id;
+        // SAFETY: an all-zero attribute is a valid C value (`pad` bytes and
+        // a union); the fields set are the ones their ids name.
+        let mut attrs: [sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
+        attrs[0].id = Id::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attrs[0].value.programmaticStreamSerializationAllowed = 1;
+        attrs[1].id = Id::CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN;
+        attrs[1].value.memSyncDomain = sys::CUlaunchMemSyncDomain::CU_LAUNCH_MEM_SYNC_DOMAIN_REMOTE;
+        let config = sys::CUlaunchConfig {
+            gridDimX: blocks as u32,
+            gridDimY: 1,
+            gridDimZ: 1,
+            blockDimX: THREADS,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: 0,
+            hStream: stream,
+            attrs: attrs.as_mut_ptr(),
+            numAttrs: attrs.len() as u32,
+        };
         // SAFETY: the caller's promise; `args` matches the kernel's `Args`
-        // (C layout) and outlives the call, which copies it.
+        // and, with `config` and `attrs`, outlives the call, which copies
+        // them; the compute_90 kernel waits on the launch dependency
+        // (`griddepcontrol.wait`) before it touches memory.
         unsafe {
-            result::launch_kernel(
-                f,
-                (blocks as u32, 1, 1),
-                (THREADS, 1, 1),
-                0,
-                stream,
-                &mut params,
-            )
+            sys::cuLaunchKernelEx(&config, f, params.as_mut_ptr(), std::ptr::null_mut()).result()
         }
     }
 }
@@ -379,16 +422,19 @@ mod tests {
         use sha2::Digest;
         let digest = sha2::Sha256::digest(SOURCE.as_bytes());
         let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-        let line = PTX.lines().nth(1).unwrap_or_default();
-        assert!(
-            line.ends_with(&format!("source sha256 {hex}")),
-            "kernels/one_shot.ptx is stale: run `cargo xtask kernels` ({line})"
-        );
-        for ty in ["f32", "bf16", "f16"] {
-            for name in [format!("one_shot_{ty}"), format!("one_shot_{ty}_2")] {
-                assert!(PTX.contains(&format!(".entry {name}(")), "{name} missing");
+        for ptx in [PTX, PTX_90] {
+            let line = ptx.lines().nth(1).unwrap_or_default();
+            assert!(
+                line.ends_with(&format!("source sha256 {hex}")),
+                "the kernels' PTX is stale: run `cargo xtask kernels` ({line})"
+            );
+            for ty in ["f32", "bf16", "f16"] {
+                for name in [format!("one_shot_{ty}"), format!("one_shot_{ty}_2")] {
+                    assert!(ptx.contains(&format!(".entry {name}(")), "{name} missing");
+                }
             }
         }
+        assert!(PTX_90.contains("griddepcontrol.wait") && !PTX.contains("griddepcontrol"));
     }
 
     #[test]
