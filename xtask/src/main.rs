@@ -287,7 +287,10 @@ fn kernels(check: bool) -> Result<()> {
     let lib = fetch::nvrtc()?;
     let root = workspace_root();
     let dir = root.join("crates/nccl-safe/kernels");
-    for (file, arch) in [("one_shot.ptx", "compute_80"), ("one_shot_90.ptx", "compute_90")] {
+    for (file, arch) in [
+        ("one_shot.ptx", "compute_80"),
+        ("one_shot_90.ptx", "compute_90"),
+    ] {
         let committed = dir.join(file);
         let out = if check {
             root.join("target/nvrtc").join(file)

@@ -4,7 +4,7 @@
 //! in rank order and writes the sum, with two flag barriers between the
 //! ranks. NCCL's own path (symmetric kernels included) cost 6.7–14.7 µs
 //! per eager call below 1 MiB on 2 H100s, much of it on the host; this one
-//! is one kernel launch, 5.7–9.5 µs (`docs/architecture.md`, "Small
+//! is one kernel launch, 4.2–7.7 µs (`docs/architecture.md`, "Small
 //! messages").
 //!
 //! - **Build**: the CUDA source is compiled to PTX by `cargo xtask
@@ -12,6 +12,15 @@
 //!   JIT-compiles it on first use (once per device and process). No nvcc or
 //!   NVRTC is needed where the crate runs; a driver that cannot load it
 //!   leaves NCCL's path in place.
+//! - **Launch**: on compute capability 9 and later the compute_90 build,
+//!   whose kernels first wait on the launch dependency
+//!   (`griddepcontrol.wait`), is launched as NCCL launches its symmetric
+//!   kernels: with programmatic stream serialisation (the grid is
+//!   scheduled while the work before it finishes; 1–5 µs less per eager
+//!   call on 2 H100s) in the remote memory-synchronisation domain.
+//!   `NCCL_RS_ONE_SHOT_PDL=0`, read when a process first loads the
+//!   kernels, launches them plainly. Two ranks take a form that loads its
+//!   own vectors before the arrive barrier and the peer's after it.
 //! - **When**: a sum of f32, bf16 or f16 reading a
 //!   [`crate::SymmetricBuffer`], of at most [`max_bytes`], on the buffer's
 //!   own communicator and its stream, outside groups, into an output
@@ -165,8 +174,16 @@ fn load(ctx: &Arc<CudaContext>) -> std::result::Result<Kernels, result::DriverEr
         unsafe { result::module::get_function(module, name) }
     };
     Ok(Kernels {
-        any: [get("one_shot_f32")?, get("one_shot_bf16")?, get("one_shot_f16")?],
-        two: [get("one_shot_f32_2")?, get("one_shot_bf16_2")?, get("one_shot_f16_2")?],
+        any: [
+            get("one_shot_f32")?,
+            get("one_shot_bf16")?,
+            get("one_shot_f16")?,
+        ],
+        two: [
+            get("one_shot_f32_2")?,
+            get("one_shot_bf16_2")?,
+            get("one_shot_f16_2")?,
+        ],
         hopper,
         _ctx: Arc::clone(ctx),
     })
@@ -341,7 +358,11 @@ impl OneShot {
         stream: sys::CUstream,
     ) -> std::result::Result<(), result::DriverError> {
         use nccl_sys::ncclDataType_t as D;
-        let set = if self.nranks == 2 { &self.kernels.two } else { &self.kernels.any };
+        let set = if self.nranks == 2 {
+            &self.kernels.two
+        } else {
+            &self.kernels.any
+        };
         let (f, per_vec) = if dtype == D::ncclFloat32 {
             (set[0], 4)
         } else if dtype == D::ncclBfloat16 {
