@@ -280,6 +280,41 @@ fn small_over_torch_is_the_worst_bf16_size_up_to_4_mib() {
         json!(1.2),
         "{flat}"
     );
+    assert_eq!(
+        flat["small_allreduce_over_torch_symm_max_threads"],
+        json!(1.2)
+    );
+    assert_eq!(
+        flat["small_allreduce_over_torch_symm_max_processes"],
+        json!(null)
+    );
+    // A process per GPU: the worse mode is the figure, each mode its own.
+    let processes = json!({"small": [
+        row("bf16", 8, "symmetric", Some(4.0)),
+        row("bf16", 1 << 20, "symmetric", Some(15.0)),
+    ]});
+    docs.insert("small-processes".to_string(), processes);
+    let (flat, _) = summary(&docs);
+    assert_eq!(
+        flat["small_allreduce_over_torch_symm_max"],
+        json!(1.5),
+        "{flat}"
+    );
+    assert_eq!(
+        flat["small_allreduce_over_torch_symm_max_threads"],
+        json!(1.2)
+    );
+    assert_eq!(
+        flat["small_allreduce_over_torch_symm_max_processes"],
+        json!(1.5)
+    );
+    assert!(
+        flat["small_allreduce_over_torch_symm_max_at"]
+            .as_str()
+            .is_some_and(|at| at.starts_with("small-processes bf16 1048576 B")),
+        "{flat}"
+    );
+    docs.remove("small-processes");
     // A size PyTorch gave no time for is a miss.
     docs.insert(
         "small-torch".to_string(),
