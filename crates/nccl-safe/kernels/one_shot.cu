@@ -209,9 +209,9 @@ __device__ void one_shot(const Args& a) {
 
 #if __CUDA_ARCH__ >= 900
   // Launched with programmatic stream serialisation (Hopper on), this grid
-  // may be scheduled while the work before it on the stream finishes: wait
-  // until that work is complete and its memory visible. A no-op when the
-  // launch was a plain one.
+  // may start once every block of the kernel before it on the stream has
+  // exited, before that kernel completed: wait until it is complete and
+  // its memory visible. A no-op when the launch was a plain one.
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 

@@ -12,15 +12,19 @@
 //!   JIT-compiles it on first use (once per device and process). No nvcc or
 //!   NVRTC is needed where the crate runs; a driver that cannot load it
 //!   leaves NCCL's path in place.
-//! - **Launch**: on compute capability 9 and later the compute_90 build,
-//!   whose kernels first wait on the launch dependency
-//!   (`griddepcontrol.wait`), is launched as NCCL launches its symmetric
-//!   kernels: with programmatic stream serialisation (the grid is
-//!   scheduled while the work before it finishes; 1–5 µs less per eager
-//!   call on 2 H100s) in the remote memory-synchronisation domain.
+//! - **Launch**: on compute capability 9 and later (driver 12.3 or later)
+//!   the compute_90 build, whose kernels first wait on the launch
+//!   dependency (`griddepcontrol.wait`, which NCCL's own symmetric
+//!   kernels do not execute), is launched with the attributes NCCL gives
+//!   those kernels: programmatic stream serialisation (the grid may be
+//!   launched once every block of the kernel before it has exited,
+//!   overlapping that kernel's completion; 1–5 µs less per eager call on
+//!   2 H100s) and the remote memory-synchronisation domain. Exactly
 //!   `NCCL_RS_ONE_SHOT_PDL=0`, read when a process first loads the
-//!   kernels, launches them plainly. Two ranks take a form that loads its
-//!   own vectors before the arrive barrier and the peer's after it.
+//!   kernels on a device, loads the compute_80 build and launches it
+//!   plainly (no attributes); so does a compute_90 build the driver
+//!   refuses. Two ranks take a form that loads its own vectors before
+//!   the arrive barrier and the peer's after it.
 //! - **When**: a sum of f32, bf16 or f16 reading a
 //!   [`crate::SymmetricBuffer`], of at most [`max_bytes`], on the buffer's
 //!   own communicator and its stream, outside groups, into an output
@@ -127,12 +131,13 @@ pub(crate) struct Kernels {
     any: [sys::CUfunction; 3],
     /// For two ranks (every load issued before any add): the same order.
     two: [sys::CUfunction; 3],
-    /// Hopper on (compute_90's PTX): launched as NCCL launches its
-    /// symmetric kernels, with programmatic stream serialisation (the grid
-    /// is scheduled while the work before it finishes, and waits for it
-    /// on the GPU) in the remote memory-synchronisation domain.
-    /// `NCCL_RS_ONE_SHOT_PDL=0` (read when a process first loads the
-    /// kernels) launches them plainly instead.
+    /// The compute_90 build ([`hopper_launch`]): launched with the
+    /// attributes NCCL gives its symmetric kernels, programmatic stream
+    /// serialisation (the grid may be launched once every block of the
+    /// kernel before it on the stream has exited, overlapping that
+    /// kernel's completion) and the remote memory-synchronisation domain;
+    /// unlike NCCL's, its kernels then wait for that completion
+    /// (`griddepcontrol.wait`) before touching memory.
     hopper: bool,
     /// Keeps the context (and with it the module) alive.
     _ctx: Arc<CudaContext>,
@@ -165,11 +170,47 @@ pub(crate) fn kernels(ctx: &Arc<CudaContext>) -> Option<&'static Kernels> {
     k
 }
 
+/// The oldest driver the Hopper launch is used with (CUDA 12.3, where NCCL
+/// starts launching its symmetric kernels so, and where captures record a
+/// programmatic dependency as a graph edge). The committed PTX (ISA 8.4)
+/// already needs 12.4 to load; this keeps the launch gated should the
+/// pinned NVRTC ever change.
+const HOPPER_LAUNCH_MIN_DRIVER: i32 = 12030;
+
+/// Whether this process may launch the kernels on `ctx`'s device the
+/// Hopper way: compute capability 9 or later, a driver of
+/// [`HOPPER_LAUNCH_MIN_DRIVER`] or later, and `NCCL_RS_ONE_SHOT_PDL` not
+/// `0`.
+fn hopper_launch(ctx: &Arc<CudaContext>) -> bool {
+    let mut driver = 0;
+    // SAFETY: writes one int.
+    let known = unsafe { sys::cuDriverGetVersion(&mut driver) } == sys::CUresult::CUDA_SUCCESS;
+    known
+        && driver >= HOPPER_LAUNCH_MIN_DRIVER
+        && ctx.compute_capability().is_ok_and(|(major, _)| major >= 9)
+        && std::env::var("NCCL_RS_ONE_SHOT_PDL").map_or(true, |v| v != "0")
+}
+
 fn load(ctx: &Arc<CudaContext>) -> std::result::Result<Kernels, result::DriverError> {
     ctx.bind_to_thread()?;
-    let hopper = ctx.compute_capability()?.0 >= 9
-        && std::env::var("NCCL_RS_ONE_SHOT_PDL").map_or(true, |v| v != "0");
-    let ptx = if hopper { PTX_90 } else { PTX };
+    if hopper_launch(ctx) {
+        match load_ptx(ctx, PTX_90, true) {
+            Ok(k) => return Ok(k),
+            Err(e) => tracing::warn!(
+                device = ctx.ordinal(),
+                error = %e,
+                "the one-shot kernels' compute_90 build did not load: the compute_80 one, launched plainly"
+            ),
+        }
+    }
+    load_ptx(ctx, PTX, false)
+}
+
+fn load_ptx(
+    ctx: &Arc<CudaContext>,
+    ptx: &str,
+    hopper: bool,
+) -> std::result::Result<Kernels, result::DriverError> {
     let image = std::ffi::CString::new(ptx).expect("the PTX has no NUL byte");
     // SAFETY: a NUL-terminated PTX image; the module is never unloaded.
     let module = unsafe { result::module::load_data(image.as_ptr() as *const c_void) }?;
@@ -408,8 +449,9 @@ impl OneShot {
             };
         }
         use sys::CUlaunchAttributeID as Id;
-        // SAFETY: an all-zero attribute is a valid C value (`pad` bytes and
-        // a union); the fields set are the ones their ids name.
+        // SAFETY: an all-zero attribute is a valid C value (id 0 is
+        // `CU_LAUNCH_ATTRIBUTE_IGNORE`, then `pad` bytes and a union of
+        // plain data); the fields set are the ones their ids name.
         let mut attrs: [sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
         attrs[0].id = Id::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
         attrs[0].value.programmaticStreamSerializationAllowed = 1;
