@@ -118,7 +118,12 @@ fn one_shot_input(rank: usize, i: usize) -> f64 {
 
 /// This rank's check of `got` against the exact sums.
 fn check_sums<T: TestType>(r: &Rank, what: &str, got: &[T]) -> TestResult {
-    let want = |i: usize| (0..r.world).map(|q| one_shot_input(q, i)).sum::<f64>();
+    check_scaled(r, what, got, 1.0)
+}
+
+/// This rank's check of `got` against the exact sums times `scale`.
+fn check_scaled<T: TestType>(r: &Rank, what: &str, got: &[T], scale: f64) -> TestResult {
+    let want = |i: usize| scale * (0..r.world).map(|q| one_shot_input(q, i)).sum::<f64>();
     match (0..got.len()).find(|&i| got[i] != T::from_f64(want(i))) {
         Some(i) => Err(format!(
             "rank {}: {what}: [{i}] = {:?}, want {}",
@@ -146,10 +151,46 @@ fn read_back<T: TestType>(r: &Rank, b: &SymmetricBuffer<'_, T>) -> TestResult<Ve
     Ok(r.stream().clone_dtoh(&dev)?)
 }
 
+/// Back to back with no host wait between: in-place calls on one buffer,
+/// the one-shot kernel and NCCL's path taking turns (the last one ours),
+/// each reading what the one before wrote. On Hopper the kernel may be
+/// launched before the kernel ahead of it on the stream has completed, so
+/// this checks that it waits for it. Each call multiplies the sums by the
+/// rank count, exact while that is a power of two and they stay small.
+fn chained_rank<T: TestType>(r: &Rank, n: usize) -> TestResult {
+    let ranks = r.world;
+    if !ranks.is_power_of_two() {
+        return Ok(());
+    }
+    // The largest sum is 7 * ranks * (ranks + 1) / 2; keep it below 2^14
+    // (f16's range), at most six calls more.
+    let largest = 7 * ranks * (ranks + 1) / 2;
+    let mut extra = 0u32;
+    while extra < 6 && largest * ranks.pow(extra + 1) < 1 << 14 {
+        extra += 1;
+    }
+    let mut buf = SymmetricBuffer::<T>::new(&r.comm, n)?;
+    fill(r, &mut buf)?;
+    for call in 0..=extra {
+        // Every rank turns the kernel off and on alike. On more than four
+        // ranks NCCL's partial sums of bf16 could round (the kernel's are
+        // f32): there, the kernel only.
+        buf.set_one_shot(ranks > 4 || call % 2 == 0 || call == extra);
+        r.comm.all_reduce_in_place(&mut buf, ReduceOp::Sum)?;
+    }
+    buf.set_one_shot(true);
+    check_scaled(
+        r,
+        &format!("{n}, {} calls back to back", extra + 1),
+        &read_back(r, &buf)?,
+        ranks.pow(extra) as f64,
+    )
+}
+
 /// One rank (a thread or a process per rank): every size, out of place and
 /// in place, three calls each (the flags' epochs move on), then NCCL's
-/// path on the same buffers, then a graph replayed and an eager call after
-/// it, all bit-exact.
+/// path on the same buffers, then calls back to back with no host wait,
+/// then a graph replayed and an eager call after it, all bit-exact.
 fn one_shot_rank<T: TestType>(r: &Rank) -> TestResult {
     // The kernel's NCCL range (the window descriptor's known layout).
     let v = r.comm.library().version();
@@ -185,11 +226,14 @@ fn one_shot_rank<T: TestType>(r: &Rank) -> TestResult {
         check_sums(r, &format!("{n} after NCCL"), &read_back(r, &recv)?)?;
         r.comm.synchronize(r.stream())?;
     }
+    let most = nccl_safe::one_shot_max_bytes(r.world) / std::mem::size_of::<T>();
+    for n in [9, 4096 + 5, most] {
+        chained_rank::<T>(r, n)?;
+    }
     // Graphs of all-reduces on symmetric buffers, replayed, then an eager
     // call: 4101 elements (at most 64 KiB: NCCL's symmetric kernels inside
     // a graph, the one-shot kernel eager) and half the kernel's limit (the
     // kernel, many blocks, both ways).
-    let most = nccl_safe::one_shot_max_bytes(r.world) / std::mem::size_of::<T>();
     for n in [4096 + 5, most / 2 + 3] {
         let mut pair = (
             SymmetricBuffer::<T>::new(&r.comm, n)?,
