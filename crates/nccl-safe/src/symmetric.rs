@@ -9,9 +9,9 @@
 //! An all-reduce (sum of f32, bf16 or f16, up to
 //! [`crate::one_shot_max_bytes`]: 4 MiB on two ranks) reading one runs on
 //! our own one-shot kernel instead, outside groups, where every rank
-//! agreed to it when the buffers were made (`crate::one_shot`: 5.7–9.5 µs
-//! per call from 8 B to 1 MiB on 2 H100s, against NCCL's 6.6–11 and
-//! PyTorch's symmetric memory's 8.1–12.1). [`SymmetricBuffer::set_one_shot`]
+//! agreed to it when the buffers were made (`crate::one_shot`: 4.2–7.7 µs
+//! per call from 8 B to 1 MiB on 2 H100s, against NCCL's 6.6–13 and
+//! PyTorch's symmetric memory's 7.9–12.7). [`SymmetricBuffer::set_one_shot`]
 //! turns it off; each buffer holds 16 KiB more than asked (the kernel's
 //! flags, never part of the elements).
 //!
