@@ -278,18 +278,25 @@ pub fn cargo() -> Command {
     cmd
 }
 
-/// The checks CI runs, in order: the one list (`.ci/run` calls this).
 /// Builds `crates/nccl-safe/kernels/one_shot.cu` to PTX with the pinned
 /// NVRTC (`xtask/py/nvrtc_ptx.py`), once per target: `one_shot.ptx` for
 /// compute_80 and `one_shot_90.ptx` for compute_90 (Hopper's launch
-/// dependency wait); `check`: only compares with the committed PTX.
+/// dependency wait), and each again with `ONE_SHOT_RELEASE` defined
+/// (`_rel`: the flags in the PTX memory model's form); `check`: only
+/// compares with the committed PTX.
 fn kernels(check: bool) -> Result<()> {
     let lib = fetch::nvrtc()?;
     let root = workspace_root();
     let dir = root.join("crates/nccl-safe/kernels");
-    for (file, arch) in [
-        ("one_shot.ptx", "compute_80"),
-        ("one_shot_90.ptx", "compute_90"),
+    for (file, arch, define) in [
+        ("one_shot.ptx", "compute_80", None),
+        ("one_shot_90.ptx", "compute_90", None),
+        ("one_shot_rel.ptx", "compute_80", Some("-DONE_SHOT_RELEASE")),
+        (
+            "one_shot_90_rel.ptx",
+            "compute_90",
+            Some("-DONE_SHOT_RELEASE"),
+        ),
     ] {
         let committed = dir.join(file);
         let out = if check {
@@ -302,7 +309,8 @@ fn kernels(check: bool) -> Result<()> {
             .arg(&lib)
             .arg(dir.join("one_shot.cu"))
             .arg(&out)
-            .arg(arch))?;
+            .arg(arch)
+            .args(define))?;
         if check && std::fs::read(&out)? != std::fs::read(&committed)? {
             return Err(format!(
                 "crates/nccl-safe/kernels/{file} is stale: run `cargo xtask kernels`"
@@ -314,6 +322,7 @@ fn kernels(check: bool) -> Result<()> {
     Ok(())
 }
 
+/// The checks CI runs, in order: the one list (`.ci/run` calls this).
 fn ci() -> Result<()> {
     let step = |name: &str| eprintln!("\n==> {name}");
     step("cargo fmt --check");

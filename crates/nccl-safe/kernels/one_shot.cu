@@ -31,8 +31,9 @@
 //
 // Built to PTX by `cargo xtask kernels` (NVRTC, pinned), for compute_80
 // (one_shot.ptx) and compute_90 (one_shot_90.ptx, with the launch
-// dependency wait); both committed and JIT-compiled by the driver at run
-// time.
+// dependency wait), each also with ONE_SHOT_RELEASE (one_shot_rel.ptx,
+// one_shot_90_rel.ptx); all committed and JIT-compiled by the driver at
+// run time, one of them per process and device.
 
 typedef unsigned int u32;
 typedef unsigned short u16;
@@ -54,14 +55,25 @@ struct Pad {
 // began (visible to peers' reads, which the owner's L2 serves); depart
 // announces that this block's reads of the peers' inputs returned (their
 // values were added and stored in registers before the block's barrier).
+// That rests on how the hardware performs loads, not on the PTX memory
+// model's letter. REL (the `_rel` builds, chosen on the host by
+// NCCL_RS_ONE_SHOT_FLAGS=release, to measure what the model's form costs):
+// a signal is a release store at system scope and a wait ends with an
+// acquire fence, in the signalling threads only (bar.sync orders the
+// block's other threads around them).
 __device__ __forceinline__ u32 ld_flag(const u32* p) {
   u32 v;
   asm volatile("ld.relaxed.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
 
+template <bool REL>
 __device__ __forceinline__ void st_flag(u32* p, u32 v) {
-  asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+  if (REL) {
+    asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+  } else {
+    asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+  }
 }
 
 __device__ __forceinline__ u32 ld_volatile(const u32* p) {
@@ -91,6 +103,7 @@ struct Args {
 };
 
 // Waits until *flag reaches epoch; false when aborted or out of time.
+template <bool REL>
 __device__ bool wait_for(const u32* flag, u32 epoch, const Args& a) {
   u64 start = 0;
   u32 polls = 0;
@@ -108,12 +121,14 @@ __device__ bool wait_for(const u32* flag, u32 epoch, const Args& a) {
       return false;
     }
   }
+  if (REL) asm volatile("fence.acq_rel.sys;" ::: "memory");
   return true;
 }
 
 // Signals `which` (0 arrive, 1 depart) of this block to every peer and
 // waits for theirs. Every thread of the block calls it; the answer is the
 // same on every thread.
+template <bool REL>
 __device__ bool barrier(const Args& a, u32 epoch, int which) {
   __shared__ int failed;
   const int b = blockIdx.x;
@@ -125,8 +140,8 @@ __device__ bool barrier(const Args& a, u32 epoch, int which) {
     Pad* mine = (Pad*)(a.flat + a.rank * a.stride + a.pad);
     u32* to = which == 0 ? &theirs->arrive[b][a.rank] : &theirs->depart[b][a.rank];
     const u32* from = which == 0 ? &mine->arrive[b][t] : &mine->depart[b][t];
-    st_flag(to, epoch);
-    if (!wait_for(from, epoch, a)) failed = 1;
+    st_flag<REL>(to, epoch);
+    if (!wait_for<REL>(from, epoch, a)) failed = 1;
   }
   __syncthreads();
   return failed == 0;
@@ -197,7 +212,7 @@ struct F16 {
 // vectors loaded at a time and added in rank order from rank 0's value
 // (every rank gets the same bits; -0 + -0 stays -0, as NCCL's).
 // Accumulation is in f32.
-template <typename D, bool TWO>
+template <typename D, bool TWO, bool REL>
 __device__ void one_shot(const Args& a) {
   const int b = blockIdx.x;
   const u64 threads = (u64)gridDim.x * THREADS;
@@ -229,7 +244,7 @@ __device__ void one_shot(const Args& a) {
       const u64 i = me + v * threads;
       if (i < nvec) sum[v] = own[i];
     }
-    if (!barrier(a, e, 0)) return;
+    if (!barrier<REL>(a, e, 0)) return;
     uint4 x[VMAX];
 #pragma unroll
     for (int v = 0; v < VMAX; ++v) {
@@ -244,7 +259,7 @@ __device__ void one_shot(const Args& a) {
       }
     }
   } else {
-    if (!barrier(a, e, 0)) return;
+    if (!barrier<REL>(a, e, 0)) return;
     float acc[VMAX][D::E];
 #pragma unroll
     for (int v = 0; v < VMAX; ++v)
@@ -291,7 +306,7 @@ __device__ void one_shot(const Args& a) {
     if (!a.in_place) D::store((char*)a.out + j * elem, last);
   }
 
-  if (!barrier(a, e, 1)) return;
+  if (!barrier<REL>(a, e, 1)) return;
 
   if (a.in_place) {
 #pragma unroll
@@ -304,9 +319,20 @@ __device__ void one_shot(const Args& a) {
   if (threadIdx.x == 0) mine->epoch[b] = e;
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS) one_shot_f32(Args a) { one_shot<F32, false>(a); }
-extern "C" __global__ void __launch_bounds__(THREADS) one_shot_bf16(Args a) { one_shot<BF16, false>(a); }
-extern "C" __global__ void __launch_bounds__(THREADS) one_shot_f16(Args a) { one_shot<F16, false>(a); }
-extern "C" __global__ void __launch_bounds__(THREADS) one_shot_f32_2(Args a) { one_shot<F32, true>(a); }
-extern "C" __global__ void __launch_bounds__(THREADS) one_shot_bf16_2(Args a) { one_shot<BF16, true>(a); }
-extern "C" __global__ void __launch_bounds__(THREADS) one_shot_f16_2(Args a) { one_shot<F16, true>(a); }
+// The entries: relaxed flags, or with ONE_SHOT_RELEASE defined (the
+// `_rel` builds) the PTX memory model's form, named with `_rel`.
+#ifdef ONE_SHOT_RELEASE
+#define FLAGS true
+#define ENTRY(name) name##_rel
+#else
+#define FLAGS false
+#define ENTRY(name) name
+#endif
+#define ONE_SHOT_ENTRY(name, D, TWO) \
+  extern "C" __global__ void __launch_bounds__(THREADS) ENTRY(name)(Args a) { one_shot<D, TWO, FLAGS>(a); }
+ONE_SHOT_ENTRY(one_shot_f32, F32, false)
+ONE_SHOT_ENTRY(one_shot_bf16, BF16, false)
+ONE_SHOT_ENTRY(one_shot_f16, F16, false)
+ONE_SHOT_ENTRY(one_shot_f32_2, F32, true)
+ONE_SHOT_ENTRY(one_shot_bf16_2, BF16, true)
+ONE_SHOT_ENTRY(one_shot_f16_2, F16, true)

@@ -25,6 +25,9 @@
 //!   plainly (no attributes); so does a compute_90 build the driver
 //!   refuses. Two ranks take a form that loads its own vectors before
 //!   the arrive barrier and the peer's after it.
+//!   `NCCL_RS_ONE_SHOT_FLAGS=release` (read at the same time) takes the
+//!   kernels whose flags follow the PTX memory model's form (below), to
+//!   measure what it costs.
 //! - **When**: a sum of f32, bf16 or f16 reading a
 //!   [`crate::SymmetricBuffer`], of at most [`max_bytes`], on the buffer's
 //!   own communicator and its stream, outside groups, into an output
@@ -42,9 +45,12 @@
 //!   announces input that work before the kernel wrote (complete when it
 //!   started), depart that the block's loads returned (their values were
 //!   added before the block's barrier). That rests on how the hardware
-//!   performs loads and launches, not on the PTX memory model's letter; a
-//!   release and acquire in the signalling threads alone are to be
-//!   measured (with fences in every barrier thread a small call took
+//!   performs loads and launches, not on the PTX memory model's letter
+//!   (where nothing stops ptxas moving the adds, and with them the loads'
+//!   completion, past the block's barrier). The model's form, a release
+//!   store and an acquire fence in the signalling threads alone, is built
+//!   too (the `_rel` entries, `NCCL_RS_ONE_SHOT_FLAGS=release`) and not
+//!   yet measured (with fences in every barrier thread a small call took
 //!   14.5 µs instead of 5.6).
 //! - **Bounded**: each wait polls the communicator's abort (a host-mapped
 //!   word set by every abort) and its timeout; either ends the kernel with
@@ -70,6 +76,10 @@ use cudarc::driver::{CudaContext, result, sys};
 /// dependency, so it may be launched with programmatic serialisation).
 pub(crate) const PTX: &str = include_str!("../kernels/one_shot.ptx");
 pub(crate) const PTX_90: &str = include_str!("../kernels/one_shot_90.ptx");
+/// The same two with the flags in the PTX memory model's form (entries
+/// named `_rel`; `NCCL_RS_ONE_SHOT_FLAGS=release`).
+pub(crate) const PTX_REL: &str = include_str!("../kernels/one_shot_rel.ptx");
+pub(crate) const PTX_90_REL: &str = include_str!("../kernels/one_shot_90_rel.ptx");
 /// The CUDA source it was built from (its hash is checked by a test).
 #[cfg(test)]
 pub(crate) const SOURCE: &str = include_str!("../kernels/one_shot.cu");
@@ -191,10 +201,19 @@ fn hopper_launch(ctx: &Arc<CudaContext>) -> bool {
         && std::env::var("NCCL_RS_ONE_SHOT_PDL").map_or(true, |v| v != "0")
 }
 
+/// Whether the kernels' flags are to be release stores and acquire
+/// fences (`NCCL_RS_ONE_SHOT_FLAGS=release`, the PTX memory model's form,
+/// there to be measured) rather than relaxed ones (the default).
+fn release_flags() -> bool {
+    std::env::var("NCCL_RS_ONE_SHOT_FLAGS").is_ok_and(|v| v == "release")
+}
+
 fn load(ctx: &Arc<CudaContext>) -> std::result::Result<Kernels, result::DriverError> {
     ctx.bind_to_thread()?;
+    let release = release_flags();
     if hopper_launch(ctx) {
-        match load_ptx(ctx, PTX_90, true) {
+        let ptx = if release { PTX_90_REL } else { PTX_90 };
+        match load_ptx(ctx, ptx, true, release) {
             Ok(k) => return Ok(k),
             Err(e) => tracing::warn!(
                 device = ctx.ordinal(),
@@ -203,33 +222,27 @@ fn load(ctx: &Arc<CudaContext>) -> std::result::Result<Kernels, result::DriverEr
             ),
         }
     }
-    load_ptx(ctx, PTX, false)
+    load_ptx(ctx, if release { PTX_REL } else { PTX }, false, release)
 }
 
 fn load_ptx(
     ctx: &Arc<CudaContext>,
     ptx: &str,
     hopper: bool,
+    release: bool,
 ) -> std::result::Result<Kernels, result::DriverError> {
     let image = std::ffi::CString::new(ptx).expect("the PTX has no NUL byte");
     // SAFETY: a NUL-terminated PTX image; the module is never unloaded.
     let module = unsafe { result::module::load_data(image.as_ptr() as *const c_void) }?;
-    let get = |name: &str| {
-        let name = std::ffi::CString::new(name).expect("no NUL");
+    let flags = if release { "_rel" } else { "" };
+    let get = |ty: &str, form: &str| {
+        let name = std::ffi::CString::new(format!("one_shot_{ty}{form}{flags}")).expect("no NUL");
         // SAFETY: the module just loaded; the name is one of its entries.
         unsafe { result::module::get_function(module, name) }
     };
     Ok(Kernels {
-        any: [
-            get("one_shot_f32")?,
-            get("one_shot_bf16")?,
-            get("one_shot_f16")?,
-        ],
-        two: [
-            get("one_shot_f32_2")?,
-            get("one_shot_bf16_2")?,
-            get("one_shot_f16_2")?,
-        ],
+        any: [get("f32", "")?, get("bf16", "")?, get("f16", "")?],
+        two: [get("f32", "_2")?, get("bf16", "_2")?, get("f16", "_2")?],
         hopper,
         _ctx: Arc::clone(ctx),
     })
@@ -490,19 +503,34 @@ mod tests {
         use sha2::Digest;
         let digest = sha2::Sha256::digest(SOURCE.as_bytes());
         let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-        for ptx in [PTX, PTX_90] {
+        for (ptx, flags) in [
+            (PTX, ""),
+            (PTX_90, ""),
+            (PTX_REL, "_rel"),
+            (PTX_90_REL, "_rel"),
+        ] {
             let line = ptx.lines().nth(1).unwrap_or_default();
             assert!(
                 line.ends_with(&format!("source sha256 {hex}")),
                 "the kernels' PTX is stale: run `cargo xtask kernels` ({line})"
             );
             for ty in ["f32", "bf16", "f16"] {
-                for name in [format!("one_shot_{ty}"), format!("one_shot_{ty}_2")] {
+                for form in ["", "_2"] {
+                    let name = format!("one_shot_{ty}{form}{flags}");
                     assert!(ptx.contains(&format!(".entry {name}(")), "{name} missing");
                 }
             }
+            // Release stores only in the `_rel` builds.
+            assert_eq!(ptx.contains("st.release.sys"), !flags.is_empty());
         }
-        assert!(PTX_90.contains("griddepcontrol.wait") && !PTX.contains("griddepcontrol"));
+        for (ptx, hopper) in [
+            (PTX, false),
+            (PTX_90, true),
+            (PTX_REL, false),
+            (PTX_90_REL, true),
+        ] {
+            assert_eq!(ptx.contains("griddepcontrol.wait"), hopper);
+        }
     }
 
     #[test]
