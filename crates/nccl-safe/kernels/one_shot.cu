@@ -23,7 +23,8 @@
 //      by the caller's next work otherwise);
 //   4. in place, it stores its results.
 // Flags carry a per-block epoch, so they never need resetting; they are
-// relaxed stores and loads at system scope (no fences: see ld_flag). A wait
+// relaxed stores and loads at system scope (no fences but in the `_rel`
+// builds: see ld_flag). A wait
 // polls, every 256 polls, the host-mapped abort word (set when the
 // communicator is aborted) and the global timer (the communicator's
 // timeout): either ends the kernel early with `status` set, the result

@@ -14,8 +14,8 @@
 //!   leaves NCCL's path in place.
 //! - **Launch**: on compute capability 9 and later (driver 12.3 or later)
 //!   the compute_90 build, whose kernels first wait on the launch
-//!   dependency (`griddepcontrol.wait`, which NCCL's own symmetric
-//!   kernels do not execute), is launched with the attributes NCCL gives
+//!   dependency (`griddepcontrol.wait`; NCCL's own symmetric kernels do
+//!   so again from 2.30.7, not in 2.28), is launched with the attributes NCCL gives
 //!   those kernels: programmatic stream serialisation (the grid may be
 //!   launched once every block of the kernel before it has exited,
 //!   overlapping that kernel's completion; 1–5 µs less per eager call on
@@ -146,7 +146,7 @@ pub(crate) struct Kernels {
     /// serialisation (the grid may be launched once every block of the
     /// kernel before it on the stream has exited, overlapping that
     /// kernel's completion) and the remote memory-synchronisation domain;
-    /// unlike NCCL's, its kernels then wait for that completion
+    /// its kernels then wait for that completion (as NCCL's do from 2.30.7)
     /// (`griddepcontrol.wait`) before touching memory.
     hopper: bool,
     /// Keeps the context (and with it the module) alive.
@@ -520,8 +520,9 @@ mod tests {
                     assert!(ptx.contains(&format!(".entry {name}(")), "{name} missing");
                 }
             }
-            // Release stores only in the `_rel` builds.
+            // Release stores and acquire fences only in the `_rel` builds.
             assert_eq!(ptx.contains("st.release.sys"), !flags.is_empty());
+            assert_eq!(ptx.contains("fence.acq_rel.sys"), !flags.is_empty());
         }
         for (ptx, hopper) in [
             (PTX, false),

@@ -426,14 +426,8 @@ pub fn summary(docs: &BTreeMap<String, Value>) -> (Value, Vec<Target>) {
         ("processes", over_torch_in("small-processes")),
     ];
     let small_over_torch = small_torch.map(|_| {
-        small_over_torch_modes
-            .iter()
-            .filter_map(|(_, v)| v.clone())
-            .max_by(|a, b| match (a.0.is_nan(), b.0.is_nan()) {
-                // A NaN (a miss) is the worst.
-                (true, _) | (_, true) => a.0.is_nan().cmp(&b.0.is_nan()),
-                _ => a.0.total_cmp(&b.0),
-            })
+        // A NaN (a miss) is the worst.
+        worst(small_over_torch_modes.iter().filter_map(|(_, v)| v.clone()))
             .unwrap_or((f64::NAN, "no small-threads or small-processes rows".into()))
     });
     let small_wrong = small_doc.map(|_| {

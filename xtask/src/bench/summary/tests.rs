@@ -272,7 +272,8 @@ fn small_over_torch_is_the_worst_bf16_size_up_to_4_mib() {
     let mut docs = BTreeMap::new();
     docs.insert("small-threads".to_string(), ours);
     docs.insert("small-torch".to_string(), torch);
-    // The figure, then each mode's own (`None`: that mode did not run).
+    // The figure, then each mode's own (`None`: that mode did not run, or
+    // missed: a NaN is written as null).
     let ratios = |docs: &BTreeMap<String, Value>| {
         let (flat, _) = summary(docs);
         let key = "small_allreduce_over_torch_symm_max";
