@@ -88,12 +88,10 @@ pub(crate) const SOURCE: &str = include_str!("../kernels/one_shot.cu");
 pub const MAX_RANKS: usize = 8;
 const MAX_BLOCKS: u64 = 128;
 const THREADS: u32 = 512;
-/// 16-byte vectors a thread keeps (`VMAX` in the source): the grid
-/// reaches `MAX_BLOCKS * THREADS * VMAX * 16` bytes, 8 MiB.
-const GRID_BYTES: usize = MAX_BLOCKS as usize * THREADS as usize * 8 * 16;
-/// The most [`max_bytes`] gives.
+/// The most [`max_bytes`] gives: within the grid's reach, blocks ×
+/// threads × 16-byte vectors a thread keeps (`VMAX`, 8, in the source).
 const LIMIT: usize = 4 << 20;
-const _: () = assert!(LIMIT <= GRID_BYTES);
+const _: () = assert!(LIMIT <= MAX_BLOCKS as usize * THREADS as usize * 8 * 16);
 /// The kernel's flags (`Pad`: an epoch per block, arrive and depart flags
 /// per block and rank), rounded up to a 4 KiB boundary.
 pub(crate) const PAD_BYTES: usize = 16384;
@@ -105,11 +103,7 @@ const _: () = assert!(4 * (MAX_BLOCKS as usize) * (1 + 2 * MAX_RANKS) <= PAD_BYT
 /// ranks (not measured yet: NCCL's path is kept above it). The grid
 /// holds 8 MiB.
 pub fn max_bytes(ranks: usize) -> usize {
-    if ranks <= 2 {
-        LIMIT
-    } else {
-        LIMIT.min(GRID_BYTES) / 4
-    }
+    if ranks <= 2 { LIMIT } else { LIMIT / 4 }
 }
 
 /// Captured in a CUDA graph, an all-reduce of at most this many bytes
