@@ -107,8 +107,13 @@ pub fn symmetric_buffers_reduce_bit_exact_and_drop_on_every_rank() {
 /// Elements of `T` per rank the one-shot tests use: tails (fewer than a
 /// 16-byte vector), one block, several blocks, and the kernel's largest.
 fn one_shot_sizes<T: TestType>(world: usize) -> Vec<usize> {
-    let most = nccl_safe::one_shot_max_bytes(world) / std::mem::size_of::<T>();
+    let most = one_shot_most::<T>(world);
     vec![1, 3, 8, 9, 1027, 4096 + 5, 1 << 16, most / 2 + 3, most]
+}
+
+/// The most elements of `T` the kernel takes on `world` ranks.
+fn one_shot_most<T: TestType>(world: usize) -> usize {
+    nccl_safe::one_shot_max_bytes(world) / std::mem::size_of::<T>()
 }
 
 /// Small integers whose sums over up to 8 ranks are exact in bf16 and f16.
@@ -233,7 +238,7 @@ fn one_shot_rank<T: TestType>(r: &Rank) -> TestResult {
         check_sums(r, &format!("{n} after NCCL"), &read_back(r, &recv)?)?;
         r.comm.synchronize(r.stream())?;
     }
-    let most = nccl_safe::one_shot_max_bytes(r.world) / std::mem::size_of::<T>();
+    let most = one_shot_most::<T>(r.world);
     for n in [9, 4096 + 5, most] {
         chained_rank::<T>(r, n)?;
     }
