@@ -80,6 +80,9 @@ What to run:
                                    thread's CPU share, and requests/s with 64 in
                                    flight; one thread drives every GPU
   --json PATH                      write every result as JSON
+  --profile PATH                   sample every thread's stacks on CPU time for
+                                   the whole run and write them folded to
+                                   PATH.<pid> (built with --features profile)
   -q, --quiet                      no progress lines on stderr
   -h, --help                       this text";
 
@@ -140,6 +143,8 @@ pub struct Opts {
     pub mesh_keeps_world: bool,
     pub fresh_process: bool,
     pub json: Option<PathBuf>,
+    /// `--profile`: where the folded stacks go (`profile.rs`).
+    pub profile: Option<PathBuf>,
     pub quiet: bool,
 }
 
@@ -177,6 +182,7 @@ impl Default for Opts {
             mesh_keeps_world: false,
             fresh_process: false,
             json: None,
+            profile: None,
             quiet: false,
         }
     }
@@ -231,6 +237,7 @@ const FLAGS: &[Flag] = &[
     switch(&["--mesh-keeps-world"]),
     switch(&["--fresh-process"]),
     value(&["--json"]),
+    value(&["--profile"]),
     switch(&["-q", "--quiet"]),
 ];
 
@@ -356,6 +363,7 @@ pub fn parse(args: &[String]) -> Result<Option<Opts>, String> {
         mesh_keeps_world: p.has("--mesh-keeps-world"),
         fresh_process: p.has("--fresh-process"),
         json: p.value("--json").map(PathBuf::from),
+        profile: p.value("--profile").map(PathBuf::from),
         quiet: p.has("-q"),
     };
     if o.min_bytes == 0 || o.min_bytes > o.max_bytes {

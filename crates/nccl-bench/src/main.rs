@@ -46,6 +46,7 @@ mod coll;
 mod env;
 mod error;
 mod fns;
+mod profile;
 mod recover;
 mod run;
 mod setup;
@@ -100,7 +101,20 @@ fn main() -> ExitCode {
             }
         };
     }
+    let profile = match opts.profile.as_deref().map(profile::Profile::start).transpose() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("bench: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let outcome = nccl_dist::nccl_safe::for_each_dtype!(by_dtype opts.dtype.as_str(););
+    if let Some(p) = profile {
+        match p.finish() {
+            Ok(path) => eprintln!("bench: wrote the profile to {}", path.display()),
+            Err(e) => eprintln!("bench: {e}"),
+        }
+    }
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
