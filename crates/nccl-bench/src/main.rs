@@ -101,7 +101,12 @@ fn main() -> ExitCode {
             }
         };
     }
-    let profile = match opts.profile.as_deref().map(profile::Profile::start).transpose() {
+    let profile = match opts
+        .profile
+        .as_deref()
+        .map(profile::Profile::start)
+        .transpose()
+    {
         Ok(p) => p,
         Err(e) => {
             eprintln!("bench: {e}");

@@ -6,7 +6,8 @@
 //!
 //! Each repetition also breaks the set-up down by the crates' `tracing`
 //! spans (`spans.rs`): library load, rendezvous, communicator init, splits
-//! the topology probe and the connection gates, summed per rank (the
+//! the topology probe, the connection gates and the world's connection
+//! (`WorldOptions::lazy_connect`), summed per rank (the
 //! slowest rank's, or in one process the slowest thread's). They nest
 //! inside world, mesh and the first calls. With a thread or a process per
 //! rank, each first call is also split into making its buffer, the call
@@ -39,7 +40,7 @@ use crate::error::{BoxError, Result};
 use crate::ms;
 
 /// The spans reported per phase: (JSON key, column, the span names summed).
-const SPAN_PHASES: [(&str, &str, &[&str]); 6] = [
+const SPAN_PHASES: [(&str, &str, &[&str]); 7] = [
     ("library_load_ms", "load", &["nccl.library_load"]),
     (
         "rendezvous_ms",
@@ -50,6 +51,7 @@ const SPAN_PHASES: [(&str, &str, &[&str]); 6] = [
     ("split_ms", "splits", &["nccl.split"]),
     ("topology_probe_ms", "probe", &["nccl.topology_probe"]),
     ("gate_ms", "gates", &["nccl.gate"]),
+    ("connect_ms", "connect", &["nccl.connect"]),
 ];
 
 /// The parts of each first call (JSON keys), per axis: the one-element

@@ -4,10 +4,13 @@
 //! A mesh `[("dp", 2), ("tp", 2)]` over four ranks puts them on a 2×2
 //! grid, row-major (the last axis varies fastest). The `"tp"` communicator
 //! of a rank joins the ranks on its row, the `"dp"` one those on its
-//! column; both come from `ncclCommSplit` on the world communicator. An
-//! axis that holds every rank (the others have size 1, as `tp` in
-//! `[("dp", 1), ("tp", 4)]`) is the whole mesh's communicator itself: no
-//! split, and no second set of connections for NCCL to make.
+//! column; both come from `ncclCommSplit` on the world communicator. The
+//! whole mesh in the world's rank order is the world's communicator,
+//! shared ([`nccl_safe::Comm::share`]), and an axis that holds every rank
+//! (the others have size 1, as `tp` in `[("dp", 1), ("tp", 4)]`) is the
+//! whole mesh's: no split, and no second set of connections for NCCL to
+//! make (the world made them when it was created, unless
+//! [`crate::WorldOptions::lazy_connect`]).
 //!
 //! ```no_run
 //! use nccl_dist::{DeviceMesh, World};
@@ -93,7 +96,9 @@ pub struct DeviceMesh {
     ranks: Vec<usize>,
     /// Taken only by the drop (which drops every communicator together).
     /// `None`: the whole mesh is the world's own communicator, in rank
-    /// order ([`DeviceMesh::from_world`]; `world` is then `Some`).
+    /// order ([`DeviceMesh::from_world`]; `world` is then `Some`). In rank
+    /// order otherwise, a handle shared with the world's
+    /// ([`Comm::share`]).
     whole: ManuallyDrop<Option<Comm>>,
     groups: Vec<Group>,
     /// The world, for a mesh that owns it ([`DeviceMesh::from_world`]).
@@ -149,8 +154,11 @@ fn split_missing() -> Error {
 
 impl DeviceMesh {
     /// The mesh over `world` in rank order: every rank calls this with the
-    /// same axes (it is collective: one `ncclCommSplit` for the whole mesh
-    /// and one per axis that does not hold every rank).
+    /// same axes. The whole mesh shares the world's communicator
+    /// ([`Comm::share`]: its connections, its watch); each axis that does
+    /// not hold every rank is one `ncclCommSplit`, collective (a mesh
+    /// whose every axis holds every rank makes none, and its first
+    /// collective is where a lost peer shows).
     pub fn new(world: &World, axes: &[(&str, usize)]) -> Result<DeviceMesh> {
         DeviceMesh::new_with(world, axes, Placement::RankOrder)
     }
@@ -262,8 +270,14 @@ impl DeviceMesh {
                 .map_err(|e| world.explain(e))?
                 .ok_or_else(split_missing)
         };
-        let own_whole = if reuse && placement == Placement::RankOrder {
+        // In the world's order the whole mesh is the world's communicator:
+        // kept (`from_world`) or shared (a second handle, with the world's
+        // watch and connections); otherwise a split.
+        let in_order = ranks.iter().enumerate().all(|(i, &r)| i == r);
+        let own_whole = if in_order && reuse {
             None
+        } else if in_order {
+            Some(world.comm().share().map_err(|e| world.explain(e))?)
         } else {
             let whole = split(0, position as i32)?;
             inherit_ranks(world.comm(), &whole, "mesh", Some(ranks.clone()));
@@ -329,14 +343,24 @@ impl DeviceMesh {
             positions[r] = p;
         }
         let world_comms: Vec<&Comm> = worlds.iter().map(World::comm).collect();
-        let keys: Vec<i32> = positions.iter().map(|&p| p as i32).collect();
-        let wholes: Vec<Comm> = Comm::split_all(&world_comms, &vec![Some(0); n], &keys, None)?
-            .into_iter()
-            .map(|c| c.ok_or_else(split_missing))
-            .collect::<Result<_>>()?;
-        for (world, whole) in world_comms.iter().zip(&wholes) {
-            inherit(world, whole, "mesh");
-        }
+        let wholes: Vec<Comm> = if ranks.iter().enumerate().all(|(i, &r)| i == r) {
+            // The world's order: each whole mesh shares its world's
+            // communicator (and its watch and connections).
+            world_comms
+                .iter()
+                .map(|c| c.share().map_err(Error::from))
+                .collect::<Result<_>>()?
+        } else {
+            let keys: Vec<i32> = positions.iter().map(|&p| p as i32).collect();
+            let wholes: Vec<Comm> = Comm::split_all(&world_comms, &vec![Some(0); n], &keys, None)?
+                .into_iter()
+                .map(|c| c.ok_or_else(split_missing))
+                .collect::<Result<_>>()?;
+            for (world, whole) in world_comms.iter().zip(&wholes) {
+                inherit(world, whole, "mesh");
+            }
+            wholes
+        };
         let comms: Vec<&Comm> = wholes.iter().collect();
         let mut per_rank: Vec<Vec<Group>> = (0..n).map(|_| Vec::new()).collect();
         for name in shape.names() {

@@ -335,6 +335,10 @@ impl World {
         let (comm, control, child_config) =
             resolved.make_comms(id, launch.rank, launch.world_size, device, shape)?;
         watched(&comm, &watchdog, gated);
+        // Ranks in other languages would not make the connecting call.
+        if shape == Shape::Split {
+            resolved.connect(&[&comm])?;
+        }
         Ok(World {
             presence: Presence {
                 rank: launch.rank,
@@ -417,24 +421,26 @@ impl World {
             .user_config
             .clone()
             .unwrap_or_else(|| resolved.data_config());
-        Ok(Comm::init_all(devices, &config)?
+        let comms = Comm::init_all(devices, &config)?;
+        for comm in &comms {
+            watched(comm, &watchdog, false);
+        }
+        resolved.connect(&comms.iter().collect::<Vec<_>>())?;
+        Ok(comms
             .into_iter()
             .enumerate()
-            .map(|(rank, comm)| {
-                watched(&comm, &watchdog, false);
-                World {
-                    presence: Presence {
-                        rank,
-                        liveness: None,
-                    },
-                    comm,
-                    control: None,
-                    child_config: None,
-                    launch: local_launch(rank, n),
-                    watchdog: watchdog.clone(),
-                    signal: resolved.signal.clone(),
-                    local: None,
-                }
+            .map(|(rank, comm)| World {
+                presence: Presence {
+                    rank,
+                    liveness: None,
+                },
+                comm,
+                control: None,
+                child_config: None,
+                launch: local_launch(rank, n),
+                watchdog: watchdog.clone(),
+                signal: resolved.signal.clone(),
+                local: None,
             })
             .collect())
     }
@@ -574,6 +580,7 @@ impl World {
                                 }
                             };
                             watched(&comm, watchdog, true);
+                            resolved.connect(&[&comm]).map_err(E::from)?;
                             f(World {
                                 presence: Presence {
                                     rank,

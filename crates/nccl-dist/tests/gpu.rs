@@ -264,6 +264,14 @@ fn one_dimensional_mesh_reduces_bit_exact() {
                 assert_eq!(m.coordinate(), vec![m.position()]);
                 assert_eq!((m.comm().rank(), m.comm().size()), (m.position(), n));
             }
+            if placement == Placement::RankOrder {
+                // In the world's order the mesh shares the world's
+                // communicator (and its connections), split from nothing.
+                for (m, w) in ms.iter().zip(worlds.iter()) {
+                    assert!(m.comm().same_communicator(w.comm()));
+                    assert!(m.axis("dp")?.same_communicator(w.comm()));
+                }
+            }
             let len = 1 << 16;
             let mut bufs = upload_along(&ms, "dp", len)?;
             all_reduce_along(&ms, &mut bufs, "dp")?;

@@ -513,7 +513,7 @@ pub fn setup_section(
     docs: &BTreeMap<String, Value>,
     misses: &mut Vec<String>,
 ) -> Result<()> {
-    let heading = "## Set-up\n\nms, slowest rank. world = communicator init (from process start in the first processes rep); mesh = `DeviceMesh::new` dp×tp; target: mesh + first all_reduce on each axis ≤ 200 ms on 4 GPUs (warm reps). The span columns break world and mesh down by the crates' `tracing` spans (summed per rank; in one process, the slowest thread's): libnccl load, rendezvous, communicator init, splits, topology probe, connection gates. The last column splits the first tp call (a thread or process per rank): making and filling its one-element buffer / the all_reduce call / the stream's synchronisation, each part the slowest rank's (so they need not add up to the first tp column). Rows `processes-keeps-world` make the mesh with `DeviceMesh::from_world` instead of `DeviceMesh::new`.\n\n| mode | rep | state | world | mesh | first dp | first tp | mesh + firsts | load | rendezvous | init | splits | probe | gates | first tp: buffer / call / sync |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+    let heading = "## Set-up\n\nms, slowest rank. world = communicator init (from process start in the first processes rep); mesh = `DeviceMesh::new` dp×tp; target: mesh + first all_reduce on each axis ≤ 200 ms on 4 GPUs (warm reps). The span columns break world and mesh down by the crates' `tracing` spans (summed per rank; in one process, the slowest thread's): libnccl load, rendezvous, communicator init, splits, topology probe, connection gates, the world's connection (a one-element all-reduce that ends `World::init` unless `WorldOptions::lazy_connect`; its gate is also in gates). A mesh in the world's order shares the world's communicator (`Comm::share`): no split for it, and its first call on an axis of every rank finds the connections made. The last column splits the first tp call (a thread or process per rank): making and filling its one-element buffer / the all_reduce call / the stream's synchronisation, each part the slowest rank's (so they need not add up to the first tp column). Rows `processes-keeps-world` make the mesh with `DeviceMesh::from_world` instead of `DeviceMesh::new`.\n\n| mode | rep | state | world | mesh | first dp | first tp | mesh + firsts | load | rendezvous | init | splits | probe | gates | connect | first tp: buffer / call / sync |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
     let found = phase(md, docs, "setup-", heading);
     for &(mode, doc) in &found {
         let ranks = doc["meta"]["ranks"].as_u64();
@@ -526,6 +526,7 @@ pub fn setup_section(
                 "split_ms",
                 "topology_probe_ms",
                 "gate_ms",
+                "connect_ms",
             ]
             .iter()
             .map(|k| match r.get(*k).and_then(Value::as_f64) {

@@ -163,6 +163,7 @@ impl World {
             }
         };
         watched(&comm, &team.watchdog, true);
+        team.resolved.connect(&[&comm])?;
         let world = World {
             presence: Presence {
                 rank: me,

@@ -45,6 +45,7 @@ pub struct WorldOptions {
     pub(super) check_calls: Option<bool>,
     pub(super) liveness: Option<LivenessOptions>,
     pub(super) encryption: Option<Encryption>,
+    pub(super) lazy_connect: bool,
 }
 
 impl Default for WorldOptions {
@@ -76,7 +77,40 @@ impl WorldOptions {
             check_calls: None,
             liveness: None,
             encryption: None,
+            lazy_connect: false,
         }
+    }
+
+    /// Leave the world's connections to its first collective, as NCCL
+    /// does by default (`NCCL_RUNTIME_CONNECT=1`), instead of making them
+    /// before the world is returned.
+    ///
+    /// By default a world whose ranks are all ours ([`World::init_with`],
+    /// [`World::spawn_local_with_options`], [`World::local_with`],
+    /// [`World::recover`]; not [`World::from_unique_id`], whose other ranks
+    /// may not make the same call) ends its creation with one one-element
+    /// all-reduce, so NCCL connects the ring of its communicator there:
+    /// the world's first collective, and the first of every mesh axis that
+    /// holds the world's ranks in order (which shares the world's
+    /// communicator, [`crate::DeviceMesh::new`]), then pay nothing more,
+    /// and a rank that cannot connect fails its world's creation, under
+    /// the creation's deadline and the liveness channel, rather than the
+    /// first step. The connection took 136–149 ms between two processes
+    /// and 15–20 ms between two threads on 2 H200s (NCCL 2.28), with
+    /// NCCL's buffers for each peer of the ring. Lazy, a world that is
+    /// never used for a collective (every call on meshes of smaller axes)
+    /// keeps that time and memory. Every rank must choose alike: the
+    /// ranks that connect wait for the others in the connection's gate,
+    /// which names them silent.
+    ///
+    /// [`World::init_with`]: crate::World::init_with
+    /// [`World::spawn_local_with_options`]: crate::World::spawn_local_with_options
+    /// [`World::local_with`]: crate::World::local_with
+    /// [`World::recover`]: crate::World::recover
+    /// [`World::from_unique_id`]: crate::World::from_unique_id
+    pub fn lazy_connect(mut self) -> Self {
+        self.lazy_connect = true;
+        self
     }
 
     /// How long one operation may take before its communicator is aborted
@@ -116,9 +150,9 @@ impl WorldOptions {
     /// different calls; make a new world after such an error.
     /// Needs the watchdog (it is its observer) and the liveness channel of
     /// a process job (a world of threads, or one without liveness, passes
-    /// every check); only the world's communicator is checked, not those
-    /// of a mesh or a split, and only calls made outside a group and a
-    /// capture. Each checked call costs a round trip to rank 0 and back:
+    /// every check); only the world's communicator is checked (with the
+    /// axes of a mesh in the world's order that share it), not a split,
+    /// and only calls made outside a group and a capture. Each checked call costs a round trip to rank 0 and back:
     /// measured with every rank a thread over loopback on a 2-core x86 VM
     /// (debug build), a median of about 0.14 ms per call with 2 or 3 ranks
     /// and 0.22 ms with 4 (`docs/troubleshooting.md`), far more than a

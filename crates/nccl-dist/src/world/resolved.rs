@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use nccl_safe::{AbortCause, AbortSignal, Comm, Config, UniqueId};
+use nccl_safe::{AbortCause, AbortSignal, Comm, Config, ReduceOp, UniqueId};
 
 use super::options::{DEFAULT_OP_TIMEOUT, WorldOptions, default_config, op_timeout_from_lookup};
 use crate::error::{Error, Result};
@@ -20,6 +20,9 @@ pub(super) struct Resolved {
     /// The user's configuration, with the signal (and the operation
     /// timeout when one was given) added.
     pub(super) user_config: Option<Config>,
+    /// Connect the world's communicator before returning it (not
+    /// [`WorldOptions::lazy_connect`]).
+    connect: bool,
 }
 
 impl Resolved {
@@ -66,6 +69,7 @@ impl Resolved {
             liveness,
             signal,
             user_config,
+            connect: !options.lazy_connect,
         })
     }
 
@@ -80,6 +84,40 @@ impl Resolved {
     /// split from: nonblocking, so that a peer lost mid-init aborts it.
     fn init_config(&self) -> Config {
         self.data_config().blocking(false)
+    }
+
+    /// Makes the connections of a world's communicators now, unless lazy
+    /// ([`WorldOptions::lazy_connect`]): a one-element all-reduce on each
+    /// (in one group when one thread drives them all) and its stream's
+    /// synchronisation, through the watchdog's gate. One-rank worlds have
+    /// nothing to connect.
+    pub(super) fn connect(&self, comms: &[&Comm]) -> Result<()> {
+        if !self.connect || comms.iter().all(|c| c.size() < 2) {
+            return Ok(());
+        }
+        let _span = tracing::debug_span!("nccl.connect", comms = comms.len()).entered();
+        let made = (|| {
+            let cuda = |source| nccl_safe::Error::Cuda {
+                op: "World connection",
+                source,
+            };
+            let mut bufs = comms
+                .iter()
+                .map(|c| c.stream().alloc_zeros::<f32>(1).map_err(cuda))
+                .collect::<nccl_safe::Result<Vec<_>>>()?;
+            if let [comm] = comms {
+                comm.all_reduce_in_place(&mut bufs[0], ReduceOp::Sum)?;
+            } else {
+                nccl_safe::group(|g| {
+                    for (comm, buf) in comms.iter().zip(bufs.iter_mut()) {
+                        g.on(comm).all_reduce_in_place(buf, ReduceOp::Sum)?;
+                    }
+                    Ok(())
+                })?;
+            }
+            comms.iter().try_for_each(|c| c.synchronize(c.stream()))
+        })();
+        made.map_err(|e| lost_or(&self.signal, e))
     }
 
     pub(super) fn start_watchdog(&self) -> Result<Option<Watchdog>> {

@@ -315,8 +315,12 @@ const NOTHING_TO_REFUSE: &[(&str, &str)] = &[
         "accessors; of() answers None for any other error",
     ),
     (
-        "WorldOptions::check_calls",
+        "WorldOptions::check_calls lazy_connect",
         "a switch: both values are valid",
+    ),
+    (
+        "Comm::same_communicator",
+        "a comparison: any two communicators have an answer",
     ),
     (
         "nccl_dist::analyze",

@@ -271,6 +271,7 @@ pub fn rows(n: usize, gpus: usize) {
     let direct = c.all_reduce_in_place(&mut out, ReduceOp::Sum);
     let abort_in_group = c.abort_handle().abort();
     let split_in_group = c.split(Some(0), 0, None);
+    let share_in_group = c.share().map(drop);
     // SAFETY: the closure does nothing; the call is refused (open group).
     let raw_in_group = unsafe { c.with_raw(|_| ()) };
     g.end().unwrap();
@@ -290,6 +291,12 @@ pub fn rows(n: usize, gpus: usize) {
         "Comm::split",
         "group (inside a group)",
         split_in_group,
+        |e| matches!(e, SafeError::InvalidArgument { .. }),
+    );
+    case(
+        "Comm::share",
+        "group (inside a group)",
+        share_in_group,
         |e| matches!(e, SafeError::InvalidArgument { .. }),
     );
     case(
@@ -497,6 +504,9 @@ pub fn rows(n: usize, gpus: usize) {
         c.split(Some(0), 0, None),
         |e| matches!(e, SafeError::Aborted { .. }),
     );
+    case("Comm::share", "use after abort", c.share().map(drop), |e| {
+        matches!(e, SafeError::Aborted { .. })
+    });
     // Unsupported on a library without them (2.28 lacks grow), else
     // refused as aborted.
     let aborted_or_missing =

@@ -130,7 +130,10 @@ fn mesh_axes(n: usize) -> Vec<(&'static str, usize)> {
 /// thread is in the splits). Every survivor's `DeviceMesh::new` must fail
 /// with `PeerLost` naming the victim within 2 s of the death. With a
 /// delay, a mesh that was finished before the kill landed is recorded and
-/// its first collective must fail the same way instead.
+/// its first collective must fail the same way instead; so must the
+/// first collective of a mesh that needed no split (every axis in the
+/// world's order shares the world's communicator: nothing collective
+/// happens in `DeviceMesh::new`, as with one axis of every rank).
 fn kill_around_mesh(r: &mut Rank, delay: Option<Duration>) -> TestResult {
     let world = r.world()?;
     checked_all_reduce(&world, 1 << 20)?;
@@ -159,8 +162,13 @@ fn kill_around_mesh(r: &mut Rank, delay: Option<Duration>) -> TestResult {
             r.note("mesh", "refused")?;
             expect_peer_lost(r, Err(e), since)?;
         }
-        Ok(mesh) if delay.is_some() => {
-            r.note("mesh", "made before the kill landed")?;
+        Ok(mesh) if delay.is_some() || shares_the_world(&mesh, &world, &axes) => {
+            let made = if shares_the_world(&mesh, &world, &axes) {
+                "made without a split (the world's communicator)"
+            } else {
+                "made before the kill landed"
+            };
+            r.note("mesh", made)?;
             let axis = axes[0].0;
             let comm = mesh.axis(axis)?;
             let mut buf = comm.stream().alloc_zeros::<f32>(1 << 20).map_err(cuda)?;
@@ -173,6 +181,14 @@ fn kill_around_mesh(r: &mut Rank, delay: Option<Duration>) -> TestResult {
     }
     drop(world);
     recover(r)
+}
+
+/// Whether every axis of `mesh` is the world's communicator (shared).
+fn shares_the_world(mesh: &DeviceMesh, world: &World, axes: &[(&str, usize)]) -> bool {
+    axes.iter().all(|(a, _)| {
+        mesh.axis(a)
+            .is_ok_and(|c| c.same_communicator(world.comm()))
+    })
 }
 
 /// (f1) The last rank is SIGKILLed right before `DeviceMesh::new`.

@@ -458,12 +458,27 @@ fn finish(r: &mut Rank, result: TestResult) -> Result<(), String> {
 
 /// A case that runs in both modes: the body gets this rank's world.
 pub(crate) fn run(case: &'static str, body: impl Fn(&mut Rank, World) -> TestResult + Sync) {
+    run_with(case, options(), body)
+}
+
+/// As [`run`], with worlds that leave their connections to their first
+/// collective ([`WorldOptions::lazy_connect`]): for the cases about that
+/// first collective.
+pub(crate) fn run_lazy(case: &'static str, body: impl Fn(&mut Rank, World) -> TestResult + Sync) {
+    run_with(case, options().lazy_connect(), body)
+}
+
+fn run_with(
+    case: &'static str,
+    options: WorldOptions,
+    body: impl Fn(&mut Rank, World) -> TestResult + Sync,
+) {
     match mode().expect("fault-suite environment") {
         Mode::Processes => run_process(case, |r| {
-            let world = r.world()?;
+            let world = World::init_with(Launch::detect()?, &options)?;
             body(r, world)
         }),
-        Mode::Threads => run_threads(case, false, body),
+        Mode::Threads => run_threads_with(case, false, &options, body),
     }
 }
 
@@ -494,6 +509,15 @@ pub(crate) fn run_threads(
     victim_panics: bool,
     body: impl Fn(&mut Rank, World) -> TestResult + Sync,
 ) {
+    run_threads_with(case, victim_panics, &options(), body)
+}
+
+fn run_threads_with(
+    case: &'static str,
+    victim_panics: bool,
+    options: &WorldOptions,
+    body: impl Fn(&mut Rank, World) -> TestResult + Sync,
+) {
     nccl_testkit::trace_if_asked();
     let job = Job::from_env().expect("fault-suite environment");
     let size: usize = env("NCCL_RS_FAULT_WORLD")
@@ -503,7 +527,7 @@ pub(crate) fn run_threads(
     // Each rank's verdict, kept apart from what spawn returns: a panic
     // makes it return the panic alone.
     let verdicts: Mutex<Vec<Option<Result<(), String>>>> = Mutex::new(vec![None; size]);
-    let result = World::spawn_local_with_options(&devices, &options(), |world| {
+    let result = World::spawn_local_with_options(&devices, options, |world| {
         let place = (world.rank(), world.size(), world.device());
         let mut r = Rank::new(case, Mode::Threads, place, &job);
         let rank = r.rank;

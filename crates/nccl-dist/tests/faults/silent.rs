@@ -12,7 +12,7 @@ use nccl_dist::nccl_safe::{GroupGuard, ReduceOp};
 use nccl_dist::{CheckFailure, DeviceMesh, Error, World};
 
 use crate::rejoin::recover_checked;
-use crate::{OP_TIMEOUT, Rank, TestResult, checked_all_reduce, cuda, run};
+use crate::{OP_TIMEOUT, Rank, TestResult, checked_all_reduce, cuda, run, run_lazy};
 
 /// How long the silent rank sleeps before its call: past the others'
 /// timeout and their report of it.
@@ -95,29 +95,33 @@ fn all_reduce(world: &World) -> Result<(), Error> {
     nccl_dist::synchronize(comm, comm.stream())
 }
 
-/// (s1) Silent before its first collective on the world.
+/// (s1) Silent before its first collective on a world that leaves its
+/// connections to it ([`nccl_dist::WorldOptions::lazy_connect`]).
 #[test]
 #[ignore]
 fn s1_silent_before_the_first_collective() {
-    run("s1_silent_before_the_first_collective", |r, world| {
+    run_lazy("s1_silent_before_the_first_collective", |r, world| {
         silent_case(r, world, all_reduce, |_| false)
     });
 }
 
-/// (s2) Silent before its first call on a mesh axis (the world is
-/// connected first).
+/// (s2) Silent before its first call on a mesh axis with a communicator
+/// of its own (the world is connected first; an axis in the world's order
+/// shares the world's communicator, so the axis is the mesh's two axes
+/// flattened into one: a split, connected at its first call).
 #[test]
 #[ignore]
 fn s2_silent_before_the_first_call_on_an_axis() {
     run("s2_silent_before_the_first_call_on_an_axis", |r, world| {
         checked_all_reduce(&world, 1024)?;
         let n = world.size();
-        let mesh = DeviceMesh::new(&world, &[("dp", 1), ("tp", n)])?;
+        let mut mesh = DeviceMesh::new(&world, &[("dp", 1), ("tp", n)])?;
+        mesh.flatten(&["dp", "tp"], "all")?;
         let result = silent_case(
             r,
             world,
             |_| {
-                let tp = mesh.axis("tp")?;
+                let tp = mesh.axis("all")?;
                 let mut buf = tp.stream().alloc_zeros::<f32>(1 << 16).map_err(cuda)?;
                 tp.all_reduce_in_place(&mut buf, ReduceOp::Sum)?;
                 nccl_dist::synchronize(tp, tp.stream())
@@ -164,12 +168,12 @@ fn s3_silent_at_the_first_send_recv() {
 }
 
 /// (s4) Silent while the others are inside an open group: they open a
-/// group on the world's fresh communicator and all-reduce in it; the
-/// victim sleeps before its group.
+/// group on the world's fresh (lazy) communicator and all-reduce in it;
+/// the victim sleeps before its group.
 #[test]
 #[ignore]
 fn s4_silent_while_the_others_are_in_a_group() {
-    run("s4_silent_while_the_others_are_in_a_group", |r, world| {
+    run_lazy("s4_silent_while_the_others_are_in_a_group", |r, world| {
         silent_case(
             r,
             world,

@@ -1,7 +1,7 @@
 //! The shared state behind a `Comm` and its `AbortHandle`s: the raw
 //! handle under a mutex, the abort protocol, and the waits on it.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
@@ -34,6 +34,15 @@ pub(crate) enum State {
     Closed,
 }
 
+/// A number for the calling thread, never 0, unique in this process.
+pub(crate) fn thread_key() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    thread_local! {
+        static KEY: u64 = NEXT.fetch_add(1, Ordering::Relaxed);
+    }
+    KEY.with(|k| *k)
+}
+
 /// What `Comm` and `AbortHandle` share.
 pub(crate) struct Shared {
     pub(crate) state: Mutex<State>,
@@ -51,6 +60,14 @@ pub(crate) struct Shared {
     /// on this communicator: NCCL still refers to it until that group
     /// ends, so an abort waits for the end (it crashed NCCL otherwise).
     pub(crate) in_open_group: AtomicBool,
+    /// The thread ([`thread_key`]) whose open group holds calls on this
+    /// communicator, while `in_open_group` is set: calls from other threads
+    /// (through another handle, [`crate::Comm::share`]) are refused until
+    /// its end.
+    pub(crate) group_thread: AtomicU64,
+    /// What the connection gate already let through, for every handle of
+    /// this communicator ([`crate::Comm::share`]).
+    pub(crate) reached: Mutex<crate::comm::Reached>,
     /// The job's signal, if any.
     pub(crate) signal: Option<AbortSignal>,
     /// Recorded on the comm's stream by the last `Comm`'s drop: teardown
@@ -138,6 +155,11 @@ impl Shared {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// What the connection gate let through, for every handle.
+    pub(crate) fn lock_reached(&self) -> MutexGuard<'_, crate::comm::Reached> {
+        self.reached.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     pub(crate) fn try_lock(&self) -> Option<MutexGuard<'_, State>> {
         match self.state.try_lock() {
             Ok(guard) => Some(guard),
@@ -192,7 +214,29 @@ impl Shared {
         op: &'static str,
         f: impl FnOnce(ncclComm_t) -> Result<R>,
     ) -> Result<R> {
+        self.with_raw_from(op, false, f)
+    }
+
+    /// As [`Shared::with_raw`]; `any_thread`: also while a group open on
+    /// another thread holds calls on the communicator (for
+    /// `ncclCommGetAsyncError`, which changes nothing), where other calls
+    /// are refused.
+    fn with_raw_from<R>(
+        &self,
+        op: &'static str,
+        any_thread: bool,
+        f: impl FnOnce(ncclComm_t) -> Result<R>,
+    ) -> Result<R> {
         let mut state = self.lock();
+        if !any_thread
+            && self.in_open_group.load(Ordering::Acquire)
+            && self.group_thread.load(Ordering::Relaxed) != thread_key()
+        {
+            return Err(Error::InvalidArgument {
+                op,
+                reason: "a group open on another thread holds calls on this communicator (through another handle, Comm::share): call after its end",
+            });
+        }
         let result = match *state {
             State::Live(raw) => {
                 if self.abort_due() {
@@ -226,6 +270,7 @@ impl Shared {
     /// Marks the communicator as used by the group open on this thread
     /// (call with the lock held, i.e. inside [`Shared::with_raw`]).
     pub(crate) fn enter_group(&self) {
+        self.group_thread.store(thread_key(), Ordering::Relaxed);
         self.in_open_group.store(true, Ordering::Release);
     }
 
@@ -283,7 +328,7 @@ impl Shared {
     ) -> Result<()> {
         let mut failed = None;
         let timed_out = poll_with_backoff(self.timeout, || {
-            let status = self.with_raw(op, |raw| async_status(self.lib, raw))?;
+            let status = self.with_raw_from(op, true, |raw| async_status(self.lib, raw))?;
             if status != ncclResult_t::ncclSuccess && status != ncclResult_t::ncclInProgress {
                 failed = Some(status);
                 return Ok(true);
@@ -302,7 +347,7 @@ impl Shared {
     /// `ncclCommGetAsyncError` as a [`CommStatus`].
     pub(crate) fn status(&self) -> Result<CommStatus> {
         const OP: &str = "ncclCommGetAsyncError";
-        self.with_raw(OP, |raw| {
+        self.with_raw_from(OP, true, |raw| {
             let status = async_status(self.lib, raw)?;
             Ok(match status {
                 ncclResult_t::ncclSuccess => CommStatus::Ready,

@@ -2,7 +2,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::CudaContext;
@@ -10,7 +10,7 @@ use nccl_sys::{ncclComm_t, ncclResult_t};
 
 use crate::comm::handle::{Shared, State};
 use crate::comm::teardown::Clique;
-use crate::comm::{Comm, Parts, c_int, cuda, refuse_in_group, require_cuda_driver};
+use crate::comm::{Comm, Parts, Reached, c_int, cuda, refuse_in_group, require_cuda_driver};
 use crate::config::{Config, RawConfig};
 use crate::group::GroupGuard;
 use crate::library::Library;
@@ -66,6 +66,8 @@ impl Comm {
             clique,
             cause: OnceLock::new(),
             in_open_group: AtomicBool::new(false),
+            group_thread: AtomicU64::new(0),
+            reached: Mutex::new(Reached::default()),
             signal: signal.clone(),
             drain: Mutex::new(None),
             last_observer: Mutex::new(None),
@@ -113,7 +115,7 @@ impl Comm {
             observer: RefCell::new(None),
             checks_before: Cell::new(false),
             gates: Cell::new(false),
-            reached: RefCell::new(Default::default()),
+            met_collective: Cell::new(false),
             borrowed: RefCell::new(None),
             _not_sync: PhantomData,
         })

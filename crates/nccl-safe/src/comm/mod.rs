@@ -79,9 +79,10 @@ pub struct Comm {
     /// The observer gates calls that may connect
     /// ([`OpObserver::gates`]), read when it is set.
     pub(crate) gates: Cell<bool>,
-    /// What the gate already let through: first uses met by every rank,
-    /// and point-to-point directions met (by communicator rank).
-    pub(crate) reached: RefCell<Reached>,
+    /// This handle has seen the first collective let through by the
+    /// gate (which the shared state's `reached` records for every handle):
+    /// later collectives skip its lock.
+    pub(crate) met_collective: Cell<bool>,
     /// The last stream handed to [`Comm::borrowed_stream`], wrapped.
     pub(in crate::comm) borrowed: RefCell<Option<Arc<CudaStream>>>,
     pub(in crate::comm) _not_sync: PhantomData<Cell<()>>,
@@ -133,11 +134,14 @@ impl Drop for Comm {
             if let Ok(event) = self.stream.record_event(None) {
                 *self.shared.drain.lock().unwrap_or_else(|p| p.into_inner()) = Some(event);
             }
-            *self
-                .shared
-                .last_observer
-                .lock()
-                .unwrap_or_else(|p| p.into_inner()) = self.observer.borrow_mut().take();
+            // Another handle's observer stays when this one has none.
+            if let Some(observer) = self.observer.borrow_mut().take() {
+                *self
+                    .shared
+                    .last_observer
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner()) = Some(observer);
+            }
         }
         let _ = WAITS_FOR_TEARDOWN.try_with(|w| w.set(true));
         // SAFETY: dropped exactly once, here; `self` is not used after.
@@ -395,6 +399,69 @@ impl Comm {
     /// own type back with [`OpObserver::into_any`] and `Arc::downcast`.
     pub fn observer(&self) -> Option<Arc<dyn OpObserver>> {
         self.observer.borrow().clone()
+    }
+
+    /// A second handle on this communicator: the same NCCL communicator
+    /// and stream, its observer and settings, for a second owner (a mesh
+    /// whose axis holds the world's ranks in the world's order uses the
+    /// world's communicator this way, and so its connections). The
+    /// communicator lives until its last handle is dropped; an abort, a
+    /// finalize or a destroy through any handle reaches all of them (their
+    /// calls then answer [`Error::Aborted`] or [`Error::Finalized`]).
+    ///
+    /// The handles' calls never overlap (they take the communicator's one
+    /// lock, as NCCL requires), and a call through one handle while a group
+    /// open on another thread holds calls on the communicator is refused
+    /// ([`Error::InvalidArgument`]) until that group ends. They remain one
+    /// communicator for NCCL: every rank must issue its calls through all
+    /// of its handles in the same order, so calls from two threads at once,
+    /// whose order nothing fixes, are the caller's to avoid.
+    ///
+    /// [`Error::InvalidArgument`] inside a group open on this thread;
+    /// [`Error::Aborted`] or [`Error::Finalized`] when the communicator is
+    /// gone.
+    ///
+    /// ```no_run
+    /// # fn demo(comm: nccl_safe::Comm) -> nccl_safe::Result<()> {
+    /// let other = comm.share()?;
+    /// let worker = std::thread::spawn(move || -> nccl_safe::Result<()> {
+    ///     let mut x = other.stream().clone_htod(&[1.0f32; 8]).unwrap();
+    ///     other.all_reduce_in_place(&mut x, nccl_safe::ReduceOp::Sum)?;
+    ///     other.synchronize(other.stream())
+    /// });
+    /// worker.join().unwrap()?;
+    /// // Later calls on `comm` come after the worker's on every rank.
+    /// # Ok(()) }
+    /// ```
+    pub fn share(&self) -> Result<Comm> {
+        const OP: &str = "Comm::share";
+        refuse_in_group(OP)?;
+        match *self.shared.lock() {
+            State::Live(_) => {}
+            State::Aborted => return Err(self.shared.aborted(OP)),
+            State::Closed => return Err(Error::Finalized { op: OP }),
+        }
+        Ok(Comm {
+            shared: std::mem::ManuallyDrop::new(Arc::clone(&self.shared)),
+            stream: Arc::clone(&self.stream),
+            rank: self.rank,
+            size: self.size,
+            device: self.device,
+            compute_capability: self.compute_capability,
+            force_send_recv: Cell::new(self.force_send_recv.get()),
+            observer: RefCell::new(self.observer.borrow().clone()),
+            checks_before: Cell::new(self.checks_before.get()),
+            gates: Cell::new(self.gates.get()),
+            met_collective: Cell::new(self.met_collective.get()),
+            borrowed: RefCell::new(None),
+            _not_sync: PhantomData,
+        })
+    }
+
+    /// Whether `other` is a handle on the same communicator
+    /// ([`Comm::share`]), or this one.
+    pub fn same_communicator(&self, other: &Comm) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
     }
 
     pub(crate) fn uses_send_recv(&self, native: Feature) -> bool {

@@ -88,7 +88,7 @@ pub(crate) type Counts<'c> = (&'c [usize], &'c [usize]);
 /// [`OnStream::gate_needed`]); `counts` for an all-to-all-v.
 fn mark_met(comm: &Comm, op: &op::Op, counts: Option<Counts<'_>>) {
     let (size, me) = (comm.size(), comm.rank());
-    let mut reached = comm.reached.borrow_mut();
+    let mut reached = comm.shared().lock_reached();
     let reached = &mut *reached;
     if reached.send.len() < size {
         reached.send.resize(size, false);
@@ -123,7 +123,10 @@ fn mark_met(comm: &Comm, op: &op::Op, counts: Option<Counts<'_>>) {
             }
             reached.firsts.push((op.name, root));
         }
-        _ => reached.collective = true,
+        _ => {
+            reached.collective = true;
+            comm.met_collective.set(true);
+        }
     }
 }
 
@@ -459,10 +462,22 @@ impl<'s, 'a> OnStream<'s, 'a> {
 
     /// Whether `op` (not an all-to-all-v, whose counts decide) may go to
     /// NCCL without a meeting (see [`crate::OpObserver::gate`]): what it
-    /// connects was met already. A borrow and a few branches.
+    /// connects was met already. A collective once the first was met: a
+    /// `Cell` of this handle; otherwise the shared record, under its lock.
     #[inline]
     fn gate_met(&self, op: &op::Op) -> bool {
-        let reached = self.comm.reached.borrow();
+        let collective = !matches!(
+            op.kind,
+            op::Kind::Send
+                | op::Kind::Recv
+                | op::Kind::AllToAll
+                | op::Kind::Gather
+                | op::Kind::Scatter
+        );
+        if collective && (self.comm.met_collective.get() || self.comm.size() < 2) {
+            return true;
+        }
+        let reached = self.comm.shared().lock_reached();
         let me = self.comm.rank();
         let side = |v: &Vec<bool>, r: usize| r == me || v.get(r).copied().unwrap_or(false);
         match op.kind {
@@ -470,7 +485,10 @@ impl<'s, 'a> OnStream<'s, 'a> {
             op::Kind::Recv => side(&reached.recv, op.peer),
             op::Kind::AllToAll => reached.firsts.contains(&(op.name, usize::MAX)),
             op::Kind::Gather | op::Kind::Scatter => reached.firsts.contains(&(op.name, op.peer)),
-            _ => reached.collective || self.comm.size() < 2,
+            _ => {
+                self.comm.met_collective.set(reached.collective);
+                reached.collective
+            }
         }
     }
 
@@ -490,7 +508,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
             return smallvec::SmallVec::new();
         }
         if let Some((to, from)) = counts {
-            let reached = self.comm.reached.borrow();
+            let reached = self.comm.shared().lock_reached();
             // The first all-to-all-v meets every rank (every rank makes
             // it): then no rank can pass its meetings while another
             // refuses. Later ones meet the peers of new directions.

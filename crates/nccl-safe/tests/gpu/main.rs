@@ -263,6 +263,12 @@ fn communicators_drop_cleanly_in_every_order() {
 
 #[test]
 #[ignore = "needs GPUs: cargo xtask gpu-test"]
+fn shared_handles_reduce_together_refuse_other_threads_groups_and_outlive_the_first() {
+    share::shared_handles_reduce_together_refuse_other_threads_groups_and_outlive_the_first()
+}
+
+#[test]
+#[ignore = "needs GPUs: cargo xtask gpu-test"]
 fn graph_capture_replays_collectives() {
     features::graph_capture_replays_collectives()
 }
@@ -346,4 +352,5 @@ mod comms;
 mod features;
 mod movement;
 mod reductions;
+mod share;
 mod symmetric;

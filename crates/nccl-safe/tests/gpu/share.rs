@@ -1,0 +1,147 @@
+//! Shared handles (`Comm::share`): one NCCL communicator, two owners.
+
+use super::*;
+
+/// Sums `(rank + 1)` over the world into a fresh buffer on each handle,
+/// in one group when one thread holds several ranks, and checks it.
+fn sum_through(ranks: &[Rank], handles: &[&Comm], label: &str) -> TestResult {
+    let mut bufs = ranks
+        .iter()
+        .zip(handles)
+        .map(|(r, h)| h.stream().clone_htod(&[(r.rank + 1) as i64; 16]))
+        .collect::<Result<Vec<_>, _>>()?;
+    if handles.len() == 1 {
+        handles[0].all_reduce_in_place(&mut bufs[0], ReduceOp::Sum)?;
+    } else {
+        group(|g| {
+            for (h, b) in handles.iter().zip(bufs.iter_mut()) {
+                g.on(h).all_reduce_in_place(b, ReduceOp::Sum)?;
+            }
+            Ok(())
+        })?;
+    }
+    let world = ranks[0].world as i64;
+    let want = world * (world + 1) / 2;
+    for (h, b) in handles.iter().zip(&bufs) {
+        h.synchronize(h.stream())?;
+        let got = h.stream().clone_dtoh(b)?;
+        if got.iter().any(|v| *v != want) {
+            return Err(format!("{label}: got {:?}, expected {want}", got[0]).into());
+        }
+    }
+    Ok(())
+}
+
+pub fn shared_handles_reduce_together_refuse_other_threads_groups_and_outlive_the_first() {
+    run(Config::new(), |ranks| {
+        // A second handle: the same communicator, rank and stream.
+        let shared = ranks
+            .iter()
+            .map(|r| r.comm.share())
+            .collect::<Result<Vec<_>, _>>()?;
+        for (r, s) in ranks.iter().zip(&shared) {
+            if !s.same_communicator(&r.comm)
+                || (s.rank(), s.size(), s.device())
+                    != (r.comm.rank(), r.comm.size(), r.comm.device())
+                || s.stream().cu_stream() != r.comm.stream().cu_stream()
+            {
+                return Err(format!("rank {}: the shared handle differs", r.rank).into());
+            }
+        }
+        let refs: Vec<&Comm> = shared.iter().collect();
+        sum_through(ranks, &refs, "through the shared handles")?;
+        let refs: Vec<&Comm> = ranks.iter().map(|r| &r.comm).collect();
+        sum_through(ranks, &refs, "through the first handles after")?;
+
+        // Refused inside a group on this thread, before any NCCL call.
+        group(|_| match ranks[0].comm.share() {
+            Err(Error::InvalidArgument { .. }) => Ok(()),
+            other => Err(Error::InvalidArgument {
+                op: "test",
+                reason: if other.is_ok() {
+                    "share inside a group was not refused"
+                } else {
+                    "share inside a group failed with another error"
+                },
+            }),
+        })?;
+
+        // While this thread's group holds calls on the communicators,
+        // another thread's call through the shared handles is refused
+        // before NCCL sees it; after the group's end it goes through.
+        let mut bufs = ranks
+            .iter()
+            .map(|r| r.stream().clone_htod(&[1i64; 16]))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut theirs = ranks
+            .iter()
+            .map(|r| r.stream().clone_htod(&[1i64; 16]))
+            .collect::<Result<Vec<_>, _>>()?;
+        let (shared, refused) = group(|g| {
+            for (r, b) in ranks.iter().zip(bufs.iter_mut()) {
+                g.on(&r.comm).all_reduce_in_place(b, ReduceOp::Sum)?;
+            }
+            let answers = std::thread::scope(|s| {
+                s.spawn(move || {
+                    let answers: Vec<bool> = shared
+                        .iter()
+                        .zip(theirs.iter_mut())
+                        .map(|(h, x)| {
+                            matches!(
+                                h.all_reduce_in_place(x, ReduceOp::Sum),
+                                Err(Error::InvalidArgument { .. })
+                            )
+                        })
+                        .collect();
+                    (shared, answers)
+                })
+                .join()
+            });
+            answers.map_err(|_| Error::InvalidArgument {
+                op: "test",
+                reason: "the other thread panicked",
+            })
+        })?;
+        if refused.iter().any(|r| !r) {
+            return Err(
+                format!("calls from another thread during the group: refused {refused:?}").into(),
+            );
+        }
+        let world = ranks[0].world as i64;
+        for (r, b) in ranks.iter().zip(&bufs) {
+            r.comm.synchronize(r.stream())?;
+            let got = r.stream().clone_dtoh(b)?;
+            if got.iter().any(|v| *v != world) {
+                return Err(format!(
+                    "rank {}: the group's sum {:?}, expected {world}",
+                    r.rank, got[0]
+                )
+                .into());
+            }
+        }
+        let refs: Vec<&Comm> = shared.iter().collect();
+        sum_through(ranks, &refs, "through the shared handles after the group")?;
+
+        // The shared handle outlives the first: it takes the rank's place
+        // (the harness drops it last) after the first is dropped.
+        for (r, s) in ranks.iter_mut().zip(shared) {
+            let first = std::mem::replace(&mut r.comm, s);
+            drop(first);
+        }
+        let refs: Vec<&Comm> = ranks.iter().map(|r| &r.comm).collect();
+        sum_through(ranks, &refs, "after the first handles were dropped")?;
+
+        // An abort through one handle reaches the other (every rank
+        // aborts its own: no collective follows).
+        for r in ranks.iter() {
+            let other = r.comm.share()?;
+            r.comm.abort_handle().abort()?;
+            let mut x = r.stream().clone_htod(&[1i64; 4])?;
+            match other.all_reduce_in_place(&mut x, ReduceOp::Sum) {
+                Err(Error::Aborted { .. }) => {}
+                other => return Err(format!("rank {}: after the abort: {other:?}", r.rank).into()),
+            }
+        }
+        Ok(())
+    });
+}
