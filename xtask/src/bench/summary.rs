@@ -162,6 +162,11 @@ pub const TARGET_MODES: &[&str] = &["threads", "processes"];
 ///   init (the median of the `setup-processes-fresh-*` jobs' first world
 ///   in a fresh process where they ran), over PyTorch's (`init_device_mesh` and the first all_reduce
 ///   per axis; `init_process_group` with `device_id`) in the same run.
+/// - `ready_over_torch` (with `--python`, not a target): the fresh
+///   world's init plus the warm mesh and first calls (processes) over
+///   PyTorch's `init_process_group` plus `init_device_mesh` and first
+///   calls, so that moving the connection from one phase to the other
+///   shows as what it is.
 /// - `graph_single_minus_threads_us`: the safe layer's 8 B all_reduce
 ///   replayed from a CUDA graph, one thread capturing every GPU minus a
 ///   thread per GPU (the `graph` phase's two jobs); missing when either
@@ -339,7 +344,29 @@ pub fn summary(docs: &BTreeMap<String, Value>) -> (Value, Vec<Target>) {
         .map(|r| f(r, "world_ms"))
         .collect();
     let fresh_count = fresh.len();
-    let world_over_torch = match (upper_median(fresh), torch) {
+    let fresh_world = upper_median(fresh.clone());
+    // From nothing to a mesh whose axes have run once, like for like (not
+    // a target): where the world's connection is counted (`World::init`
+    // makes it unless lazy; PyTorch at its first collective) cannot move
+    // this sum.
+    let ready_over_torch = (|| {
+        let ours = fresh_world?
+            + warm_median(
+                docs.get("setup-processes")?,
+                "mesh_and_first_all_reduces_ms",
+            )?
+            .0;
+        let torch = torch?;
+        let theirs = warm_median(torch, "world_ms")?.0
+            + warm_median(torch, "mesh_and_first_all_reduces_ms")?.0;
+        Some((
+            ours / theirs,
+            format!(
+                "fresh world + warm mesh and first calls, processes: {ours:.1} ms over PyTorch's {theirs:.1} ms"
+            ),
+        ))
+    })();
+    let world_over_torch = match (fresh_world, torch) {
         (Some(ours), Some(torch)) => warm_median(torch, "world_ms").map(|(theirs, _)| {
             (
                 ours / theirs,
@@ -583,6 +610,10 @@ pub fn summary(docs: &BTreeMap<String, Value>) -> (Value, Vec<Target>) {
         if let Some((_, sum)) = awaited.first() {
             flat.insert(key.into(), sum[key].clone());
         }
+    }
+    if let Some((ratio, at)) = &ready_over_torch {
+        flat.insert("ready_over_torch".into(), json!(ratio));
+        flat.insert("ready_over_torch_at".into(), json!(at));
     }
     // The small phase's ratio over PyTorch in each mode (not targets).
     for (mode, v) in &small_over_torch_modes {
