@@ -158,7 +158,9 @@ impl DeviceMesh {
     /// ([`Comm::share`]: its connections, its watch); each axis that does
     /// not hold every rank is one `ncclCommSplit`, collective (a mesh
     /// whose every axis holds every rank makes none, and its first
-    /// collective is where a lost peer shows).
+    /// collective is where a lost peer shows). Calls through such axes and
+    /// through the world are calls on one communicator: every rank must
+    /// make them in the same order, as NCCL requires.
     pub fn new(world: &World, axes: &[(&str, usize)]) -> Result<DeviceMesh> {
         DeviceMesh::new_with(world, axes, Placement::RankOrder)
     }

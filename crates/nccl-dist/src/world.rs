@@ -580,7 +580,22 @@ impl World {
                                 }
                             };
                             watched(&comm, watchdog, true);
-                            resolved.connect(&[&comm]).map_err(E::from)?;
+                            if let Err(e) = resolved.connect(&[&comm]) {
+                                // As for a failed init: the others stop
+                                // waiting for this rank.
+                                if let Some(l) = liveness
+                                    && e.lost_rank().is_none()
+                                {
+                                    l.report(PeerLoss {
+                                        rank,
+                                        cause: LossCause::Exited {
+                                            reason: e.to_string(),
+                                        },
+                                        seen_by: rank,
+                                    });
+                                }
+                                return Err(E::from(e));
+                            }
                             f(World {
                                 presence: Presence {
                                     rank,

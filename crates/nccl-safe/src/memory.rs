@@ -210,37 +210,58 @@ impl<'c, B> Registration<'c, B> {
         })
     }
 
-    /// Deregisters and returns the buffer.
-    pub fn into_inner(mut self) -> B {
-        self.deregister();
+    /// Deregisters and returns the buffer. [`Error::Timeout`] when a group
+    /// open on another thread held the communicator (through another
+    /// handle, [`crate::Comm::share`]) for the whole timeout: the buffer, still
+    /// registered, is then leaked.
+    pub fn into_inner(mut self) -> Result<B> {
+        self.deregister()?;
         // `new` always stores the buffer; only this method and `Drop` take it.
-        self.buffer
+        Ok(self
+            .buffer
             .take()
-            .expect("a registration holds its buffer until into_inner or drop")
+            .expect("a registration holds its buffer until into_inner or drop"))
     }
 
-    fn deregister(&mut self) {
+    /// `ncclCommDeregister`, once. An error of NCCL's is logged (the
+    /// handle counts as released); [`Error::Timeout`], the wait for
+    /// another thread's group, keeps the handle: the buffer must stay.
+    fn deregister(&mut self) -> Result<()> {
         if self.handle.is_null() {
-            return;
+            return Ok(());
         }
         let lib = self.comm.library();
-        let handle = std::mem::replace(&mut self.handle, std::ptr::null_mut());
+        let handle = self.handle;
         let result = self.comm.shared().with_raw("ncclCommDeregister", |raw| {
             let deregister = lib.raw().ncclCommDeregister()?;
             // SAFETY: `handle` came from `ncclCommRegister` on `raw` and is
-            // released once (the field is nulled above).
+            // released once (the field is nulled right after).
             let code = unsafe { deregister(raw, handle) };
             lib.check("ncclCommDeregister", code, raw)
         });
-        if let Err(e) = result {
-            tracing::debug!(error = %e, "ncclCommDeregister failed");
+        match result {
+            Err(e @ Error::Timeout { .. }) => {
+                if let Some(buffer) = self.buffer.take() {
+                    std::mem::forget(buffer);
+                }
+                Err(e)
+            }
+            other => {
+                self.handle = std::ptr::null_mut();
+                if let Err(e) = other {
+                    tracing::debug!(error = %e, "ncclCommDeregister failed");
+                }
+                Ok(())
+            }
         }
     }
 }
 
 impl<B> Drop for Registration<'_, B> {
     fn drop(&mut self) {
-        self.deregister();
+        if let Err(e) = self.deregister() {
+            tracing::warn!(error = %e, "a registered buffer is leaked to stay sound");
+        }
     }
 }
 
@@ -417,7 +438,8 @@ impl<'c, B> Window<'c, B> {
         match crate::GroupGuard::start() {
             Ok(group) => {
                 for w in &mut windows {
-                    w.deregister();
+                    // A window still registered is leaked by its drop.
+                    let _ = w.deregister();
                 }
                 if let Err(e) = group.end() {
                     tracing::debug!(error = %e, "grouped ncclCommWindowDeregister failed");
@@ -450,11 +472,13 @@ impl<'c, B> Window<'c, B> {
         result.is_ok()
     }
 
-    /// `ncclCommWindowDeregister`, once; nulls the handle.
-    fn deregister(&mut self) {
+    /// `ncclCommWindowDeregister`, once; nulls the handle, except after
+    /// [`Error::Timeout`] (the wait for another thread's group): false then,
+    /// and the buffer must stay.
+    fn deregister(&mut self) -> bool {
         let win = *self.win;
         if win.is_null() {
-            return;
+            return true;
         }
         let lib = self.comm.library();
         let grouped = crate::group::is_open();
@@ -474,10 +498,13 @@ impl<'c, B> Window<'c, B> {
                 let code = unsafe { deregister(raw, win) };
                 lib.check("ncclCommWindowDeregister", code, raw)
             });
-        if let Err(e) = result {
-            tracing::debug!(error = %e, "ncclCommWindowDeregister failed");
+        match result {
+            Err(Error::Timeout { .. }) => return false,
+            Err(e) => tracing::debug!(error = %e, "ncclCommWindowDeregister failed"),
+            Ok(()) => {}
         }
         *self.win = std::ptr::null_mut();
+        true
     }
 
     /// The raw window handle.
@@ -498,7 +525,14 @@ impl<B> Drop for Window<'_, B> {
             std::mem::forget(slot);
             return;
         }
-        self.deregister();
+        if !self.deregister() {
+            // Still registered (another thread's group held the
+            // communicator past the timeout): the memory stays.
+            tracing::warn!("a Window's memory is leaked to stay sound");
+            let slot = std::mem::replace(&mut self.win, Box::new(std::ptr::null_mut()));
+            std::mem::forget(slot);
+            return;
+        }
         // SAFETY: deregistered; the buffer is dropped exactly once, here.
         unsafe { ManuallyDrop::drop(&mut self.buffer) };
     }

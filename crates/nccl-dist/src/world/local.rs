@@ -163,7 +163,21 @@ impl World {
             }
         };
         watched(&comm, &team.watchdog, true);
-        team.resolved.connect(&[&comm])?;
+        if let Err(e) = team.resolved.connect(&[&comm]) {
+            // As for a failed init: the others stop waiting for this rank.
+            if let Some(l) = &team.liveness
+                && e.lost_rank().is_none()
+            {
+                l.report(PeerLoss {
+                    rank: me,
+                    cause: LossCause::Exited {
+                        reason: e.to_string(),
+                    },
+                    seen_by: me,
+                });
+            }
+            return Err(e);
+        }
         let world = World {
             presence: Presence {
                 rank: me,

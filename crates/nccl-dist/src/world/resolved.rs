@@ -105,17 +105,25 @@ impl Resolved {
                 .iter()
                 .map(|c| c.stream().alloc_zeros::<f32>(1).map_err(cuda))
                 .collect::<nccl_safe::Result<Vec<_>>>()?;
-            if let [comm] = comms {
-                comm.all_reduce_in_place(&mut bufs[0], ReduceOp::Sum)?;
-            } else {
-                nccl_safe::group(|g| {
-                    for (comm, buf) in comms.iter().zip(bufs.iter_mut()) {
-                        g.on(comm).all_reduce_in_place(buf, ReduceOp::Sum)?;
-                    }
-                    Ok(())
-                })?;
+            let done = (|| {
+                if let [comm] = comms {
+                    comm.all_reduce_in_place(&mut bufs[0], ReduceOp::Sum)?;
+                } else {
+                    nccl_safe::group(|g| {
+                        for (comm, buf) in comms.iter().zip(bufs.iter_mut()) {
+                            g.on(comm).all_reduce_in_place(buf, ReduceOp::Sum)?;
+                        }
+                        Ok(())
+                    })?;
+                }
+                comms.iter().try_for_each(|c| c.synchronize(c.stream()))
+            })();
+            if done.is_err() {
+                // A kernel cut short may still touch them: 4 bytes each
+                // are left to the process rather than freed.
+                std::mem::forget(bufs);
             }
-            comms.iter().try_for_each(|c| c.synchronize(c.stream()))
+            done
         })();
         made.map_err(|e| lost_or(&self.signal, e))
     }

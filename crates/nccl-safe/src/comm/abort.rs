@@ -144,6 +144,7 @@ impl Comm {
     pub fn finalize(self) -> Result<()> {
         const OP: &str = "ncclCommFinalize";
         refuse_in_group(OP)?;
+        self.refuse_shared(OP)?;
         if self.shared.clique.is_some() {
             return Ok(());
         }
@@ -173,6 +174,7 @@ impl Comm {
     pub fn destroy(self) -> Result<()> {
         const OP: &str = "ncclCommDestroy";
         refuse_in_group(OP)?;
+        self.refuse_shared(OP)?;
         if self.shared.clique.is_some() {
             return Ok(());
         }
@@ -189,6 +191,24 @@ impl Comm {
         // else frees or uses it.
         let code = unsafe { destroy(raw) };
         lib.check(OP, code, std::ptr::null_mut())
+    }
+
+    /// Finalize and destroy end the communicator for every handle: only
+    /// the last may ([`Comm::share`]). Once this is the last handle, no
+    /// other can appear (a handle is made from a handle).
+    fn refuse_shared(&self, op: &'static str) -> Result<()> {
+        if self
+            .shared
+            .handles
+            .load(std::sync::atomic::Ordering::Acquire)
+            > 1
+        {
+            return Err(crate::Error::InvalidArgument {
+                op,
+                reason: "other handles share this communicator (Comm::share): drop them first",
+            });
+        }
+        Ok(())
     }
 
     /// `ncclCommAbort` now.

@@ -62,9 +62,12 @@ pub(crate) struct Shared {
     pub(crate) in_open_group: AtomicBool,
     /// The thread ([`thread_key`]) whose open group holds calls on this
     /// communicator, while `in_open_group` is set: calls from other threads
-    /// (through another handle, [`crate::Comm::share`]) are refused until
-    /// its end.
+    /// (through another handle, [`crate::Comm::share`]) wait for its end,
+    /// at most the timeout.
     pub(crate) group_thread: AtomicU64,
+    /// How many `Comm` handles there are ([`crate::Comm::share`]):
+    /// finalize and destroy need to be the last.
+    pub(crate) handles: std::sync::atomic::AtomicUsize,
     /// What the connection gate already let through, for every handle of
     /// this communicator ([`crate::Comm::share`]).
     pub(crate) reached: Mutex<crate::comm::Reached>,
@@ -219,8 +222,9 @@ impl Shared {
 
     /// As [`Shared::with_raw`]; `any_thread`: also while a group open on
     /// another thread holds calls on the communicator (for
-    /// `ncclCommGetAsyncError`, which changes nothing), where other calls
-    /// are refused.
+    /// `ncclCommGetAsyncError` and the error text, which change nothing),
+    /// where other calls wait for that group's end, at most the timeout
+    /// ([`Error::Timeout`]).
     fn with_raw_from<R>(
         &self,
         op: &'static str,
@@ -228,14 +232,9 @@ impl Shared {
         f: impl FnOnce(ncclComm_t) -> Result<R>,
     ) -> Result<R> {
         let mut state = self.lock();
-        if !any_thread
-            && self.in_open_group.load(Ordering::Acquire)
-            && self.group_thread.load(Ordering::Relaxed) != thread_key()
-        {
-            return Err(Error::InvalidArgument {
-                op,
-                reason: "a group open on another thread holds calls on this communicator (through another handle, Comm::share): call after its end",
-            });
+        if !any_thread && self.held_by_another_group() {
+            drop(state);
+            state = self.after_another_group(op)?;
         }
         let result = match *state {
             State::Live(raw) => {
@@ -267,6 +266,34 @@ impl Shared {
         self.blocking
     }
 
+    /// Whether a group open on another thread holds calls on the
+    /// communicator (exact with the lock held; a hint without it).
+    fn held_by_another_group(&self) -> bool {
+        self.in_open_group.load(Ordering::Acquire)
+            && self.group_thread.load(Ordering::Relaxed) != thread_key()
+    }
+
+    /// The lock, once no group open on another thread holds calls on the
+    /// communicator (another handle's, [`crate::Comm::share`]); after the
+    /// timeout, [`Error::Timeout`].
+    fn after_another_group(&self, op: &'static str) -> Result<MutexGuard<'_, State>> {
+        let started = std::time::Instant::now();
+        loop {
+            let left = self.timeout.saturating_sub(started.elapsed());
+            let waited = poll_with_backoff(left, || Ok(!self.held_by_another_group()))?;
+            let state = self.lock();
+            if !self.held_by_another_group() {
+                return Ok(state);
+            }
+            if waited.is_some() {
+                return Err(Error::Timeout {
+                    op,
+                    waited: started.elapsed(),
+                });
+            }
+        }
+    }
+
     /// Marks the communicator as used by the group open on this thread
     /// (call with the lock held, i.e. inside [`Shared::with_raw`]).
     pub(crate) fn enter_group(&self) {
@@ -278,6 +305,11 @@ impl Shared {
     /// meanwhile happens now.
     pub(crate) fn leave_group(&self) {
         let mut state = self.lock();
+        // A group that touched it without holding it (its call waited for
+        // another thread's group and gave up) leaves that group's mark.
+        if self.held_by_another_group() {
+            return;
+        }
         self.in_open_group.store(false, Ordering::Release);
         if self.settle_abort(&mut state) {
             drop(state);
@@ -336,7 +368,7 @@ impl Shared {
             done(status)
         })?;
         if let Some(status) = failed {
-            return self.with_raw(op, |raw| self.lib.check(op, status, raw));
+            return self.with_raw_from(op, true, |raw| self.lib.check(op, status, raw));
         }
         match timed_out {
             None => Ok(()),

@@ -67,6 +67,7 @@ impl Comm {
             cause: OnceLock::new(),
             in_open_group: AtomicBool::new(false),
             group_thread: AtomicU64::new(0),
+            handles: std::sync::atomic::AtomicUsize::new(1),
             reached: Mutex::new(Reached::default()),
             signal: signal.clone(),
             drain: Mutex::new(None),

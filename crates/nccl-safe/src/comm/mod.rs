@@ -127,6 +127,9 @@ impl Drop for Comm {
     /// the observer. The teardown itself happens when the last handle goes
     /// (the shared state's drop), bounded by the communicator's timeout.
     fn drop(&mut self) {
+        self.shared
+            .handles
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
         // `lock`, not `try_lock`: a watchdog's momentary look must not make
         // the teardown skip the drain (only an abort holds it long).
         let live = matches!(*self.shared.lock(), State::Live(_));
@@ -411,8 +414,10 @@ impl Comm {
     ///
     /// The handles' calls never overlap (they take the communicator's one
     /// lock, as NCCL requires), and a call through one handle while a group
-    /// open on another thread holds calls on the communicator is refused
-    /// ([`Error::InvalidArgument`]) until that group ends. They remain one
+    /// open on another thread holds calls on the communicator waits for
+    /// that group's end, at most [`Comm::timeout`] ([`Error::Timeout`]);
+    /// [`Comm::finalize`] and [`Comm::destroy`] need the last handle
+    /// ([`Error::InvalidArgument`] before any NCCL call). They remain one
     /// communicator for NCCL: every rank must issue its calls through all
     /// of its handles in the same order, so calls from two threads at once,
     /// whose order nothing fixes, are the caller's to avoid.
@@ -441,6 +446,9 @@ impl Comm {
             State::Aborted => return Err(self.shared.aborted(OP)),
             State::Closed => return Err(Error::Finalized { op: OP }),
         }
+        self.shared
+            .handles
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         Ok(Comm {
             shared: std::mem::ManuallyDrop::new(Arc::clone(&self.shared)),
             stream: Arc::clone(&self.stream),

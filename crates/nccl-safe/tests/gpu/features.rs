@@ -179,7 +179,7 @@ pub fn nccl_memory_and_registered_buffers_reduce_correctly() {
             on.all_reduce_in_place(reg, ReduceOp::Sum)
         })?;
         for reg in regs {
-            let b = reg.into_inner();
+            let b = reg.into_inner()?;
             if b.stream()
                 .clone_dtoh(&b)?
                 .iter()

@@ -263,8 +263,8 @@ fn communicators_drop_cleanly_in_every_order() {
 
 #[test]
 #[ignore = "needs GPUs: cargo xtask gpu-test"]
-fn shared_handles_reduce_together_refuse_other_threads_groups_and_outlive_the_first() {
-    share::shared_handles_reduce_together_refuse_other_threads_groups_and_outlive_the_first()
+fn shared_handles_reduce_together_wait_for_other_threads_groups_and_outlive_the_first() {
+    share::shared_handles_reduce_together_wait_for_other_threads_groups_and_outlive_the_first()
 }
 
 #[test]

@@ -32,7 +32,7 @@ fn sum_through(ranks: &[Rank], handles: &[&Comm], label: &str) -> TestResult {
     Ok(())
 }
 
-pub fn shared_handles_reduce_together_refuse_other_threads_groups_and_outlive_the_first() {
+pub fn shared_handles_reduce_together_wait_for_other_threads_groups_and_outlive_the_first() {
     run(Config::new(), |ranks| {
         // A second handle: the same communicator, rank and stream.
         let shared = ranks
@@ -67,54 +67,72 @@ pub fn shared_handles_reduce_together_refuse_other_threads_groups_and_outlive_th
         })?;
 
         // While this thread's group holds calls on the communicators,
-        // another thread's call through the shared handles is refused
-        // before NCCL sees it; after the group's end it goes through.
+        // another thread's call through the shared handles waits for the
+        // group's end, then goes through (on every rank after the
+        // group's, the order NCCL needs).
         let mut bufs = ranks
             .iter()
             .map(|r| r.stream().clone_htod(&[1i64; 16]))
             .collect::<Result<Vec<_>, _>>()?;
-        let mut theirs = ranks
+        let theirs = ranks
             .iter()
-            .map(|r| r.stream().clone_htod(&[1i64; 16]))
+            .map(|r| r.stream().clone_htod(&[2i64; 16]))
             .collect::<Result<Vec<_>, _>>()?;
-        let (shared, refused) = group(|g| {
-            for (r, b) in ranks.iter().zip(bufs.iter_mut()) {
-                g.on(&r.comm).all_reduce_in_place(b, ReduceOp::Sum)?;
-            }
-            let answers = std::thread::scope(|s| {
-                s.spawn(move || {
-                    let answers: Vec<bool> = shared
-                        .iter()
-                        .zip(theirs.iter_mut())
-                        .map(|(h, x)| {
-                            matches!(
-                                h.all_reduce_in_place(x, ReduceOp::Sum),
-                                Err(Error::InvalidArgument { .. })
-                            )
-                        })
-                        .collect();
-                    (shared, answers)
-                })
-                .join()
+        let (go, started) = std::sync::mpsc::channel::<()>();
+        let (shared, theirs, helper_done, group_ended) = std::thread::scope(|s| {
+            let helper = s.spawn(move || {
+                let mut theirs = theirs;
+                started.recv().map_err(|e| e.to_string())?;
+                let called = if shared.len() == 1 {
+                    shared[0].all_reduce_in_place(&mut theirs[0], ReduceOp::Sum)
+                } else {
+                    group(|g| {
+                        for (h, x) in shared.iter().zip(theirs.iter_mut()) {
+                            g.on(h).all_reduce_in_place(x, ReduceOp::Sum)?;
+                        }
+                        Ok(())
+                    })
+                };
+                called.map_err(|e| e.to_string())?;
+                Ok::<_, String>((shared, theirs, std::time::Instant::now()))
             });
-            answers.map_err(|_| Error::InvalidArgument {
-                op: "test",
-                reason: "the other thread panicked",
+            let ended = group(|g| {
+                for (r, b) in ranks.iter().zip(bufs.iter_mut()) {
+                    g.on(&r.comm).all_reduce_in_place(b, ReduceOp::Sum)?;
+                }
+                // The group holds the communicators now: let the other
+                // thread call, and give it time to find them held.
+                let _ = go.send(());
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                Ok(())
             })
+            .map(|()| std::time::Instant::now());
+            // A group that failed before its signal must not leave the
+            // other thread waiting for it.
+            drop(go);
+            let helped = helper
+                .join()
+                .map_err(|_| "the other thread panicked".to_string());
+            match (ended, helped) {
+                (Ok(end), Ok(Ok((h, t, done)))) => Ok((h, t, done, end)),
+                (Err(e), _) => Err(format!("the group: {e}")),
+                (_, Ok(Err(e)) | Err(e)) => Err(format!("the other thread: {e}")),
+            }
         })?;
-        if refused.iter().any(|r| !r) {
-            return Err(
-                format!("calls from another thread during the group: refused {refused:?}").into(),
-            );
+        if helper_done < group_ended {
+            return Err("the other thread's call returned before this thread's group ended".into());
         }
         let world = ranks[0].world as i64;
-        for (r, b) in ranks.iter().zip(&bufs) {
+        for ((r, b), t) in ranks.iter().zip(&bufs).zip(&theirs) {
             r.comm.synchronize(r.stream())?;
-            let got = r.stream().clone_dtoh(b)?;
-            if got.iter().any(|v| *v != world) {
+            let (got, got_theirs) = (r.stream().clone_dtoh(b)?, r.stream().clone_dtoh(t)?);
+            if got.iter().any(|v| *v != world) || got_theirs.iter().any(|v| *v != 2 * world) {
                 return Err(format!(
-                    "rank {}: the group's sum {:?}, expected {world}",
-                    r.rank, got[0]
+                    "rank {}: the group's sum {:?} (expected {world}), the other thread's {:?} (expected {})",
+                    r.rank,
+                    got[0],
+                    got_theirs[0],
+                    2 * world
                 )
                 .into());
             }
@@ -130,6 +148,24 @@ pub fn shared_handles_reduce_together_refuse_other_threads_groups_and_outlive_th
         }
         let refs: Vec<&Comm> = ranks.iter().map(|r| &r.comm).collect();
         sum_through(ranks, &refs, "after the first handles were dropped")?;
+
+        // Finalize and destroy need the last handle: refused before any
+        // NCCL call while another exists (the refused handle is dropped).
+        for r in ranks.iter() {
+            let (a, b) = (r.comm.share()?, r.comm.share()?);
+            match (a.finalize(), b.destroy()) {
+                (Err(Error::InvalidArgument { .. }), Err(Error::InvalidArgument { .. })) => {}
+                other => {
+                    return Err(format!(
+                        "rank {}: finalize/destroy of a shared handle: {other:?}",
+                        r.rank
+                    )
+                    .into());
+                }
+            }
+        }
+        let refs: Vec<&Comm> = ranks.iter().map(|r| &r.comm).collect();
+        sum_through(ranks, &refs, "after the refused finalize and destroy")?;
 
         // An abort through one handle reaches the other (every rank
         // aborts its own: no collective follows).
