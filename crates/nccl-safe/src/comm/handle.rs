@@ -274,15 +274,17 @@ impl Shared {
     }
 
     /// The lock, once no group open on another thread holds calls on the
-    /// communicator (another handle's, [`crate::Comm::share`]); after the
-    /// timeout, [`Error::Timeout`].
+    /// communicator (another handle's, [`crate::Comm::share`]), or at once
+    /// when an abort is due (the caller then answers `Aborted` without
+    /// touching NCCL); after the timeout, [`Error::Timeout`].
     fn after_another_group(&self, op: &'static str) -> Result<MutexGuard<'_, State>> {
         let started = std::time::Instant::now();
+        let free = || !self.held_by_another_group() || self.abort_due();
         loop {
             let left = self.timeout.saturating_sub(started.elapsed());
-            let waited = poll_with_backoff(left, || Ok(!self.held_by_another_group()))?;
+            let waited = poll_with_backoff(left, || Ok(free()))?;
             let state = self.lock();
-            if !self.held_by_another_group() {
+            if free() {
                 return Ok(state);
             }
             if waited.is_some() {

@@ -408,9 +408,9 @@ impl Comm {
     /// and stream, its observer and settings, for a second owner (a mesh
     /// whose axis holds the world's ranks in the world's order uses the
     /// world's communicator this way, and so its connections). The
-    /// communicator lives until its last handle is dropped; an abort, a
-    /// finalize or a destroy through any handle reaches all of them (their
-    /// calls then answer [`Error::Aborted`] or [`Error::Finalized`]).
+    /// communicator lives until its last handle is dropped; an abort
+    /// through any handle reaches all of them (their calls then answer
+    /// [`Error::Aborted`]).
     ///
     /// The handles' calls never overlap (they take the communicator's one
     /// lock, as NCCL requires), and a call through one handle while a group
