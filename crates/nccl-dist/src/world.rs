@@ -148,6 +148,39 @@ fn watched(comm: &Comm, watchdog: &Option<Watchdog>, gated: bool) {
     }
 }
 
+/// This rank's communicators in a world of threads of one process (made
+/// or recovered), watched and connected. A failure that is not a peer's
+/// loss is reported as this rank's own, so the others, who wait for it
+/// inside their init or connection, stop at once.
+fn thread_comms(
+    resolved: &Resolved,
+    id: &UniqueId,
+    (rank, n, device): (usize, usize, usize),
+    liveness: Option<&Liveness>,
+    watchdog: &Option<Watchdog>,
+) -> Result<(Comm, Option<Comm>, Option<Config>)> {
+    let made = resolved
+        .make_comms(id, rank, n, device, Shape::Split)
+        .and_then(|(comm, control, child_config)| {
+            watched(&comm, watchdog, true);
+            resolved.connect(&[&comm])?;
+            Ok((comm, control, child_config))
+        });
+    if let Err(e) = &made
+        && let Some(l) = liveness
+        && e.lost_rank().is_none()
+    {
+        l.report(PeerLoss {
+            rank,
+            cause: LossCause::Exited {
+                reason: e.to_string(),
+            },
+            seen_by: rank,
+        });
+    }
+    made
+}
+
 fn local_launch(rank: usize, size: usize) -> Launch {
     Launch {
         rank,
@@ -561,41 +594,14 @@ impl World {
                     scope.spawn(move || {
                         let mut ended = ended;
                         let result = (|| {
-                            let made = resolved.make_comms(id, rank, n, device, Shape::Split);
-                            let (comm, control, child_config) = match made {
-                                Ok(m) => m,
-                                Err(e) => {
-                                    if let Some(l) = liveness
-                                        && e.lost_rank().is_none()
-                                    {
-                                        l.report(PeerLoss {
-                                            rank,
-                                            cause: LossCause::Exited {
-                                                reason: e.to_string(),
-                                            },
-                                            seen_by: rank,
-                                        });
-                                    }
-                                    return Err(E::from(e));
-                                }
-                            };
-                            watched(&comm, watchdog, true);
-                            if let Err(e) = resolved.connect(&[&comm]) {
-                                // As for a failed init: the others stop
-                                // waiting for this rank.
-                                if let Some(l) = liveness
-                                    && e.lost_rank().is_none()
-                                {
-                                    l.report(PeerLoss {
-                                        rank,
-                                        cause: LossCause::Exited {
-                                            reason: e.to_string(),
-                                        },
-                                        seen_by: rank,
-                                    });
-                                }
-                                return Err(E::from(e));
-                            }
+                            let (comm, control, child_config) = thread_comms(
+                                resolved,
+                                id,
+                                (rank, n, device),
+                                liveness.as_ref(),
+                                watchdog,
+                            )
+                            .map_err(E::from)?;
                             f(World {
                                 presence: Presence {
                                     rank,

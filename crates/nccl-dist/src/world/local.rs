@@ -21,8 +21,8 @@ use nccl_safe::UniqueId;
 
 use super::options::WorldOptions;
 use super::recover::Survivors;
-use super::resolved::{Resolved, Shape};
-use super::{Presence, World, local_launch, local_team, watched};
+use super::resolved::Resolved;
+use super::{Presence, World, local_launch, local_team, thread_comms};
 use crate::error::{Error, Result};
 use crate::liveness::{Liveness, LossCause, PeerLoss};
 use crate::watchdog::Watchdog;
@@ -140,44 +140,13 @@ impl World {
         }
         let me = survivors.me;
         let device = self.comm.device();
-        let made = team
-            .resolved
-            .make_comms(&team.id, me, n, device, Shape::Split);
-        let (comm, control, child_config) = match made {
-            Ok(m) => m,
-            Err(e) => {
-                // The others wait for this rank inside their init: its
-                // loss aborts them at once.
-                if let Some(l) = &team.liveness
-                    && e.lost_rank().is_none()
-                {
-                    l.report(PeerLoss {
-                        rank: me,
-                        cause: LossCause::Exited {
-                            reason: e.to_string(),
-                        },
-                        seen_by: me,
-                    });
-                }
-                return Err(e);
-            }
-        };
-        watched(&comm, &team.watchdog, true);
-        if let Err(e) = team.resolved.connect(&[&comm]) {
-            // As for a failed init: the others stop waiting for this rank.
-            if let Some(l) = &team.liveness
-                && e.lost_rank().is_none()
-            {
-                l.report(PeerLoss {
-                    rank: me,
-                    cause: LossCause::Exited {
-                        reason: e.to_string(),
-                    },
-                    seen_by: me,
-                });
-            }
-            return Err(e);
-        }
+        let (comm, control, child_config) = thread_comms(
+            &team.resolved,
+            &team.id,
+            (me, n, device),
+            team.liveness.as_ref(),
+            &team.watchdog,
+        )?;
         let world = World {
             presence: Presence {
                 rank: me,
