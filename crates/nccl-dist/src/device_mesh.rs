@@ -122,6 +122,12 @@ impl Drop for DeviceMesh {
     }
 }
 
+/// Whether the mesh's positions hold the world's ranks in the world's
+/// order: its whole communicator is then the world's, shared.
+fn in_world_order(ranks: &[usize]) -> bool {
+    ranks.iter().enumerate().all(|(i, &r)| i == r)
+}
+
 /// Returns the split (color, key) of every position for `axes`.
 fn splits(
     shape: &MeshShape,
@@ -275,7 +281,7 @@ impl DeviceMesh {
         // In the world's order the whole mesh is the world's communicator:
         // kept (`from_world`) or shared (a second handle, with the world's
         // watch and connections); otherwise a split.
-        let in_order = ranks.iter().enumerate().all(|(i, &r)| i == r);
+        let in_order = in_world_order(&ranks);
         let own_whole = if in_order && reuse {
             None
         } else if in_order {
@@ -345,7 +351,7 @@ impl DeviceMesh {
             positions[r] = p;
         }
         let world_comms: Vec<&Comm> = worlds.iter().map(World::comm).collect();
-        let wholes: Vec<Comm> = if ranks.iter().enumerate().all(|(i, &r)| i == r) {
+        let wholes: Vec<Comm> = if in_world_order(&ranks) {
             // The world's order: each whole mesh shares its world's
             // communicator (and its watch and connections).
             world_comms

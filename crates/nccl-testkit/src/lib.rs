@@ -23,7 +23,7 @@ mod values;
 
 pub use deadline::within;
 pub use env::{Mode, TRACE_ENV, env_number, exchange_id, mode, random_id, trace_if_asked, world};
-pub use ranks::{Rank, run};
+pub use ranks::{Rank, all_reduce_sum_each, run};
 pub use values::{GUARD, GUARD_VALUE, Guarded, TestType, move_input, reduce_input, type_name};
 
 // For the macros, which run in the test crate.

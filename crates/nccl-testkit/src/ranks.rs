@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
-use nccl_safe::cudarc::driver::CudaStream;
-use nccl_safe::{Comm, Config, UniqueId};
+use nccl_safe::cudarc::driver::{CudaSlice, CudaStream};
+use nccl_safe::{Comm, Config, NcclType, ReduceOp, UniqueId};
 
 use crate::TestResult;
 use crate::env::{Mode, env_number, exchange_id, mode, world};
@@ -98,6 +98,24 @@ pub fn run(config: Config, body: impl Fn(&mut [Rank]) -> TestResult + Sync) {
             }
         }
     }
+}
+
+/// An in-place sum of each buffer over its communicator: in one group
+/// when there are several (one thread driving them all), directly when
+/// there is one. `comms` and `bufs` pair up in order.
+pub fn all_reduce_sum_each<T: NcclType>(
+    comms: &[&Comm],
+    bufs: &mut [CudaSlice<T>],
+) -> nccl_safe::Result<()> {
+    if let ([comm], [buf]) = (comms, &mut *bufs) {
+        return comm.all_reduce_in_place(buf, ReduceOp::Sum);
+    }
+    nccl_safe::group(|g| {
+        for (comm, buf) in comms.iter().zip(bufs.iter_mut()) {
+            g.on(comm).all_reduce_in_place(buf, ReduceOp::Sum)?;
+        }
+        Ok(())
+    })
 }
 
 /// Runs the same step on every rank given: in a group when there are

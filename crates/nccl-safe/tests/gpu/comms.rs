@@ -40,16 +40,7 @@ pub fn check_split(ranks: &[Rank], color: impl Fn(usize) -> u32, label: &str) ->
         }
         bufs.push(child.stream().clone_htod(&vec![(r.rank + 1) as i64; 64])?);
     }
-    if children.len() == 1 {
-        children[0].all_reduce_in_place(&mut bufs[0], ReduceOp::Sum)?;
-    } else {
-        group(|g| {
-            for (child, buf) in children.iter().zip(bufs.iter_mut()) {
-                g.on(child).all_reduce_in_place(buf, ReduceOp::Sum)?;
-            }
-            Ok(())
-        })?;
-    }
+    all_reduce_sum_each(&children.iter().collect::<Vec<_>>(), &mut bufs)?;
     for (r, buf) in ranks.iter().zip(&bufs) {
         let want: i64 = members(color(r.rank)).iter().map(|m| (m + 1) as i64).sum();
         let got = buf.stream().clone_dtoh(buf)?;

@@ -475,16 +475,7 @@ pub fn shrink_drops_the_last_rank_and_the_rest_still_reduce() {
                 .iter()
                 .map(|r| r.stream().clone_htod(&vec![(r.rank + 1) as i32; 500]))
                 .collect::<Result<_, _>>()?;
-            if children.len() == 1 {
-                children[0].all_reduce_in_place(&mut bufs[0], ReduceOp::Sum)?;
-            } else {
-                group(|g| {
-                    for (c, b) in children.iter().zip(bufs.iter_mut()) {
-                        g.on(c).all_reduce_in_place(b, ReduceOp::Sum)?;
-                    }
-                    Ok(())
-                })?;
-            }
+            all_reduce_sum_each(&children.iter().collect::<Vec<_>>(), &mut bufs)?;
             let want: i32 = (0..world)
                 .filter(|r| !exclude.contains(r))
                 .map(|r| (r + 1) as i32)

@@ -10,16 +10,7 @@ fn sum_through(ranks: &[Rank], handles: &[&Comm], label: &str) -> TestResult {
         .zip(handles)
         .map(|(r, h)| h.stream().clone_htod(&[(r.rank + 1) as i64; 16]))
         .collect::<Result<Vec<_>, _>>()?;
-    if handles.len() == 1 {
-        handles[0].all_reduce_in_place(&mut bufs[0], ReduceOp::Sum)?;
-    } else {
-        group(|g| {
-            for (h, b) in handles.iter().zip(bufs.iter_mut()) {
-                g.on(h).all_reduce_in_place(b, ReduceOp::Sum)?;
-            }
-            Ok(())
-        })?;
-    }
+    all_reduce_sum_each(handles, &mut bufs)?;
     let world = ranks[0].world as i64;
     let want = world * (world + 1) / 2;
     for (h, b) in handles.iter().zip(&bufs) {
@@ -83,17 +74,8 @@ pub fn shared_handles_reduce_together_wait_for_other_threads_groups_and_outlive_
             let helper = s.spawn(move || {
                 let mut theirs = theirs;
                 started.recv().map_err(|e| e.to_string())?;
-                let called = if shared.len() == 1 {
-                    shared[0].all_reduce_in_place(&mut theirs[0], ReduceOp::Sum)
-                } else {
-                    group(|g| {
-                        for (h, x) in shared.iter().zip(theirs.iter_mut()) {
-                            g.on(h).all_reduce_in_place(x, ReduceOp::Sum)?;
-                        }
-                        Ok(())
-                    })
-                };
-                called.map_err(|e| e.to_string())?;
+                all_reduce_sum_each(&shared.iter().collect::<Vec<_>>(), &mut theirs)
+                    .map_err(|e| e.to_string())?;
                 Ok::<_, String>((shared, theirs, std::time::Instant::now()))
             });
             let ended = group(|g| {

@@ -271,15 +271,21 @@ fn one_shot_rank<T: TestType>(r: &Rank) -> TestResult {
     Ok(())
 }
 
+/// This thread's rank when it drives one rank of several (a thread or a
+/// process per rank): one thread driving every rank calls inside groups,
+/// where NCCL's path is kept (the buffers' own test covers it).
+fn one_rank_of_several(ranks: &[Rank]) -> Option<&Rank> {
+    match ranks {
+        [r] if r.world >= 2 => Some(r),
+        _ => None,
+    }
+}
+
 pub fn one_shot_all_reduce_is_bit_exact_eager_in_place_and_in_graphs() {
     run(Config::new(), |ranks| {
-        let ranks: &[Rank] = ranks;
-        if ranks.len() != 1 || ranks[0].world < 2 {
-            // One thread driving every rank calls inside groups, where
-            // NCCL's path is kept (the buffers' own test covers it).
+        let Some(r) = one_rank_of_several(ranks) else {
             return Ok(());
-        }
-        let r = &ranks[0];
+        };
         one_shot_rank::<f32>(r)?;
         one_shot_rank::<nccl_safe::half::bf16>(r)?;
         one_shot_rank::<nccl_safe::half::f16>(r)
@@ -292,11 +298,9 @@ pub fn one_shot_all_reduce_is_bit_exact_eager_in_place_and_in_graphs() {
 /// too, so no drop waits for rank 0.
 pub fn one_shot_kernel_stops_waiting_when_the_communicator_aborts() {
     run(Config::new(), |ranks| {
-        let ranks: &[Rank] = ranks;
-        if ranks.len() != 1 || ranks[0].world < 2 {
+        let Some(r) = one_rank_of_several(ranks) else {
             return Ok(());
-        }
-        let r = &ranks[0];
+        };
         let mut buf = SymmetricBuffer::<f32>::new(&r.comm, 1024)?;
         if !buf.uses_one_shot() {
             return Ok(());
