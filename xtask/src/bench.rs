@@ -14,10 +14,12 @@
 //!   place, through raw, safe and dist, a thread per GPU, 3 rounds of at
 //!   least 20 iterations and 20 ms each.
 //! - `latency`: every collective from 8 B to 1 KiB (×2) with 1000
-//!   iterations and 11 rounds (`--quick`: 300), in each launch mode
+//!   iterations and 11 rounds (also with `--quick`), in each launch mode
 //!   (single, threads, processes); in threads and processes mode also the
 //!   `safe_wd` layer (safe with the watchdog observing the same
-//!   communicator, toggled between layers, so interleaved with `safe`);
+//!   communicator, toggled between layers, so interleaved with `safe`)
+//!   and the `raw_probe` layer (raw plus the driver calls the typed path
+//!   adds, to split the excess);
 //!   and with nonblocking communicators (threads, 8–128 B, fewer
 //!   iterations: each call costs over 100 µs there).
 //! - `graph`: an 8 B all_reduce captured in CUDA graphs (single, threads).
@@ -25,7 +27,8 @@
 //!   show what it costs.
 //! - `setup`: communicator init, a 2×2 `DeviceMesh` and the first
 //!   all_reduce on each axis (each mode, and threads with nonblocking
-//!   communicators; first cold then warm). The span columns split world
+//!   communicators; first cold then warm: five warm reps in each blocking
+//!   mode, three elsewhere). The span columns split world
 //!   and mesh by the crates' `tracing` spans. With `--python PATH` (a
 //!   Python with PyTorch), PyTorch's equivalents run on the same GPUs in
 //!   the same run (`python/examples/torch_setup.py`, a process per GPU:
@@ -159,19 +162,20 @@ fn jobs(o: &Options) -> Vec<Job> {
     if want("latency") {
         // Rounds are many and short: the summary takes the largest
         // difference of medians over every size, so each median must be
-        // steady (11 rounds: one round in five may be disturbed).
-        let (iters, rounds) = if o.quick {
-            ("300", "11")
-        } else {
-            ("1000", "11")
-        };
+        // steady (11 rounds: one round in five may be disturbed). 1 000
+        // calls a window, also when quick: 300 (3 ms) let one scheduler
+        // hiccup move a window's mean by half a microsecond.
+        let (iters, rounds) = ("1000", "11");
         for mode in MODES {
             // The watchdog's cost is measured where the dist layer is:
             // with a thread or a process per GPU.
+            // `raw_probe` splits the safe layer's excess into the driver
+            // calls it adds and its own code (the report's "Where the
+            // per-call excess goes").
             let layers = if *mode == "single" {
                 "raw,safe"
             } else {
-                "raw,safe,dist,safe_wd"
+                "raw,safe,dist,safe_wd,raw_probe"
             };
             jobs.push(Job {
                 name: format!("latency-{mode}"),
@@ -197,11 +201,14 @@ fn jobs(o: &Options) -> Vec<Job> {
         }
     }
     if want("setup") {
+        // Five warm reps a mode (the first rep is cold): NCCL's init of a
+        // one-rank communicator varies by tens of ms from rep to rep, and
+        // the upper median of two warm reps was their maximum.
         for mode in MODES {
             jobs.push(Job {
                 name: format!("setup-{mode}"),
                 mode,
-                args: w("--setup --setup-reps 3"),
+                args: w("--setup --setup-reps 6"),
             });
         }
         jobs.push(Job {

@@ -19,13 +19,16 @@ What to run:
   -g, --gpus N                     GPUs to use, devices 0..N (single/threads) [all]
   --ops LIST                       all_reduce,all_gather,reduce_scatter,broadcast,
                                    reduce,all_to_all,send_recv or `all` [all]
-  --layers LIST                    raw,safe,dist,safe_wd or `all` (raw,safe,dist) [all]:
+  --layers LIST                    raw,safe,dist,safe_wd,raw_probe or `all` (raw,safe,dist) [all]:
                                    raw calls nccl-sys directly and safe the typed
                                    nccl-safe API, both on a blocking communicator
                                    without watchdog; dist nccl-dist's `dyn
                                    Communicator` on the world made with default
                                    options (not in single mode); safe_wd is safe
-                                   with a watchdog observing the same communicator
+                                   with a watchdog observing the same communicator;
+                                   raw_probe is raw plus the driver calls the typed
+                                   path makes per call (capture status, context
+                                   binding), to cost them inside the loop
   -b, --min-bytes SIZE             smallest size (K, M, G suffixes) [8]
   -e, --max-bytes SIZE             largest size [2G]
   -f, --step-factor N              size multiplier between steps [4]

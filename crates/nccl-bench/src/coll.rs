@@ -132,13 +132,24 @@ pub enum Layer {
     /// observer is set for this layer's measurements only, so `SafeWd −
     /// Safe` is the watchdog's cost per call.
     SafeWd,
+    /// `Raw` plus, before each call, the two driver calls the typed path
+    /// makes per call on the issuing thread (the stream's capture status,
+    /// the context's binding): `RawProbe − Raw` is what those calls cost
+    /// inside the loop, beside NCCL's own (a diagnostic, not in `all`).
+    RawProbe,
 }
 
 impl Layer {
     /// What `--layers all` means.
     pub const ALL: [Layer; 3] = [Layer::Raw, Layer::Safe, Layer::Dist];
     /// Every layer `--layers` knows.
-    pub const KNOWN: [Layer; 4] = [Layer::Raw, Layer::Safe, Layer::Dist, Layer::SafeWd];
+    pub const KNOWN: [Layer; 5] = [
+        Layer::Raw,
+        Layer::Safe,
+        Layer::Dist,
+        Layer::SafeWd,
+        Layer::RawProbe,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -146,6 +157,7 @@ impl Layer {
             Layer::Safe => "safe",
             Layer::Dist => "dist",
             Layer::SafeWd => "safe_wd",
+            Layer::RawProbe => "raw_probe",
         }
     }
 

@@ -46,6 +46,7 @@ mod coll;
 mod env;
 mod error;
 mod fns;
+mod host_costs;
 mod profile;
 mod recover;
 mod run;
@@ -347,9 +348,14 @@ fn sweep<T: Elem>(
     let total = opts.ops.len() * sizes.len();
     let mut records = Vec::new();
     let mut step = 0;
-    if leader {
+    // Before any timed call, while the other ranks wait at the first
+    // barrier: the host's cost of each piece of the enqueue path.
+    let host_costs = if leader {
         print_preamble::<T>(opts, comms, n)?;
-    }
+        host_costs::measure(comms[0].stream())?
+    } else {
+        Value::Null
+    };
     for &c in &opts.ops {
         if leader {
             print_header(c);
@@ -381,11 +387,13 @@ fn sweep<T: Elem>(
                     root: opts.root.min(n - 1),
                 };
                 let mut times: Vec<Vec<f64>> = vec![Vec::new(); rows.len()];
+                let mut issues: Vec<Vec<f64>> = vec![Vec::new(); rows.len()];
                 let mut allocs = vec![(0f64, 0f64); rows.len()];
                 for _ in 0..opts.rounds {
                     for (i, row) in rows.iter().enumerate() {
                         let s = d.measure(row.layer, &spec, opts.graph)?;
                         times[i].push(s.seconds);
+                        issues[i].push(s.issue_seconds * 1e6);
                         allocs[i].0 = allocs[i].0.max(s.allocs_per_call);
                         allocs[i].1 = allocs[i].1.max(s.allocs_per_call_thread);
                     }
@@ -403,6 +411,10 @@ fn sweep<T: Elem>(
                     };
                     let mut rec = record::<T>(opts, n, &spec, row.layer, &result);
                     rec["rounds_us"] = json!(rounds_us);
+                    // The host's part: the issuing loop alone, per call
+                    // (NaN, written as null, for graph replays).
+                    rec["issue_rounds_us"] = json!(issues[i]);
+                    rec["issue_us"] = json!(median(&mut issues[i]));
                     records.push(rec);
                     row.set(in_place, result);
                 }
@@ -422,7 +434,7 @@ fn sweep<T: Elem>(
         println!("# wrong elements in total: {wrong}");
         if let Some(path) = &opts.json {
             let doc = json!({
-                "meta": meta::<T>(opts, comms, n, dist_watchdog)?,
+                "meta": meta::<T>(opts, comms, n, dist_watchdog, host_costs)?,
                 "results": records,
             });
             std::fs::write(path, serde_json::to_string_pretty(&doc)?)
@@ -634,7 +646,13 @@ fn record<T: Elem>(opts: &Opts, n: usize, spec: &Spec, layer: Layer, m: &Measure
     })
 }
 
-fn meta<T: Elem>(opts: &Opts, comms: &[&Comm], n: usize, dist_watchdog: bool) -> Result<Value> {
+fn meta<T: Elem>(
+    opts: &Opts,
+    comms: &[&Comm],
+    n: usize,
+    dist_watchdog: bool,
+    host_costs: Value,
+) -> Result<Value> {
     let lib = Library::get()?;
     let gpus: Vec<String> = comms
         .iter()
@@ -661,5 +679,6 @@ fn meta<T: Elem>(opts: &Opts, comms: &[&Comm], n: usize, dist_watchdog: bool) ->
         "dist_comm": if opts.nonblocking { "World with WorldOptions::new().config(nonblocking_config())" } else { "World with WorldOptions::new() (defaults)" },
         "dist_watchdog": dist_watchdog,
         "allocs_counted_on": "every thread of the process",
+        "host_costs_ns": host_costs,
     }))
 }

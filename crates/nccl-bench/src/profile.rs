@@ -33,7 +33,14 @@ impl Profile {
         {
             let guard = pprof::ProfilerGuardBuilder::default()
                 .frequency(HZ)
-                .blocklist(&["libc", "libgcc", "pthread", "vdso"])
+                .blocklist(&[
+                    "libc.so",
+                    "libc-",
+                    "libgcc",
+                    "libpthread",
+                    "vdso",
+                    "ld-linux",
+                ])
                 .build()
                 .map_err(|e| format!("--profile: {e}"))?;
             Ok(Profile { guard, path })

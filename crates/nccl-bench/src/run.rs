@@ -61,6 +61,9 @@ struct Rank<'c, T> {
 #[derive(Debug, Clone, Copy)]
 pub struct Sample {
     pub seconds: f64,
+    /// The issuing loop alone (the calls returned, the GPU maybe not
+    /// done), per call: the host's cost of a call, slowest rank.
+    pub issue_seconds: f64,
     /// Allocations by every thread of the process during the timed
     /// window, per call this process issued (the most of any process).
     pub allocs_per_call: f64,
@@ -230,6 +233,10 @@ impl<'c, T: Elem> Driver<'c, T> {
     pub fn issue(&mut self, layer: Layer, spec: &Spec) -> Result<()> {
         match layer {
             Layer::Raw => self.issue_raw(spec),
+            Layer::RawProbe => {
+                self.probe()?;
+                self.issue_raw(spec)
+            }
             Layer::Safe | Layer::SafeWd => self.issue_safe(spec),
             Layer::Dist => self.issue_dist(spec),
         }
@@ -276,11 +283,30 @@ impl<'c, T: Elem> Driver<'c, T> {
     /// As [`Driver::holding`] for the raw layer; other layers run `f` as
     /// it is.
     fn held_for<R>(&mut self, layer: Layer, f: impl FnOnce(&mut Self) -> Result<R>) -> Result<R> {
-        if layer == Layer::Raw {
+        if matches!(layer, Layer::Raw | Layer::RawProbe) {
             self.holding(0, f)
         } else {
             f(self)
         }
+    }
+
+    /// The `raw_probe` layer's extra: on every rank of this thread, the
+    /// driver calls a typed call makes before NCCL's (the capture status
+    /// of the stream, the context bound to the thread).
+    fn probe(&self) -> Result<()> {
+        for r in &self.ranks {
+            let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+            // SAFETY: a live stream of this process; one status written.
+            let code = unsafe { sys::cuStreamIsCapturing(r.stream.cu_stream(), &mut status) };
+            if code != sys::CUresult::CUDA_SUCCESS {
+                return Err(format!("cuStreamIsCapturing: {code:?}").into());
+            }
+            r.stream
+                .context()
+                .bind_to_thread()
+                .map_err(cuda_err("binding the context"))?;
+        }
+        Ok(())
     }
 
     fn issue_raw(&self, spec: &Spec) -> Result<()> {
@@ -461,8 +487,9 @@ impl<'c, T: Elem> Driver<'c, T> {
             let want = (self.min_seconds / per_call).ceil().min(1e6);
             iters = iters.max(self.over_ranks(&[want], ReduceOp::Max)?[0] as usize);
         }
-        let (seconds, calls, allocs) = if graph {
-            self.measure_graph(layer, spec)?
+        let (seconds, issue, calls, allocs) = if graph {
+            let (seconds, calls, allocs) = self.measure_graph(layer, spec)?;
+            (seconds, f64::NAN, calls, allocs)
         } else {
             self.barrier()?;
             let open = self.window_open()?;
@@ -473,23 +500,35 @@ impl<'c, T: Elem> Driver<'c, T> {
                 }
                 Ok(())
             });
+            let issue = t0.elapsed().as_secs_f64() / iters as f64;
             // Every thread closes the window, even after a failure, so
             // none waits for it until the deadline.
             let allocs = self.window_close(open)?;
             issued?;
             self.wait()?;
-            (t0.elapsed().as_secs_f64() / iters as f64, iters, allocs)
+            (
+                t0.elapsed().as_secs_f64() / iters as f64,
+                issue,
+                iters,
+                allocs,
+            )
         };
         // Calls this process issued in the window: `calls` on each rank of
         // each of its threads.
         let mine = (calls * self.ranks.len()) as f64;
         let process = (calls * self.ranks.len() * self.host.threads()) as f64;
         let worst = self.over_ranks(
-            &[seconds, allocs.0 as f64 / process, allocs.1 as f64 / mine],
+            &[
+                seconds,
+                allocs.0 as f64 / process,
+                allocs.1 as f64 / mine,
+                issue,
+            ],
             ReduceOp::Max,
         )?;
         Ok(Sample {
             seconds: worst[0],
+            issue_seconds: worst[3],
             allocs_per_call: worst[1],
             allocs_per_call_thread: worst[2],
         })

@@ -104,8 +104,11 @@ impl std::fmt::Debug for Access<'_> {
 /// another stream (of the same device), the two are also joined with events
 /// in both directions, so the order holds even when cudarc's event tracking
 /// is off for the memory's context.
+///
+/// The owner's stream is cloned only for the join: on its own stream (the
+/// hot path) the access holds nothing but cudarc's guard.
 fn cudarc_access<'a>(
-    own: Arc<CudaStream>,
+    own: &Arc<CudaStream>,
     target: &'a CudaStream,
     guarded: (u64, SyncOnDrop<'a>),
 ) -> (u64, Access<'a>) {
@@ -113,14 +116,14 @@ fn cudarc_access<'a>(
     if own.cu_stream() == target.cu_stream() {
         return (ptr, Access::cudarc(guard));
     }
-    if target.join(&own).is_err() {
+    if target.join(own).is_err() {
         let _ = own.synchronize();
     }
     (
         ptr,
         Access(Inner::Joined {
             guard: Some(guard),
-            own,
+            own: Arc::clone(own),
             target,
         }),
     )
@@ -199,8 +202,8 @@ macro_rules! cudarc_buffer {
                     ordinal_of(DeviceSlice::stream(self))
                 }
                 fn read<'a>(&'a self, stream: &'a CudaStream) -> (u64, Access<'a>) {
-                    let own = Arc::clone(DeviceSlice::stream(self));
-                    cudarc_access(own, stream, self.device_ptr(stream))
+                    let guarded = self.device_ptr(stream);
+                    cudarc_access(DeviceSlice::stream(self), stream, guarded)
                 }
             }
         )*
@@ -209,8 +212,14 @@ macro_rules! cudarc_buffer {
             // reads and writes.
             unsafe impl<T: NcclType> DeviceBufferMut<T> for $mut_ty {
                 fn write<'a>(&'a mut self, stream: &'a CudaStream) -> (u64, Access<'a>) {
+                    if DeviceSlice::stream(self).cu_stream() == stream.cu_stream() {
+                        let (ptr, guard) = self.device_ptr_mut(stream);
+                        return (ptr, Access::cudarc(guard));
+                    }
+                    // The guard borrows the slice mutably: its stream is
+                    // cloned first, for the join.
                     let own = Arc::clone(DeviceSlice::stream(self));
-                    cudarc_access(own, stream, self.device_ptr_mut(stream))
+                    cudarc_access(&own, stream, self.device_ptr_mut(stream))
                 }
             }
         )*
