@@ -14,7 +14,7 @@
 //!   place, through raw, safe and dist, a thread per GPU, 3 rounds of at
 //!   least 20 iterations and 20 ms each.
 //! - `latency`: every collective from 8 B to 1 KiB (×2) with 1000
-//!   iterations and 11 rounds (also with `--quick`), in each launch mode
+//!   iterations and 11 rounds (`--quick`: 300 in single mode), in each launch mode
 //!   (single, threads, processes); in threads and processes mode also the
 //!   `safe_wd` layer (safe with the watchdog observing the same
 //!   communicator, toggled between layers, so interleaved with `safe`)
@@ -71,6 +71,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use crate::bench::summary::TARGET_MODES;
 use crate::flags::{self, Flag, Trailing, switch, value};
 use crate::gpu_test::{BENCH, TORCH_SETUP, TORCH_SMALL, TORCH_STEP};
 use crate::launch::{Ended, launch_ranks};
@@ -163,10 +164,16 @@ fn jobs(o: &Options) -> Vec<Job> {
         // Rounds are many and short: the summary takes the largest
         // difference of medians over every size, so each median must be
         // steady (11 rounds: one round in five may be disturbed). 1 000
-        // calls a window, also when quick: 300 (3 ms) let one scheduler
-        // hiccup move a window's mean by half a microsecond.
-        let (iters, rounds) = ("1000", "11");
+        // calls a window in the modes the targets take, also when quick:
+        // 300 (3 ms) let one scheduler hiccup move a window's mean by half
+        // a microsecond.
+        let rounds = "11";
         for mode in MODES {
+            let iters = if o.quick && !TARGET_MODES.contains(mode) {
+                "300"
+            } else {
+                "1000"
+            };
             // The watchdog's cost is measured where the dist layer is:
             // with a thread or a process per GPU.
             // `raw_probe` splits the safe layer's excess into the driver

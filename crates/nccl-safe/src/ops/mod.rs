@@ -33,7 +33,7 @@ use crate::comm::Comm;
 use crate::dtype::NcclType;
 use crate::error::Role;
 use crate::group::{self, Deferred, GroupGuard, GroupHold, NestedGroup};
-use crate::observe::{ObservedStream, OpInfo, Pending};
+use crate::observe::{ObservedStream, Pending};
 use crate::reduce_op::Reduction;
 use crate::validate::{Check, Span, check_dtype};
 use crate::{Error, Result};
@@ -303,10 +303,10 @@ impl<'s, 'a> OnStream<'s, 'a> {
     /// polling and error capture.
     fn call(
         &self,
-        info: OpInfo,
+        called: &op::Op,
         f: impl FnOnce(ncclComm_t, cudaStream_t) -> ncclResult_t,
     ) -> Result<()> {
-        let op = info.op;
+        let op = called.name;
         let shared = self.comm.shared();
         let lib = self.comm.library();
         let stream = self.raw_stream();
@@ -337,7 +337,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
             let allowed = self.capture.is_some() || is_allowed();
             hold.borrow_mut().note_stream(self.stream, allowed);
         }
-        Self::observe(self.comm, info, self.stream, self.hold);
+        Self::observe(self.comm, called, self.stream, self.hold);
         Ok(())
     }
 
@@ -643,7 +643,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
     /// group's `hold` keeps it, with the stream borrowed for as long).
     fn observe<'o>(
         comm: &Comm,
-        info: OpInfo,
+        op: &op::Op,
         stream: &'o CudaStream,
         hold: Option<&RefCell<GroupHold<'o>>>,
     ) {
@@ -651,6 +651,8 @@ impl<'s, 'a> OnStream<'s, 'a> {
         let Some(observer) = observer.as_ref() else {
             return;
         };
+        // What observers are told, built only when there is one.
+        let info = op.info();
         let stream = ObservedStream::new(stream);
         match hold {
             Some(hold) => hold.borrow_mut().observed.push(Pending {

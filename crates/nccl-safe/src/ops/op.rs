@@ -185,7 +185,9 @@ impl<'a> OnStream<'_, 'a> {
         op: Op,
         accesses: impl IntoIterator<Item = Access<'a>>,
     ) -> Result<()> {
-        let _span = op.span().entered();
+        // The span only where trace level can be on: building a disabled
+        // one still runs its callsite's checks on every call.
+        let _span = tracing::level_enabled!(tracing::Level::TRACE).then(|| op.span().entered());
         // One branch on a `Cell` unless the observer checks calls.
         if self.comm.checks_before.get()
             && let Err(e) = self.before(&op)
@@ -254,7 +256,6 @@ impl<'a> OnStream<'_, 'a> {
     /// As for [`OnStream::enqueue`].
     unsafe fn launch(&self, op: &Op) -> Result<()> {
         let lib = self.comm.library().raw();
-        let info = op.info();
         let (s, r) = (op.send as *const c_void, op.recv as *mut c_void);
         let (n, dt, red, peer) = (op.count, op.dtype, op.reduction, op.peer as i32);
         match op.kind {
@@ -265,32 +266,32 @@ impl<'a> OnStream<'_, 'a> {
                 }
                 let f = lib.ncclAllReduce()?;
                 // SAFETY: the caller's promise (validated buffers and op).
-                self.call(info, |c, st| unsafe { f(s, r, n, dt, red, c, st) })
+                self.call(op, |c, st| unsafe { f(s, r, n, dt, red, c, st) })
             }
             Kind::Reduce => {
                 let f = lib.ncclReduce()?;
                 // SAFETY: the caller's promise; `r` is null off the root.
-                self.call(info, |c, st| unsafe { f(s, r, n, dt, red, peer, c, st) })
+                self.call(op, |c, st| unsafe { f(s, r, n, dt, red, peer, c, st) })
             }
             Kind::ReduceScatter => {
                 let f = lib.ncclReduceScatter()?;
                 // SAFETY: the caller's promise (validated buffers and op).
-                self.call(info, |c, st| unsafe { f(s, r, n, dt, red, c, st) })
+                self.call(op, |c, st| unsafe { f(s, r, n, dt, red, c, st) })
             }
             Kind::Broadcast => {
                 let f = lib.ncclBroadcast()?;
                 // SAFETY: the caller's promise; `s` is null off the root.
-                self.call(info, |c, st| unsafe { f(s, r, n, dt, peer, c, st) })
+                self.call(op, |c, st| unsafe { f(s, r, n, dt, peer, c, st) })
             }
             Kind::AllGather => {
                 let f = lib.ncclAllGather()?;
                 // SAFETY: the caller's promise (validated buffers).
-                self.call(info, |c, st| unsafe { f(s, r, n, dt, c, st) })
+                self.call(op, |c, st| unsafe { f(s, r, n, dt, c, st) })
             }
             Kind::AllToAll => {
                 let f = lib.ncclAlltoAll()?;
                 // SAFETY: the caller's promise (validated buffers).
-                self.call(info, |c, st| unsafe { f(s, r, n, dt, c, st) })
+                self.call(op, |c, st| unsafe { f(s, r, n, dt, c, st) })
             }
             Kind::Gather | Kind::Scatter => {
                 let f = match op.kind {
@@ -299,17 +300,17 @@ impl<'a> OnStream<'_, 'a> {
                 };
                 // SAFETY: the caller's promise; the root-side buffer is
                 // null off the root, where NCCL does not use it.
-                self.call(info, |c, st| unsafe { f(s, r, n, dt, peer, c, st) })
+                self.call(op, |c, st| unsafe { f(s, r, n, dt, peer, c, st) })
             }
             Kind::Send => {
                 let f = lib.ncclSend()?;
                 // SAFETY: the caller's promise: `n` readable elements at `s`.
-                self.call(info, |c, st| unsafe { f(s, n, dt, peer, c, st) })
+                self.call(op, |c, st| unsafe { f(s, n, dt, peer, c, st) })
             }
             Kind::Recv => {
                 let f = lib.ncclRecv()?;
                 // SAFETY: the caller's promise: `n` writable elements at `r`.
-                self.call(info, |c, st| unsafe { f(r, n, dt, peer, c, st) })
+                self.call(op, |c, st| unsafe { f(r, n, dt, peer, c, st) })
             }
         }
     }
@@ -336,7 +337,7 @@ impl<'a> OnStream<'_, 'a> {
                 },
             )
         })?;
-        Self::observe(self.comm, op.info(), self.stream, self.hold);
+        Self::observe(self.comm, op, self.stream, self.hold);
         Ok(())
     }
 
