@@ -516,6 +516,7 @@ fn run_with_deadline(cmd: &mut Command, left: Duration) -> Result<bool> {
     }
 }
 
+mod excess;
 mod json;
 mod report;
 mod summary;

@@ -10,10 +10,11 @@ use serde_json::{Value, json};
 
 use crate::Result;
 use crate::bench::NCCL_TESTS_2G;
+use crate::bench::excess::excess_section;
 use crate::bench::json::{f, load, results, s, same};
 use crate::bench::summary::{
-    ExcessSplit, TARGET_MODES, at_least, at_most, excess_split, human, paired_excess, signed,
-    smallest, summary, targets_section, worst,
+    TARGET_MODES, at_least, at_most, human, paired_excess, signed, smallest, summary,
+    targets_section, worst,
 };
 
 /// Writes report.md, bench.json and busbw.svg from the JSON in `dir`;
@@ -66,7 +67,8 @@ pub fn report(dir: &Path) -> Result<()> {
         )?;
     }
     watchdog_fired(&mut md, dir, &mut misses)?;
-    let (summary, targets) = summary(&docs);
+    let (mut summary, targets) = summary(&docs);
+    crate::bench::excess::add_keys(&mut summary, &docs);
     targets_section(&mut md, &targets, &mut misses)?;
     latency_section(&mut md, &docs, &mut misses)?;
     watchdog_section(&mut md, &docs)?;
@@ -686,71 +688,6 @@ pub fn recover_section(md: &mut String, docs: &BTreeMap<String, Value>) -> Resul
     if !found.is_empty() {
         writeln!(md)?;
     }
-    Ok(())
-}
-
-/// Where the safe layer's excess over raw goes, per mode with the
-/// `raw_probe` layer: the driver calls it adds, costed inside the loop,
-/// and its own code; then what each of those calls and a few primitives
-/// cost alone (the bench's `host_costs_ns`).
-fn excess_section(md: &mut String, docs: &BTreeMap<String, Value>) -> Result<()> {
-    let found: Vec<(&str, &Value, Vec<ExcessSplit<'_>>)> = TARGET_MODES
-        .iter()
-        .filter_map(|m| {
-            let doc = docs.get(&format!("latency-{m}"))?;
-            Some((*m, doc, excess_split(doc)))
-        })
-        .filter(|(_, _, v)| !v.is_empty())
-        .collect();
-    if found.is_empty() {
-        return Ok(());
-    }
-    writeln!(
-        md,
-        "### Where the per-call excess goes
-
-At each collective's smallest size, out of place, µs per call (paired medians over rounds). raw issue: raw's issuing loop alone, per call; equal to raw's time, the loop is bound by the host, so every cost on the issuing thread shows in full. probe − raw: `raw_probe` (raw plus the driver calls the typed path makes per call: the stream's capture status and the context binding) over raw. safe − probe: the rest of the safe layer's excess, its own code.\n"
-    )?;
-    writeln!(
-        md,
-        "| mode | collective | size | raw | raw issue | probe − raw | safe − probe | safe − raw |"
-    )?;
-    writeln!(md, "|---|---|---|---|---|---|---|---|")?;
-    for (mode, _, splits) in &found {
-        for x in splits {
-            writeln!(
-                md,
-                "| {mode} | {} | {} | {:.2} | {:.2} | {:+.2} | {:+.2} | {:+.2} |",
-                x.coll,
-                human(x.bytes),
-                x.raw_us,
-                x.raw_issue_us,
-                x.probe_minus_raw,
-                x.safe_minus_probe,
-                x.safe_minus_raw
-            )?;
-        }
-    }
-    writeln!(md)?;
-    writeln!(
-        md,
-        "Each piece alone, ns per call (the leader's thread before the sweep, the GPU idle):\n"
-    )?;
-    for (mode, doc, _) in &found {
-        if let Some(costs) = doc["meta"]["host_costs_ns"].as_object() {
-            let cells: Vec<String> = costs
-                .iter()
-                .map(|(k, v)| {
-                    format!(
-                        "{k} {}",
-                        v.as_f64().map_or("-".into(), |x| format!("{x:.0}"))
-                    )
-                })
-                .collect();
-            writeln!(md, "- {mode}: {}", cells.join(", "))?;
-        }
-    }
-    writeln!(md)?;
     Ok(())
 }
 

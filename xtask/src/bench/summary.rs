@@ -85,47 +85,6 @@ pub fn smallest<'d>(doc: &'d Value, layer: &str) -> Vec<(&'d str, &'d Value)> {
     out
 }
 
-/// Where one collective's per-call excess goes, at its smallest size, out
-/// of place (a latency job with the `raw_probe` layer): the driver calls the
-/// typed path adds (`raw_probe − raw`, measured inside the loop) and the
-/// rest, the typed path's own code (`safe − raw_probe`); `raw_issue_us` is
-/// raw's issuing loop alone, which equals `raw_us` when the loop is bound
-/// by the host.
-pub struct ExcessSplit<'d> {
-    pub coll: &'d str,
-    pub bytes: u64,
-    pub raw_us: f64,
-    pub raw_issue_us: f64,
-    pub probe_minus_raw: f64,
-    pub safe_minus_probe: f64,
-    pub safe_minus_raw: f64,
-}
-
-/// [`ExcessSplit`] of every collective in `doc` that has the three layers.
-pub fn excess_split(doc: &Value) -> Vec<ExcessSplit<'_>> {
-    let all: Vec<&Value> = results(doc).collect();
-    let at = |layer: &str, of: &Value| -> Option<&Value> {
-        all.iter()
-            .find(|r| s(r, "layer") == layer && same(r, of))
-            .copied()
-    };
-    smallest(doc, "raw")
-        .into_iter()
-        .filter_map(|(coll, raw)| {
-            let (probe, safe) = (at("raw_probe", raw)?, at("safe", raw)?);
-            Some(ExcessSplit {
-                coll,
-                bytes: raw["bytes"].as_u64().unwrap_or(0),
-                raw_us: f(raw, "time_us"),
-                raw_issue_us: raw["issue_us"].as_f64().unwrap_or(f64::NAN),
-                probe_minus_raw: paired_excess(probe, raw),
-                safe_minus_probe: paired_excess(safe, probe),
-                safe_minus_raw: paired_excess(safe, raw),
-            })
-        })
-        .collect()
-}
-
 /// How much slower `a` is than `b` (µs per call), two layers measured at
 /// the same point in interleaved rounds: the median over rounds of each
 /// round's difference, so a stretch of seconds in which the whole machine
@@ -650,32 +609,6 @@ pub fn summary(docs: &BTreeMap<String, Value>) -> (Value, Vec<Target>) {
     ] {
         if let Some((_, sum)) = awaited.first() {
             flat.insert(key.into(), sum[key].clone());
-        }
-    }
-    // The split of the per-call excess (not targets): medians over the
-    // collectives of the latency jobs in threads and processes mode.
-    let splits: Vec<ExcessSplit<'_>> = TARGET_MODES
-        .iter()
-        .filter_map(|m| docs.get(&format!("latency-{m}")))
-        .flat_map(excess_split)
-        .collect();
-    let median_of = |v: Vec<f64>| upper_median(v.into_iter().filter(|x| !x.is_nan()).collect());
-    if !splits.is_empty() {
-        for (key, v) in [
-            (
-                "probe_minus_raw_small_us",
-                median_of(splits.iter().map(|x| x.probe_minus_raw).collect()),
-            ),
-            (
-                "safe_minus_probe_small_us",
-                median_of(splits.iter().map(|x| x.safe_minus_probe).collect()),
-            ),
-            (
-                "raw_issue_over_time_small",
-                median_of(splits.iter().map(|x| x.raw_issue_us / x.raw_us).collect()),
-            ),
-        ] {
-            flat.insert(key.into(), json!(v));
         }
     }
     if let Some((ratio, at)) = &ready_over_torch {

@@ -1,0 +1,153 @@
+//! The split of the typed path's per-call excess over raw NCCL: the
+//! driver calls it adds (the `raw_probe` layer, costed inside the loop)
+//! and its own code, per collective of the latency jobs; the summary's
+//! medians of it and the report's table.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde_json::{Value, json};
+
+use crate::Result;
+use crate::bench::json::{f, results, s, same};
+use crate::bench::summary::{TARGET_MODES, human, paired_excess, smallest};
+
+/// Where one collective's per-call excess goes, at its smallest size, out
+/// of place (a latency job with the `raw_probe` layer): the driver calls the
+/// typed path adds (`raw_probe − raw`, measured inside the loop) and the
+/// rest, the typed path's own code (`safe − raw_probe`); `raw_issue_us` is
+/// raw's issuing loop alone, which equals `raw_us` when the loop is bound
+/// by the host.
+pub struct ExcessSplit<'d> {
+    pub coll: &'d str,
+    pub bytes: u64,
+    pub raw_us: f64,
+    pub raw_issue_us: f64,
+    pub probe_minus_raw: f64,
+    pub safe_minus_probe: f64,
+    pub safe_minus_raw: f64,
+}
+
+/// [`ExcessSplit`] of every collective in `doc` that has the three layers.
+pub fn excess_split(doc: &Value) -> Vec<ExcessSplit<'_>> {
+    let all: Vec<&Value> = results(doc).collect();
+    let at = |layer: &str, of: &Value| -> Option<&Value> {
+        all.iter()
+            .find(|r| s(r, "layer") == layer && same(r, of))
+            .copied()
+    };
+    smallest(doc, "raw")
+        .into_iter()
+        .filter_map(|(coll, raw)| {
+            let (probe, safe) = (at("raw_probe", raw)?, at("safe", raw)?);
+            Some(ExcessSplit {
+                coll,
+                bytes: raw["bytes"].as_u64().unwrap_or(0),
+                raw_us: f(raw, "time_us"),
+                raw_issue_us: raw["issue_us"].as_f64().unwrap_or(f64::NAN),
+                probe_minus_raw: paired_excess(probe, raw),
+                safe_minus_probe: paired_excess(safe, probe),
+                safe_minus_raw: paired_excess(safe, raw),
+            })
+        })
+        .collect()
+}
+
+/// Where the safe layer's excess over raw goes, per mode with the
+/// `raw_probe` layer: the driver calls it adds, costed inside the loop,
+/// and its own code; then what each of those calls and a few primitives
+/// cost alone (the bench's `host_costs_ns`).
+pub fn excess_section(md: &mut String, docs: &BTreeMap<String, Value>) -> Result<()> {
+    let found: Vec<(&str, &Value, Vec<ExcessSplit<'_>>)> = TARGET_MODES
+        .iter()
+        .filter_map(|m| {
+            let doc = docs.get(&format!("latency-{m}"))?;
+            Some((*m, doc, excess_split(doc)))
+        })
+        .filter(|(_, _, v)| !v.is_empty())
+        .collect();
+    if found.is_empty() {
+        return Ok(());
+    }
+    writeln!(
+        md,
+        "### Where the per-call excess goes
+
+At each collective's smallest size, out of place, µs per call (paired medians over rounds). raw issue: raw's issuing loop alone, per call; equal to raw's time, the loop is bound by the host, so every cost on the issuing thread shows in full. probe − raw: `raw_probe` (raw plus the driver calls the typed path makes per call: the stream's capture status and the context binding) over raw. safe − probe: the rest of the safe layer's excess, its own code.\n"
+    )?;
+    writeln!(
+        md,
+        "| mode | collective | size | raw | raw issue | probe − raw | safe − probe | safe − raw |"
+    )?;
+    writeln!(md, "|---|---|---|---|---|---|---|---|")?;
+    for (mode, _, splits) in &found {
+        for x in splits {
+            writeln!(
+                md,
+                "| {mode} | {} | {} | {:.2} | {:.2} | {:+.2} | {:+.2} | {:+.2} |",
+                x.coll,
+                human(x.bytes),
+                x.raw_us,
+                x.raw_issue_us,
+                x.probe_minus_raw,
+                x.safe_minus_probe,
+                x.safe_minus_raw
+            )?;
+        }
+    }
+    writeln!(md)?;
+    writeln!(
+        md,
+        "Each piece alone, ns per call (the leader's thread before the sweep, the GPU idle):\n"
+    )?;
+    for (mode, doc, _) in &found {
+        if let Some(costs) = doc["meta"]["host_costs_ns"].as_object() {
+            let cells: Vec<String> = costs
+                .iter()
+                .map(|(k, v)| {
+                    format!(
+                        "{k} {}",
+                        v.as_f64().map_or("-".into(), |x| format!("{x:.0}"))
+                    )
+                })
+                .collect();
+            writeln!(md, "- {mode}: {}", cells.join(", "))?;
+        }
+    }
+    writeln!(md)?;
+    Ok(())
+}
+
+/// The summary's keys of the split (not targets): medians over the
+/// collectives of the latency jobs in threads and processes mode, put into
+/// `summary` (a flat object); nothing without `raw_probe` rows.
+pub fn add_keys(summary: &mut Value, docs: &BTreeMap<String, Value>) {
+    let splits: Vec<ExcessSplit<'_>> = TARGET_MODES
+        .iter()
+        .filter_map(|m| docs.get(&format!("latency-{m}")))
+        .flat_map(excess_split)
+        .collect();
+    let Some(flat) = summary.as_object_mut() else {
+        return;
+    };
+    if splits.is_empty() {
+        return;
+    }
+    let median = |pick: &dyn Fn(&ExcessSplit<'_>) -> f64| {
+        let mut v: Vec<f64> = splits.iter().map(pick).filter(|x| !x.is_nan()).collect();
+        v.sort_by(f64::total_cmp);
+        // The upper one of an even count, as the reports' medians.
+        v.get(v.len() / 2).copied()
+    };
+    let keys = [
+        ("probe_minus_raw_small_us", median(&|x| x.probe_minus_raw)),
+        ("safe_minus_probe_small_us", median(&|x| x.safe_minus_probe)),
+        (
+            "raw_issue_over_time_small",
+            median(&|x| x.raw_issue_us / x.raw_us),
+        ),
+    ];
+    for (key, v) in keys {
+        flat.insert(key.into(), json!(v));
+    }
+}
