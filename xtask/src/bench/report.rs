@@ -26,9 +26,11 @@ pub fn report(dir: &Path) -> Result<()> {
     }
     let mut md = String::new();
     let mut misses: Vec<String> = Vec::new();
+    // The first document that names the library (not every phase's does).
     let meta = docs
         .values()
-        .next()
+        .find(|d| d["meta"]["nccl"].is_string())
+        .or_else(|| docs.values().next())
         .map(|d| d["meta"].clone())
         .unwrap_or_default();
     writeln!(md, "# Bench report\n")?;
