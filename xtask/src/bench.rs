@@ -28,7 +28,8 @@
 //! - `setup`: communicator init, a 2×2 `DeviceMesh` and the first
 //!   all_reduce on each axis (each mode, and threads with nonblocking
 //!   communicators; first cold then warm: five warm reps in each blocking
-//!   mode, three elsewhere). The span columns split world
+//!   mode, two in the nonblocking and keeps-world jobs, and one rep of a
+//!   fresh process in each `setup-processes-fresh-*` job). The span columns split world
 //!   and mesh by the crates' `tracing` spans. With `--python PATH` (a
 //!   Python with PyTorch), PyTorch's equivalents run on the same GPUs in
 //!   the same run (`python/examples/torch_setup.py`, a process per GPU:

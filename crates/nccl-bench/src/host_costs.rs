@@ -1,6 +1,9 @@
 //! What the host pays for the pieces a call through the typed API adds to
-//! NCCL's own: each driver call, clock read and lock the enqueue path makes,
-//! timed alone on the rank's own stream and context, in nanoseconds. The
+//! NCCL's own: the driver calls the enqueue path makes (the capture status,
+//! the context binding), a clock read, a lock and an `Arc` clone, and for
+//! comparison the ones the watchdog and cudarc's event tracking make
+//! (stream and event queries, an event record), each timed alone on the
+//! rank's own stream and context, in nanoseconds. The
 //! latency sweep writes them into its JSON's `meta.host_costs_ns`, beside
 //! each row's `issue_us` (the issuing loop alone), so the per-call excess
 //! of the safe and dist layers can be read against its parts.

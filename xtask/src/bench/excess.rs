@@ -73,7 +73,7 @@ pub fn excess_section(md: &mut String, docs: &BTreeMap<String, Value>) -> Result
         md,
         "### Where the per-call excess goes
 
-At each collective's smallest size, out of place, µs per call (paired medians over rounds). raw issue: raw's issuing loop alone, per call; equal to raw's time, the loop is bound by the host, so every cost on the issuing thread shows in full. probe − raw: `raw_probe` (raw plus the driver calls the typed path makes per call: the stream's capture status and the context binding) over raw. safe − probe: the rest of the safe layer's excess, its own code.\n"
+At each collective's smallest size, out of place, µs per call. raw and raw issue are medians over rounds; the differences are paired medians over rounds (each round's difference), so they need not add up. raw issue: raw's issuing loop alone, per call; where it equals raw's time the loop is bound by the host, and every cost on the issuing thread shows in full. probe − raw: `raw_probe` (raw plus one capture-status query and one context binding before each call, the driver calls a typed collective makes) over raw. safe − probe: the rest of the safe layer's excess, its own code. The typed send_recv and the send/recv forms make more driver calls than the probe (a capture check per part and one at the group's end), so on their rows probe − raw counts too few and safe − probe too many.\n"
     )?;
     writeln!(
         md,
@@ -136,7 +136,7 @@ pub fn add_keys(summary: &mut Value, docs: &BTreeMap<String, Value>) {
     let median = |pick: &dyn Fn(&ExcessSplit<'_>) -> f64| {
         let mut v: Vec<f64> = splits.iter().map(pick).filter(|x| !x.is_nan()).collect();
         v.sort_by(f64::total_cmp);
-        // The upper one of an even count, as the reports' medians.
+        // The upper one of an even count, as the set-up medians take it.
         v.get(v.len() / 2).copied()
     };
     let keys = [
@@ -149,5 +149,72 @@ pub fn add_keys(summary: &mut Value, docs: &BTreeMap<String, Value>) {
     ];
     for (key, v) in keys {
         flat.insert(key.into(), json!(v));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(layer: &str, bytes: u64, rounds: &[f64], issue: f64) -> Value {
+        json!({
+            "coll": "all_reduce", "bytes": bytes, "in_place": false, "mode": "threads",
+            "graph": false, "layer": layer, "time_us": rounds[rounds.len() / 2],
+            "rounds_us": rounds, "issue_us": issue,
+        })
+    }
+
+    #[test]
+    fn splits_the_smallest_size_by_paired_rounds_and_adds_the_medians() {
+        let doc = json!({ "results": [
+            row("raw", 8, &[10.0, 11.0, 12.0], 10.9),
+            row("raw_probe", 8, &[10.1, 11.1, 12.2], 11.0),
+            row("safe", 8, &[10.6, 11.5, 12.9], 11.4),
+            // A larger size is not the collective's smallest: left out.
+            row("raw", 64, &[20.0, 20.0, 20.0], 20.0),
+            row("raw_probe", 64, &[25.0, 25.0, 25.0], 25.0),
+            row("safe", 64, &[30.0, 30.0, 30.0], 30.0),
+        ]});
+        let splits = excess_split(&doc);
+        assert_eq!(splits.len(), 1);
+        let x = &splits[0];
+        assert_eq!((x.coll, x.bytes), ("all_reduce", 8));
+        assert!(
+            (x.probe_minus_raw - 0.1).abs() < 1e-9,
+            "{}",
+            x.probe_minus_raw
+        );
+        assert!(
+            (x.safe_minus_probe - 0.5).abs() < 1e-9,
+            "{}",
+            x.safe_minus_probe
+        );
+        assert!(
+            (x.safe_minus_raw - 0.6).abs() < 1e-9,
+            "{}",
+            x.safe_minus_raw
+        );
+        assert!((x.raw_issue_us - 10.9).abs() < 1e-9);
+
+        let mut docs = BTreeMap::new();
+        docs.insert("latency-threads".to_string(), doc);
+        let mut summary = json!({});
+        add_keys(&mut summary, &docs);
+        assert!((summary["probe_minus_raw_small_us"].as_f64().unwrap() - 0.1).abs() < 1e-9);
+        assert!((summary["safe_minus_probe_small_us"].as_f64().unwrap() - 0.5).abs() < 1e-9);
+        assert!(
+            (summary["raw_issue_over_time_small"].as_f64().unwrap() - 10.9 / 11.0).abs() < 1e-9
+        );
+    }
+
+    #[test]
+    fn no_probe_rows_add_no_keys() {
+        let doc = json!({ "results": [row("raw", 8, &[1.0], 1.0), row("safe", 8, &[2.0], 2.0)] });
+        assert!(excess_split(&doc).is_empty());
+        let mut docs = BTreeMap::new();
+        docs.insert("latency-processes".to_string(), doc);
+        let mut summary = json!({});
+        add_keys(&mut summary, &docs);
+        assert_eq!(summary, json!({}));
     }
 }

@@ -185,8 +185,9 @@ impl<'a> OnStream<'_, 'a> {
         op: Op,
         accesses: impl IntoIterator<Item = Access<'a>>,
     ) -> Result<()> {
-        // The span only where trace level can be on: building a disabled
-        // one still runs its callsite's checks on every call.
+        // The span only where trace level can be on: the hot path skips
+        // picking the kind's span, recording its fields and entering a
+        // disabled span.
         let _span = tracing::level_enabled!(tracing::Level::TRACE).then(|| op.span().entered());
         // One branch on a `Cell` unless the observer checks calls.
         if self.comm.checks_before.get()
