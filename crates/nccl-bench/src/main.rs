@@ -348,10 +348,13 @@ fn sweep<T: Elem>(
     let total = opts.ops.len() * sizes.len();
     let mut records = Vec::new();
     let mut step = 0;
-    // Before any timed call, while the other ranks wait at the first
-    // barrier: the host's cost of each piece of the enqueue path.
-    let host_costs = if leader {
+    if leader {
         print_preamble::<T>(opts, comms, n)?;
+    }
+    // Before any timed call, while the other ranks wait at the first
+    // barrier: the host's cost of each piece of the enqueue path, only
+    // where the JSON that keeps it is written.
+    let host_costs = if leader && opts.json.is_some() {
         host_costs::measure(comms[0].stream())?
     } else {
         Value::Null

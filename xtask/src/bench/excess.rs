@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 use crate::Result;
 use crate::bench::json::{f, results, s, same};
-use crate::bench::summary::{TARGET_MODES, human, paired_excess, smallest};
+use crate::bench::summary::{TARGET_MODES, human, paired_excess, smallest, upper_median};
 
 /// Where one collective's per-call excess goes, at its smallest size, out
 /// of place (a latency job with the `raw_probe` layer): the driver calls the
@@ -134,10 +134,7 @@ pub fn add_keys(summary: &mut Value, docs: &BTreeMap<String, Value>) {
         return;
     }
     let median = |pick: &dyn Fn(&ExcessSplit<'_>) -> f64| {
-        let mut v: Vec<f64> = splits.iter().map(pick).filter(|x| !x.is_nan()).collect();
-        v.sort_by(f64::total_cmp);
-        // The upper one of an even count, as the set-up medians take it.
-        v.get(v.len() / 2).copied()
+        upper_median(splits.iter().map(pick).filter(|x| !x.is_nan()).collect())
     };
     let keys = [
         ("probe_minus_raw_small_us", median(&|x| x.probe_minus_raw)),

@@ -45,7 +45,7 @@ fn warm_median(doc: &Value, key: &str) -> Option<(f64, usize)> {
 
 /// The middle value (the upper one of an even count), as the reports'
 /// medians take it; `None` for no value.
-fn upper_median(mut v: Vec<f64>) -> Option<f64> {
+pub fn upper_median(mut v: Vec<f64>) -> Option<f64> {
     v.sort_by(f64::total_cmp);
     v.get(v.len() / 2).copied()
 }
