@@ -78,6 +78,9 @@ What to run:
                                    step in raw nccl-sys calls, interleaved (-n steps
                                    per measurement, -w warm-up steps, --rounds);
                                    threads or processes mode
+  --step-raw-mesh                  with --step: a third side, the raw calls on the
+                                   mesh's own communicators and stream (splits
+                                   default − raw into NCCL's part and ours)
   --async                          time awaiting an 8 B all_reduce (Completion)
                                    against a blocking stream sync, the waker
                                    thread's CPU share, and requests/s with 64 in
@@ -140,6 +143,7 @@ pub struct Opts {
     pub setup: bool,
     pub setup_reps: usize,
     pub step_phase: bool,
+    pub step_raw_mesh: bool,
     pub async_phase: bool,
     pub recover_phase: bool,
     pub small_phase: bool,
@@ -179,6 +183,7 @@ impl Default for Opts {
             setup: false,
             setup_reps: 3,
             step_phase: false,
+            step_raw_mesh: false,
             async_phase: false,
             recover_phase: false,
             small_phase: false,
@@ -234,6 +239,7 @@ const FLAGS: &[Flag] = &[
     switch(&["--setup"]),
     value(&["--setup-reps"]),
     switch(&["--step"]),
+    switch(&["--step-raw-mesh"]),
     switch(&["--async"]),
     switch(&["--recover"]),
     switch(&["--small"]),
@@ -360,6 +366,7 @@ pub fn parse(args: &[String]) -> Result<Option<Opts>, String> {
         setup: p.has("--setup"),
         setup_reps: whole("--setup-reps", d.setup_reps)?,
         step_phase: p.has("--step"),
+        step_raw_mesh: p.has("--step-raw-mesh"),
         async_phase: p.has("--async"),
         recover_phase: p.has("--recover"),
         small_phase: p.has("--small"),
@@ -392,6 +399,9 @@ pub fn parse(args: &[String]) -> Result<Option<Opts>, String> {
     ];
     if phases.iter().filter(|&&on| on).count() > 1 {
         return Err("--setup, --step, --async, --recover and --small are separate runs".into());
+    }
+    if o.step_raw_mesh && !o.step_phase {
+        return Err("--step-raw-mesh goes with --step".into());
     }
     if o.gpus == Some(0) {
         return Err("--gpus must be at least 1".into());
@@ -457,6 +467,7 @@ mod tests {
             &["--mode", "both"],
             &["--ops", "all_reduce,nope"],
             &["--setup", "--step"],
+            &["--step-raw-mesh"],
         ] {
             assert!(opts(bad).is_err(), "{bad:?}");
         }

@@ -31,10 +31,18 @@
 //!   defaults (`Config::new()`, no watchdog) with the mesh's colors and
 //!   keys, driven through their raw handles with nccl-sys function
 //!   pointers, on the raw whole communicator's stream.
+//! - `raw_mesh` (only with `--step-raw-mesh`): the raw side's calls on the
+//!   mesh's own communicators and stream, through their raw handles. It
+//!   splits default − raw into what NCCL does differently on the mesh's
+//!   communicators (raw_mesh − raw) and what our layers add per call
+//!   (default − raw_mesh).
 //!
 //! Each round times `-n` steps of each side after `-w` warm-up steps
-//! (sides alternate which goes first); the time of a round is the slowest
-//! rank's; the report takes the median over `--rounds`. Inputs are small
+//! (sides take turns going first); the time of a round is the slowest
+//! rank's; the report takes the median over `--rounds`. Each side also
+//! reports its issue time: the issuing loop alone, per step, before the
+//! wait for the GPU (equal to the step's time where the host is the
+//! bound). Inputs are small
 //! integers (1 to 5, by rank, buffer and element), so every sum and the
 //! average by a power of two are exact in bf16 and f32. After the timing
 //! both sides run one more step on fresh inputs; their outputs are copied
@@ -181,14 +189,47 @@ fn wait(stream: &CudaStream, opts: &Opts, comms: &[&Comm]) -> Result<()> {
     }
 }
 
-/// What one rank measured: per round, seconds per step and allocations
-/// per step (process-wide) of each side, and the check's counts.
+/// The sides of the step, in the order of a round's values.
+const SIDES: [&str; 3] = ["default", "raw", "raw_mesh"];
+/// Values per side in a round: seconds per step, allocations per step
+/// (process-wide), seconds per step of the issuing loop alone.
+const PER_SIDE: usize = 3;
+
+/// What one rank measured: per round, `PER_SIDE` values for each side
+/// run, and the check's counts.
 struct Measured {
-    /// [default s, raw s, default allocs, raw allocs] per round.
-    rounds: Vec<[f64; 4]>,
+    rounds: Vec<Vec<f64>>,
     wrong_default: u64,
     wrong_raw: u64,
     differ: u64,
+}
+
+/// Makes a host-immediate PreMulSum(`scale`) on `comm` through nccl-sys.
+fn premul(f: &Fns, comm: &Comm, scale: f32) -> Result<ncclRedOp_t> {
+    let mut avg = ncclRedOp_t::ncclSum;
+    let mut scalar = scale;
+    // SAFETY: `scalar` is one f32 on the host, read before the call
+    // returns; the handle is held for the call.
+    let created = unsafe {
+        comm.with_raw(|c| {
+            (f.premul_create)(
+                &mut avg,
+                (&mut scalar as *mut f32).cast(),
+                f32::DATATYPE,
+                ncclScalarResidence_t::ncclScalarHostImmediate,
+                c,
+            )
+        })
+    }?;
+    ok("ncclRedOpCreatePreMulSum", created)?;
+    Ok(avg)
+}
+
+/// Destroys `op`, made by [`premul`] on `comm`, whose last use returned.
+fn destroy_premul(f: &Fns, comm: &Comm, op: ncclRedOp_t) -> Result<()> {
+    // SAFETY: made on `comm` by `premul`; the handle is held for the call.
+    let destroyed = unsafe { comm.with_raw(|c| (f.premul_destroy)(op, c)) };
+    ok("ncclRedOpDestroy", destroyed?)
 }
 
 /// The step on one rank (a thread or a process per rank); `host` is the
@@ -259,31 +300,32 @@ fn per_rank(world: &World, host: &HostBarrier, opts: &Opts) -> Result<Option<Val
         prev,
     };
     let f = Fns::load()?;
-    let mut avg = ncclRedOp_t::ncclSum;
-    let mut scalar = scale;
-    // SAFETY: `scalar` is one f32 on the host, read before the call
-    // returns; the handle is held for the call.
-    let created = unsafe {
-        raw_dp.with_raw(|dp| {
-            (f.premul_create)(
-                &mut avg,
-                (&mut scalar as *mut f32).cast(),
-                f32::DATATYPE,
-                ncclScalarResidence_t::ncclScalarHostImmediate,
-                dp,
-            )
-        })
-    }?;
-    ok("ncclRedOpCreatePreMulSum", created)?;
     let raw = Raw {
+        avg: premul(&f, &raw_dp, scale)?,
         f,
         dp: Cell::new(std::ptr::null_mut()),
         tp: Cell::new(std::ptr::null_mut()),
         stream: rs.cu_stream() as cudaStream_t,
-        avg,
         next: next as i32,
         prev: prev as i32,
         l,
+    };
+    // `--step-raw-mesh`: the same raw calls on the mesh's communicators
+    // and stream (default's buffers), nothing of ours per call.
+    let raw_mesh = if opts.step_raw_mesh {
+        let f = Fns::load()?;
+        Some(Raw {
+            avg: premul(&f, mdp, scale)?,
+            f,
+            dp: Cell::new(std::ptr::null_mut()),
+            tp: Cell::new(std::ptr::null_mut()),
+            stream: ds.cu_stream() as cudaStream_t,
+            next: next as i32,
+            prev: prev as i32,
+            l,
+        })
+    } else {
+        None
     };
     let all: [&Comm; 6] = [mdp, mtp, mesh.comm(), &raw_dp, &raw_tp, &raw_whole];
 
@@ -293,37 +335,44 @@ fn per_rank(world: &World, host: &HostBarrier, opts: &Opts) -> Result<Option<Val
         db.reset(&ds, &l, me)?;
         rb.reset(&rs, &l, me)?;
         let rp = Ptrs::of(&rb, &rs);
+        let dpt = Ptrs::of(&db, &ds);
+        let sides = if raw_mesh.is_some() { 3 } else { 2 };
         let mut rounds = Vec::with_capacity(opts.rounds);
         for round in 0..opts.rounds {
-            let mut row = [0.0; 4];
-            let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
-            for side in order {
+            let mut row = vec![0.0; sides * PER_SIDE];
+            // Sides take turns going first.
+            for k in 0..sides {
+                let side = (round + k) % sides;
                 // Everyone idle and here, then warm up, then time.
                 wait(&ds, opts, &all)?;
                 wait(&rs, opts, &all)?;
                 nccl_dist::Communicator::barrier(&raw_whole)?;
-                let one = |b: &mut Bufs| -> Result<()> {
-                    if side == 0 {
-                        default.step(b)
-                    } else {
-                        // SAFETY: `rp` are `rb`'s addresses; `rb` lives
-                        // until after the last wait below.
-                        unsafe { raw.step(&rp) }
-                    }
-                };
-                // `n` steps; the raw side's inside one hold of its handles.
+                // `n` steps; a raw side's inside one hold of its handles.
                 let run = |n: usize, b: &mut Bufs| -> Result<()> {
-                    let mut go = || (0..n).try_for_each(|_| one(b));
-                    if side == 0 {
-                        go()
-                    } else {
-                        raw.holding(&raw_dp, &raw_tp, go)
+                    match (side, &raw_mesh) {
+                        (0, _) => (0..n).try_for_each(|_| default.step(b)),
+                        (1, _) => raw.holding(&raw_dp, &raw_tp, || {
+                            (0..n).try_for_each(|_| {
+                                // SAFETY: `rp` are `rb`'s addresses; `rb`
+                                // lives until after the last wait below.
+                                unsafe { raw.step(&rp) }
+                            })
+                        }),
+                        (_, Some(m)) => m.holding(mdp, mtp, || {
+                            (0..n).try_for_each(|_| {
+                                // SAFETY: `dpt` are `db`'s addresses, used
+                                // on `ds` only; `db` lives until after the
+                                // last wait below.
+                                unsafe { m.step(&dpt) }
+                            })
+                        }),
+                        (_, None) => Err("no raw_mesh side".into()),
                     }
                 };
-                let (b, s) = if side == 0 {
-                    (&mut db, &ds)
-                } else {
+                let (b, s) = if side == 1 {
                     (&mut rb, &rs)
+                } else {
+                    (&mut db, &ds)
                 };
                 run(opts.warmup, b)?;
                 wait(s, opts, &all)?;
@@ -333,16 +382,19 @@ fn per_rank(world: &World, host: &HostBarrier, opts: &Opts) -> Result<Option<Val
                 host.wait()?;
                 let t0 = Instant::now();
                 let issued = run(opts.iters, b);
+                let issue = t0.elapsed();
                 host.wait()?;
                 let allocs = alloc::process() - a0;
                 // Nobody moves on (and allocates) before all have read.
                 host.wait()?;
                 issued?;
                 wait(s, opts, &all)?;
-                row[side] = t0.elapsed().as_secs_f64() / opts.iters as f64;
+                let at = side * PER_SIDE;
+                row[at] = t0.elapsed().as_secs_f64() / opts.iters as f64;
                 // Per step of this process: its rank threads each ran
                 // `iters` steps.
-                row[2 + side] = allocs as f64 / (opts.iters * host.threads()) as f64;
+                row[at + 1] = allocs as f64 / (opts.iters * host.threads()) as f64;
+                row[at + 2] = issue.as_secs_f64() / opts.iters as f64;
             }
             rounds.push(row);
         }
@@ -392,11 +444,14 @@ fn per_rank(world: &World, host: &HostBarrier, opts: &Opts) -> Result<Option<Val
             differ,
         })
     })();
-    // SAFETY: made on `raw_dp` above; its last use has returned; the
-    // handle is held for the call.
-    let destroyed = unsafe { raw_dp.with_raw(|dp| (raw.f.premul_destroy)(raw.avg, dp)) };
+    let destroyed = destroy_premul(&raw.f, &raw_dp, raw.avg);
+    let destroyed_mesh = match &raw_mesh {
+        Some(m) => destroy_premul(&m.f, mdp, m.avg),
+        None => Ok(()),
+    };
     let m = measured?;
-    ok("ncclRedOpDestroy", destroyed?)?;
+    destroyed?;
+    destroyed_mesh?;
 
     // The slowest rank's time per round; counts summed over ranks.
     let mut flat: Vec<f64> = m.rounds.iter().flatten().copied().collect();
@@ -415,11 +470,13 @@ fn per_rank(world: &World, host: &HostBarrier, opts: &Opts) -> Result<Option<Val
     if me != 0 {
         return Ok(None);
     }
+    let sides = max.len() / (opts.rounds * PER_SIDE);
     Ok(Some(report(
         opts,
         n,
         &l,
         &max,
+        sides,
         &sums,
         world.watchdog().is_some(),
     )?))
@@ -438,20 +495,28 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// Prints the result and builds the JSON (rank 0).
+/// Prints the result and builds the JSON (rank 0); `max` holds, per
+/// round, `PER_SIDE` values for each of the first `sides` of [`SIDES`].
 fn report(
     opts: &Opts,
     n: usize,
     l: &Layout,
     max: &[f64],
+    sides: usize,
     sums: &[f64],
     watchdog: bool,
 ) -> Result<Value> {
-    let rounds: Vec<&[f64]> = max.chunks(4).collect();
-    let col = |i: usize| rounds.iter().map(|r| r[i]).collect::<Vec<f64>>();
-    let (d, r) = (median(col(0)), median(col(1)));
-    let allocs_default = col(2).into_iter().fold(0.0, f64::max);
-    let allocs_raw = col(3).into_iter().fold(0.0, f64::max);
+    let rounds: Vec<&[f64]> = max.chunks(sides * PER_SIDE).collect();
+    let col = |side: usize, i: usize| {
+        rounds
+            .iter()
+            .map(|r| r[side * PER_SIDE + i])
+            .collect::<Vec<f64>>()
+    };
+    let time = |side: usize| median(col(side, 0));
+    let allocs = |side: usize| col(side, 1).into_iter().fold(0.0, f64::max);
+    let issue = |side: usize| median(col(side, 2));
+    let (d, r) = (time(0), time(1));
     let (wrong_default, wrong_raw, differ) = (sums[0] as u64, sums[1] as u64, sums[2] as u64);
     let lib = Library::get()?;
     println!(
@@ -466,21 +531,63 @@ fn report(
         if watchdog { "on" } else { "off" },
     );
     println!(
-        "# {:>8} {:>14} {:>14} {:>10} {:>8} {:>8}",
-        "side", "median(us)", "min(us)", "allocs/step", "#wrong", "#differ"
+        "# {:>8} {:>14} {:>14} {:>14} {:>10} {:>8} {:>8}",
+        "side", "median(us)", "min(us)", "issue(us)", "allocs/step", "#wrong", "#differ"
     );
     let min = |v: Vec<f64>| v.into_iter().fold(f64::INFINITY, f64::min);
-    for (name, t, lo, a, w) in [
-        ("default", d, min(col(0)), allocs_default, wrong_default),
-        ("raw", r, min(col(1)), allocs_raw, wrong_raw),
-    ] {
+    for (side, name) in SIDES.iter().enumerate().take(sides) {
+        let w = match side {
+            0 => wrong_default.to_string(),
+            1 => wrong_raw.to_string(),
+            _ => "-".to_string(),
+        };
         println!(
-            "  {name:>8} {:>14.2} {:>14.2} {a:>10.3} {w:>8} {differ:>8}",
-            t * 1e6,
-            lo * 1e6
+            "  {name:>8} {:>14.2} {:>14.2} {:>14.2} {:>10.3} {w:>8} {differ:>8}",
+            time(side) * 1e6,
+            min(col(side, 0)) * 1e6,
+            issue(side) * 1e6,
+            allocs(side),
         );
     }
     println!("# default / raw = {:.4}", d / r);
+    let us = |v: Vec<f64>| v.iter().map(|x| x * 1e6).collect::<Vec<_>>();
+    let mut step = json!({
+        "default_us": d * 1e6,
+        "raw_us": r * 1e6,
+        "default_over_raw": d / r,
+        "default_rounds_us": us(col(0, 0)),
+        "raw_rounds_us": us(col(1, 0)),
+        "default_issue_us": issue(0) * 1e6,
+        "raw_issue_us": issue(1) * 1e6,
+        "allocs_per_step_default": allocs(0),
+        "allocs_per_step_raw": allocs(1),
+        "allocs_per_call_default": allocs(0) / CALLS_PER_STEP as f64,
+        "wrong_default": wrong_default,
+        "wrong_raw": wrong_raw,
+        "differ": differ,
+    });
+    if sides > 2 {
+        // Paired by round: each round's difference, then the median.
+        let paired = |a: usize, b: usize| {
+            median(
+                col(a, 0)
+                    .iter()
+                    .zip(col(b, 0))
+                    .map(|(x, y)| (x - y) * 1e6)
+                    .collect(),
+            )
+        };
+        step["raw_mesh_us"] = json!(time(2) * 1e6);
+        step["raw_mesh_issue_us"] = json!(issue(2) * 1e6);
+        step["raw_mesh_rounds_us"] = json!(us(col(2, 0)));
+        step["raw_mesh_minus_raw_us"] = json!(paired(2, 1));
+        step["default_minus_raw_mesh_us"] = json!(paired(0, 2));
+        println!(
+            "# raw_mesh - raw = {:+.2} us, default - raw_mesh = {:+.2} us (paired medians)",
+            paired(2, 1),
+            paired(0, 2)
+        );
+    }
     let doc = json!({
         "meta": {
             "step": true,
@@ -495,20 +602,9 @@ fn report(
             "default_watchdog": watchdog,
             "calls_per_step": CALLS_PER_STEP,
             "ops": l.describe(),
+            "sides": &SIDES[..sides],
         },
-        "step": {
-            "default_us": d * 1e6,
-            "raw_us": r * 1e6,
-            "default_over_raw": d / r,
-            "default_rounds_us": col(0).iter().map(|x| x * 1e6).collect::<Vec<_>>(),
-            "raw_rounds_us": col(1).iter().map(|x| x * 1e6).collect::<Vec<_>>(),
-            "allocs_per_step_default": allocs_default,
-            "allocs_per_step_raw": allocs_raw,
-            "allocs_per_call_default": allocs_default / CALLS_PER_STEP as f64,
-            "wrong_default": wrong_default,
-            "wrong_raw": wrong_raw,
-            "differ": differ,
-        },
+        "step": step,
     });
     if let Some(path) = &opts.json {
         std::fs::write(path, serde_json::to_string_pretty(&doc)?)
