@@ -41,7 +41,9 @@
 //!   `world_over_torch` divide by them.
 //! - `step`: the training-like step over a 2-D `DeviceMesh` (the bench's
 //!   `crates/nccl-bench/src/step/`), default options against raw nccl-sys, 500 steps per
-//!   measurement, 11 interleaved rounds, threads and processes. With
+//!   measurement, 11 interleaved rounds, threads and processes, with the
+//!   `raw_mesh` side (raw calls on the mesh's own communicators) that
+//!   splits the excess into NCCL's part and ours. With
 //!   `--python PATH`, the same step in PyTorch on a `DeviceMesh` of the
 //!   same shape (`python/examples/torch_step.py`, a process per GPU, same
 //!   GPUs, same run): the summary's `step_over_torch`.
@@ -246,7 +248,7 @@ fn jobs(o: &Options) -> Vec<Job> {
             jobs.push(Job {
                 name: format!("step-{mode}"),
                 mode,
-                args: w("--step -n 500 -w 50 --rounds 11"),
+                args: w("--step --step-raw-mesh -n 500 -w 50 --rounds 11"),
             });
         }
     }

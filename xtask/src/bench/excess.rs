@@ -53,6 +53,49 @@ pub fn excess_split(doc: &Value) -> Vec<ExcessSplit<'_>> {
         .collect()
 }
 
+/// Where the step's excess over raw goes, for step jobs run with
+/// `--step-raw-mesh`: the raw calls on the mesh's own communicators and
+/// stream against raw's (NCCL's part) and the default side against them
+/// (what our layers add per step); each side's issuing loop beside its
+/// time says whether the host is the bound.
+pub fn step_split_section(md: &mut String, found: &[(&str, &Value)]) -> Result<()> {
+    let with: Vec<&(&str, &Value)> = found
+        .iter()
+        .filter(|(_, d)| d["step"]["raw_mesh_us"].is_f64())
+        .collect();
+    if with.is_empty() {
+        return Ok(());
+    }
+    writeln!(
+        md,
+        "Where the default side's excess goes: `raw_mesh` is the raw side's calls on the mesh's own communicators and stream (what NCCL does there, nothing of ours per call). Differences are paired medians over rounds; issue is the issuing loop alone, per step (equal to the step's time where the host is the bound).\n"
+    )?;
+    writeln!(
+        md,
+        "| mode | default (issue) | raw (issue) | raw_mesh (issue) | raw_mesh − raw | default − raw_mesh | per call |"
+    )?;
+    writeln!(md, "|---|---|---|---|---|---|---|")?;
+    for (mode, doc) in with {
+        let st = &doc["step"];
+        let calls = doc["meta"]["calls_per_step"].as_f64().unwrap_or(f64::NAN);
+        writeln!(
+            md,
+            "| {mode} | {:.2} ({:.2}) | {:.2} ({:.2}) | {:.2} ({:.2}) | {:+.2} | {:+.2} | {:+.2} |",
+            f(st, "default_us"),
+            f(st, "default_issue_us"),
+            f(st, "raw_us"),
+            f(st, "raw_issue_us"),
+            f(st, "raw_mesh_us"),
+            f(st, "raw_mesh_issue_us"),
+            f(st, "raw_mesh_minus_raw_us"),
+            f(st, "default_minus_raw_mesh_us"),
+            f(st, "default_minus_raw_mesh_us") / calls,
+        )?;
+    }
+    writeln!(md)?;
+    Ok(())
+}
+
 /// Where the safe layer's excess over raw goes, per mode with the
 /// `raw_probe` layer: the driver calls it adds, costed inside the loop,
 /// and its own code; then what each of those calls and a few primitives

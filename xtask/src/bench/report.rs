@@ -227,6 +227,7 @@ The step of `docs/bench/README.md` (broadcast, all_reduce, all_to_all, reduce_sc
     if !found.is_empty() {
         writeln!(md)?;
     }
+    crate::bench::excess::step_split_section(md, &found)?;
     if let Some(torch) = docs.get("torch-step") {
         let mesh = &torch["meta"]["mesh"];
         writeln!(
