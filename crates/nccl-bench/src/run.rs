@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use nccl_dist::Communicator;
 use nccl_dist::DType;
+use nccl_dist::nccl_safe::cudarc::driver::result::ctx as cudarc_ctx;
 use nccl_dist::nccl_safe::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, sys};
 use nccl_dist::nccl_safe::nccl_sys::{cudaStream_t, ncclComm_t, ncclResult_t};
 use nccl_dist::nccl_safe::{Comm, GroupGuard, OnStream, OpObserver, ReduceOp};
@@ -301,10 +302,14 @@ impl<'c, T: Elem> Driver<'c, T> {
             if code != sys::CUresult::CUDA_SUCCESS {
                 return Err(format!("cuStreamIsCapturing: {code:?}").into());
             }
-            r.stream
-                .context()
-                .bind_to_thread()
-                .map_err(cuda_err("binding the context"))?;
+            // The typed path's binding: the current context compared, set
+            // only when another is current (nccl-safe's `make_current`).
+            let ctx = r.stream.context();
+            let current = cudarc_ctx::get_current().map_err(cuda_err("reading the context"))?;
+            if current != Some(ctx.cu_ctx()) {
+                ctx.bind_to_thread()
+                    .map_err(cuda_err("binding the context"))?;
+            }
         }
         Ok(())
     }

@@ -246,9 +246,7 @@ impl Shared {
                     }
                     return Err(self.aborted(op));
                 }
-                self.ctx
-                    .bind_to_thread()
-                    .map_err(|source| Error::Cuda { op, source })?;
+                make_current(&self.ctx).map_err(|source| Error::Cuda { op, source })?;
                 f(raw)
             }
             State::Aborted => return Err(self.aborted(op)),
@@ -534,5 +532,21 @@ impl crate::group::Member for Shared {
 
     fn leave_group(&self) {
         Shared::leave_group(self)
+    }
+}
+
+/// Makes `ctx` current on this thread for an NCCL call: one
+/// `cuCtxGetCurrent`, and a `cuCtxSetCurrent` when another context is
+/// current. cudarc's `bind_to_thread` also takes the error cudarc recorded
+/// from its own drops, an atomic swap (a locked instruction, a full
+/// barrier on x86) on every call; that error is cudarc's to report, at its
+/// next call that checks.
+fn make_current(ctx: &CudaContext) -> std::result::Result<(), cudarc::driver::DriverError> {
+    use cudarc::driver::result::ctx;
+    match ctx::get_current()? {
+        Some(current) if current == ctx.cu_ctx() => Ok(()),
+        // SAFETY: `ctx` is a live context (the handle keeps it); making it
+        // current changes only this thread's binding.
+        _ => unsafe { ctx::set_current(ctx.cu_ctx()) },
     }
 }
