@@ -45,9 +45,9 @@
 //! bound). Inputs are small
 //! integers (1 to 5, by rank, buffer and element), so every sum and the
 //! average by a power of two are exact in bf16 and f32. After the timing
-//! both sides run one more step on fresh inputs; their outputs are copied
-//! back and compared with the expected values and with each other, bit
-//! for bit.
+//! every side runs one more step on fresh inputs; its outputs are copied
+//! back and compared with the expected values, and raw's and raw_mesh's
+//! with default's, bit for bit.
 
 use std::cell::Cell;
 use std::sync::Arc;
@@ -201,6 +201,9 @@ struct Measured {
     rounds: Vec<Vec<f64>>,
     wrong_default: u64,
     wrong_raw: u64,
+    /// Zero without the raw_mesh side.
+    wrong_raw_mesh: u64,
+    /// Elements where raw (or raw_mesh) differs from default, bit for bit.
     differ: u64,
 }
 
@@ -409,8 +412,22 @@ fn per_rank(world: &World, host: &HostBarrier, opts: &Opts) -> Result<Option<Val
         wait(&rs, opts, &all)?;
         let want = expected(&l, &place);
         let (dout, rout) = (db.outputs(&ds)?, rb.outputs(&rs)?);
+        // The raw_mesh side on default's buffers, after default's outputs
+        // were read: the same bytes as default's, and the expected values.
+        let mout = match &raw_mesh {
+            Some(m) => {
+                db.reset(&ds, &l, me)?;
+                nccl_dist::Communicator::barrier(&raw_whole)?;
+                // SAFETY: as above.
+                m.holding(mdp, mtp, || unsafe { m.step(&dpt) })?;
+                wait(&ds, opts, &all)?;
+                Some(db.outputs(&ds)?)
+            }
+            None => None,
+        };
         let (mut wrong_default, mut wrong_raw, mut differ) = (0u64, 0u64, 0u64);
-        for ((d, r), w) in dout.iter().zip(&rout).zip(&want) {
+        let mut wrong_raw_mesh = 0u64;
+        for (i, ((d, r), w)) in dout.iter().zip(&rout).zip(&want).enumerate() {
             // Exact everywhere, except the average by 1/dp where dp is not
             // a power of two (NCCL's summation order is its own).
             let exact = d.name != "premul_avg" || dp.is_power_of_two();
@@ -436,11 +453,29 @@ fn per_rank(world: &World, host: &HostBarrier, opts: &Opts) -> Result<Option<Val
             wrong_default += wd;
             wrong_raw += wr;
             differ += df;
+            if let Some(m) = mout.as_ref().and_then(|m| m.get(i)) {
+                if m.values.len() != w.len() {
+                    return Err(
+                        format!("{}: read back the wrong number of elements", m.name).into(),
+                    );
+                }
+                let wm = m.values.iter().zip(w).filter(|(g, w)| bad(g, w)).count() as u64;
+                let dm = d.bits.iter().zip(&m.bits).filter(|(a, b)| a != b).count() as u64;
+                if wm + dm > 0 && !opts.quiet {
+                    eprintln!(
+                        "bench --step: rank {me} {}: {wm} wrong (raw_mesh), {dm} differ from default",
+                        d.name
+                    );
+                }
+                wrong_raw_mesh += wm;
+                differ += dm;
+            }
         }
         Ok(Measured {
             rounds,
             wrong_default,
             wrong_raw,
+            wrong_raw_mesh,
             differ,
         })
     })();
@@ -459,7 +494,12 @@ fn per_rank(world: &World, host: &HostBarrier, opts: &Opts) -> Result<Option<Val
     let sums = over(
         &raw_whole,
         &rs,
-        &[m.wrong_default as f64, m.wrong_raw as f64, m.differ as f64],
+        &[
+            m.wrong_default as f64,
+            m.wrong_raw as f64,
+            m.differ as f64,
+            m.wrong_raw_mesh as f64,
+        ],
         ReduceOp::Sum,
     )?;
     flat.clear();
@@ -518,6 +558,7 @@ fn report(
     let issue = |side: usize| median(col(side, 2));
     let (d, r) = (time(0), time(1));
     let (wrong_default, wrong_raw, differ) = (sums[0] as u64, sums[1] as u64, sums[2] as u64);
+    let wrong_raw_mesh = sums[3] as u64;
     let lib = Library::get()?;
     println!(
         "# nccl-rs bench --step: mode {}, {n} ranks, mesh dp={} x tp={}, NCCL {}, {} steps x {} rounds (warm-up {}), watchdog {}",
@@ -539,7 +580,7 @@ fn report(
         let w = match side {
             0 => wrong_default.to_string(),
             1 => wrong_raw.to_string(),
-            _ => "-".to_string(),
+            _ => wrong_raw_mesh.to_string(),
         };
         println!(
             "  {name:>8} {:>14.2} {:>14.2} {:>14.2} {:>10.3} {w:>8} {differ:>8}",
@@ -582,6 +623,7 @@ fn report(
         step["raw_mesh_rounds_us"] = json!(us(col(2, 0)));
         step["raw_mesh_minus_raw_us"] = json!(paired(2, 1));
         step["default_minus_raw_mesh_us"] = json!(paired(0, 2));
+        step["wrong_raw_mesh"] = json!(wrong_raw_mesh);
         println!(
             "# raw_mesh - raw = {:+.2} us, default - raw_mesh = {:+.2} us (paired medians)",
             paired(2, 1),
@@ -611,9 +653,9 @@ fn report(
             .map_err(|e| BoxError::from(format!("writing {}: {e}", path.display())))?;
         eprintln!("bench: wrote {}", path.display());
     }
-    if wrong_default + wrong_raw + differ > 0 {
+    if wrong_default + wrong_raw + wrong_raw_mesh + differ > 0 {
         return Err(format!(
-            "step check failed: {wrong_default} wrong (default), {wrong_raw} wrong (raw), {differ} elements differ between them"
+            "step check failed: {wrong_default} wrong (default), {wrong_raw} wrong (raw), {wrong_raw_mesh} wrong (raw_mesh), {differ} elements differ between the sides"
         )
         .into());
     }
