@@ -403,6 +403,11 @@ pub fn parse(args: &[String]) -> Result<Option<Opts>, String> {
     if o.step_raw_mesh && !o.step_phase {
         return Err("--step-raw-mesh goes with --step".into());
     }
+    if o.step_raw_mesh && o.nonblocking {
+        // The mesh's communicators are then nonblocking: raw calls on them
+        // would answer ncclInProgress, which the raw side does not poll.
+        return Err("--step-raw-mesh needs blocking communicators (not with --nonblocking)".into());
+    }
     if o.gpus == Some(0) {
         return Err("--gpus must be at least 1".into());
     }
@@ -468,6 +473,7 @@ mod tests {
             &["--ops", "all_reduce,nope"],
             &["--setup", "--step"],
             &["--step-raw-mesh"],
+            &["--step", "--step-raw-mesh", "--nonblocking"],
         ] {
             assert!(opts(bad).is_err(), "{bad:?}");
         }

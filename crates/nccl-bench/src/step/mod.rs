@@ -421,7 +421,11 @@ fn per_rank(world: &World, host: &HostBarrier, opts: &Opts) -> Result<Option<Val
                 // SAFETY: as above.
                 m.holding(mdp, mtp, || unsafe { m.step(&dpt) })?;
                 wait(&ds, opts, &all)?;
-                Some(db.outputs(&ds)?)
+                let out = db.outputs(&ds)?;
+                if out.len() != dout.len() {
+                    return Err("raw_mesh: read back the wrong number of outputs".into());
+                }
+                Some(out)
             }
             None => None,
         };

@@ -66,7 +66,9 @@ impl Ptrs {
     }
 }
 
-/// The raw side: blocking, unwatched communicators' handles.
+/// A raw side: the handles of blocking communicators, driven with nccl-sys
+/// calls that no observer sees (the raw side's split communicators, which
+/// nothing watches, or the mesh's own for `raw_mesh`).
 pub struct Raw {
     pub f: Fns,
     /// The handles, set while [`Raw::holding`] holds the
@@ -87,6 +89,22 @@ impl Raw {
     /// inside may call the safe API on `dp` or `tp` (it would wait for this
     /// thread).
     pub fn holding<R>(&self, dp: &Comm, tp: &Comm, f: impl FnOnce() -> Result<R>) -> Result<R> {
+        if dp.same_communicator(tp) {
+            // One rank: both axes of the mesh are its whole communicator,
+            // whose lock is taken once.
+            // SAFETY: as below.
+            let held = unsafe {
+                dp.with_raw(|d| {
+                    self.dp.set(d);
+                    self.tp.set(d);
+                    let out = f();
+                    self.dp.set(std::ptr::null_mut());
+                    self.tp.set(std::ptr::null_mut());
+                    out
+                })
+            };
+            return held?;
+        }
         // SAFETY: the handles are used only by `Raw::step` on this thread, for
         // calls the typed API would make itself, and are cleared before the
         // closures return.

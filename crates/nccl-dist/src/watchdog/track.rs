@@ -240,6 +240,21 @@ impl Tracker {
             self.mark(open.first, open.last, OpState::Untracked, None);
             return;
         }
+        // A capture that began between the check above and the record may
+        // hold the record, and `retire` trusts a batch's event without
+        // asking it when a later one on the stream finished. Asked again:
+        // capturing now, the event is trusted for nothing and never reused
+        // (a graph may refer to it, so it is left allocated).
+        let mut after = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: as for the first query.
+        let queried = unsafe { sys::cuStreamIsCapturing(open.stream as _, &mut after) };
+        if queried != sys::CUresult::CUDA_SUCCESS
+            || after != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
+        {
+            std::mem::forget(event);
+            self.mark(open.first, open.last, OpState::Untracked, None);
+            return;
+        }
         self.batches.push_back(Batch {
             first: open.first,
             last: open.last,
@@ -260,16 +275,22 @@ impl Tracker {
     /// its stream finishes as a prefix: its first batch is asked, then its
     /// last, then a binary search between them finds the end of the
     /// prefix. A burst costs two queries per poll, a stall one, and a long
-    /// backlog O(log n).
+    /// backlog O(log n). Only a stream the watch keeps alive counts as one
+    /// stream for a run: another's handle may be reused by a new stream
+    /// meanwhile, and the per-thread default stream has one handle on
+    /// every thread. A batch on any other stream is asked by itself.
     pub(super) fn retire(&mut self) -> bool {
         let mut any = false;
         while let Some(front) = self.batches.front() {
             let stream = front.stream;
-            let run = self
-                .batches
-                .iter()
-                .take_while(|b| b.stream == stream)
-                .count();
+            let run = if self.one_stream(stream) {
+                self.batches
+                    .iter()
+                    .take_while(|b| b.stream == stream)
+                    .count()
+            } else {
+                1
+            };
             let done = match self.finished_prefix(run) {
                 Some(done) => done,
                 // The driver cannot answer for one of them (an event
@@ -304,6 +325,13 @@ impl Tracker {
         any
     }
 
+    /// Whether the batches on `stream` are known to be on one stream (see
+    /// [`Tracker::retire`]): a stream the watch keeps alive, other than
+    /// the legacy and per-thread default streams' special handles.
+    fn one_stream(&self, stream: cudaStream_t) -> bool {
+        (stream as usize) > 2 && self.kept.contains(&stream)
+    }
+
     /// Whether batch `i` finished; `None` when the driver cannot say.
     fn finished(&self, i: usize) -> Option<bool> {
         self.batches.get(i)?.event.try_is_complete().ok()
@@ -322,6 +350,9 @@ impl Tracker {
 fn finished_prefix(run: usize, finished: impl Fn(usize) -> Option<bool>) -> Option<usize> {
     if run == 0 || !finished(0)? {
         return Some(0);
+    }
+    if run == 1 {
+        return Some(1);
     }
     if finished(run - 1)? {
         return Some(run);
@@ -381,6 +412,9 @@ mod tests {
                 }
                 if done == run && run > 0 {
                     assert!(asked.get() <= 2);
+                }
+                if run == 1 {
+                    assert_eq!(asked.get(), 1, "a batch alone is asked once");
                 }
             }
         }
