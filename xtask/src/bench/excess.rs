@@ -257,4 +257,27 @@ mod tests {
         add_keys(&mut summary, &docs);
         assert_eq!(summary, json!({}));
     }
+
+    #[test]
+    fn the_step_split_has_a_row_per_job_with_raw_mesh_only() {
+        let with = json!({
+            "meta": {"calls_per_step": 9},
+            "step": {
+                "default_us": 90.0, "default_issue_us": 89.9, "raw_us": 80.0, "raw_issue_us": 79.9,
+                "raw_mesh_us": 80.5, "raw_mesh_issue_us": 80.4,
+                "raw_mesh_minus_raw_us": 0.5, "default_minus_raw_mesh_us": 9.0,
+            },
+        });
+        let without = json!({"meta": {}, "step": {"default_us": 90.0, "raw_us": 80.0}});
+        let mut md = String::new();
+        step_split_section(&mut md, &[("processes", &without)]).unwrap();
+        assert!(md.is_empty(), "no raw_mesh side, no table: {md}");
+        step_split_section(&mut md, &[("threads", &with), ("processes", &without)]).unwrap();
+        let rows: Vec<&str> = md.lines().filter(|l| l.starts_with("| threads")).collect();
+        assert_eq!(
+            rows,
+            ["| threads | 90.00 (89.90) | 80.00 (79.90) | 80.50 (80.40) | +0.50 | +9.00 | +1.00 |"]
+        );
+        assert!(!md.contains("| processes"));
+    }
 }
