@@ -302,31 +302,26 @@ fn per_rank(world: &World, host: &HostBarrier, opts: &Opts) -> Result<Option<Val
         next,
         prev,
     };
-    let f = Fns::load()?;
-    let raw = Raw {
-        avg: premul(&f, &raw_dp, scale)?,
-        f,
-        dp: Cell::new(std::ptr::null_mut()),
-        tp: Cell::new(std::ptr::null_mut()),
-        stream: rs.cu_stream() as cudaStream_t,
-        next: next as i32,
-        prev: prev as i32,
-        l,
-    };
-    // `--step-raw-mesh`: the same raw calls on the mesh's communicators
-    // and stream (default's buffers), nothing of ours per call.
-    let raw_mesh = if opts.step_raw_mesh {
+    // A raw side on `dp`'s and `tp`'s handles (set while held) and
+    // `stream`, with its own PreMulSum on `dp`.
+    let raw_side = |dp: &Comm, stream: &CudaStream| -> Result<Raw> {
         let f = Fns::load()?;
-        Some(Raw {
-            avg: premul(&f, mdp, scale)?,
+        Ok(Raw {
+            avg: premul(&f, dp, scale)?,
             f,
             dp: Cell::new(std::ptr::null_mut()),
             tp: Cell::new(std::ptr::null_mut()),
-            stream: ds.cu_stream() as cudaStream_t,
+            stream: stream.cu_stream() as cudaStream_t,
             next: next as i32,
             prev: prev as i32,
             l,
         })
+    };
+    let raw = raw_side(&raw_dp, &rs)?;
+    // `--step-raw-mesh`: the same raw calls on the mesh's communicators
+    // and stream (default's buffers), nothing of ours per call.
+    let raw_mesh = if opts.step_raw_mesh {
+        Some(raw_side(mdp, &ds)?)
     } else {
         None
     };

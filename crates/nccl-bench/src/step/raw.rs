@@ -89,36 +89,25 @@ impl Raw {
     /// inside may call the safe API on `dp` or `tp` (it would wait for this
     /// thread).
     pub fn holding<R>(&self, dp: &Comm, tp: &Comm, f: impl FnOnce() -> Result<R>) -> Result<R> {
-        if dp.same_communicator(tp) {
-            // One rank: both axes of the mesh are its whole communicator,
-            // whose lock is taken once.
-            // SAFETY: as below.
-            let held = unsafe {
-                dp.with_raw(|d| {
-                    self.dp.set(d);
-                    self.tp.set(d);
-                    let out = f();
-                    self.dp.set(std::ptr::null_mut());
-                    self.tp.set(std::ptr::null_mut());
-                    out
-                })
-            };
-            return held?;
-        }
-        // SAFETY: the handles are used only by `Raw::step` on this thread, for
-        // calls the typed API would make itself, and are cleared before the
-        // closures return.
+        // The handles set for `f`, cleared before the closures return.
+        let with = |d: ncclComm_t, t: ncclComm_t| {
+            self.dp.set(d);
+            self.tp.set(t);
+            let out = f();
+            self.dp.set(std::ptr::null_mut());
+            self.tp.set(std::ptr::null_mut());
+            out
+        };
+        // SAFETY: the handles are used only by `Raw::step` on this thread,
+        // for calls the typed API would make itself, and are cleared before
+        // the closures return. One rank: both axes of the mesh are its
+        // whole communicator, whose lock is taken once.
         let held = unsafe {
-            dp.with_raw(|d| {
-                tp.with_raw(|t| {
-                    self.dp.set(d);
-                    self.tp.set(t);
-                    let out = f();
-                    self.dp.set(std::ptr::null_mut());
-                    self.tp.set(std::ptr::null_mut());
-                    out
-                })
-            })
+            if dp.same_communicator(tp) {
+                dp.with_raw(|d| Ok(with(d, d)))
+            } else {
+                dp.with_raw(|d| tp.with_raw(|t| with(d, t)))
+            }
         };
         held??
     }

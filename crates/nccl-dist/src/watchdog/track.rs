@@ -291,7 +291,7 @@ impl Tracker {
             } else {
                 1
             };
-            let done = match self.finished_prefix(run) {
+            let done = match finished_prefix(run, |i| self.finished(i)) {
                 Some(done) => done,
                 // The driver cannot answer for one of them (an event
                 // recorded into a capture that began between the check
@@ -335,11 +335,6 @@ impl Tracker {
     /// Whether batch `i` finished; `None` when the driver cannot say.
     fn finished(&self, i: usize) -> Option<bool> {
         self.batches.get(i)?.event.try_is_complete().ok()
-    }
-
-    /// How many of the first `run` batches (all on one stream) finished.
-    fn finished_prefix(&self, run: usize) -> Option<usize> {
-        finished_prefix(run, |i| self.finished(i))
     }
 }
 
