@@ -23,7 +23,7 @@
 //! length `NCCL_RS_FLIGHT_RECORDER` (entries). A communicator without a
 //! watchdog pays one `RefCell` check per operation. With one, an operation
 //! takes an uncontended lock and joins a batch; one CUDA event is recorded
-//! behind a batch, at most every 200 µs on the issuing thread, or by the
+//! behind a batch, at most every 2 ms on the issuing thread, or by the
 //! watchdog thread once the batch stops growing (see `track.rs`), so a
 //! burst of small collectives pays a fraction of a driver call each.
 //! Operations captured into a CUDA graph are not tracked. The watchdog

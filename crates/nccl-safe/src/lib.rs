@@ -64,6 +64,8 @@ mod peer;
 pub mod prelude;
 mod reduce_op;
 mod secrecy;
+#[doc(hidden)]
+pub mod segments;
 mod symmetric;
 mod unique_id;
 mod validate;

@@ -13,8 +13,8 @@ use crate::bench::NCCL_TESTS_2G;
 use crate::bench::excess::excess_section;
 use crate::bench::json::{f, load, results, s, same};
 use crate::bench::summary::{
-    TARGET_MODES, at_least, at_most, human, paired_excess, signed, smallest, summary,
-    targets_section, worst,
+    TARGET_MODES, at_least, at_most, human, large_busbw_ratio, paired_excess, signed, smallest,
+    summary, targets_section, worst,
 };
 
 /// Writes report.md, bench.json and busbw.svg from the JSON in `dir`;
@@ -282,17 +282,7 @@ pub fn sweep_section(md: &mut String, doc: &Value, misses: &mut Vec<String>) -> 
                 .find(|r| same(r, largest))
                 .map_or("-".to_string(), |r| format!("{:.1}", f(r, "busbw_gbs")))
         };
-        let ratio = |layer: &str| -> Option<f64> {
-            of(layer)
-                .iter()
-                .filter(|r| r["bytes"].as_u64().unwrap_or(0) >= 128 << 20)
-                .filter_map(|r| {
-                    raw.iter()
-                        .find(|q| same(q, r))
-                        .map(|q| f(r, "busbw_gbs") / f(q, "busbw_gbs"))
-                })
-                .min_by(f64::total_cmp)
-        };
+        let ratio = |layer: &str| large_busbw_ratio(&rs, coll, layer).map(|(x, _)| x);
         let mut cells = Vec::new();
         for layer in ["safe", "dist"] {
             match ratio(layer) {

@@ -59,15 +59,81 @@ pub struct Target {
     unit: &'static str,
     /// What produces it, for the "not measured" line.
     phase: &'static str,
+    /// The limit is a floor (the value must be at least it), not a
+    /// ceiling.
+    floor: bool,
 }
 
 impl Target {
-    /// Met only when measured and at most the limit (NaN: not met).
-    fn met(&self) -> bool {
-        self.value
-            .as_ref()
-            .is_some_and(|(v, _)| at_most(*v, self.limit))
+    /// A figure held to at most `limit`.
+    fn ceiling(
+        key: &'static str,
+        value: Option<(f64, String)>,
+        limit: f64,
+        unit: &'static str,
+        phase: &'static str,
+    ) -> Target {
+        Target {
+            key,
+            value,
+            limit,
+            unit,
+            phase,
+            floor: false,
+        }
     }
+
+    /// Whether `v` meets the limit (NaN: never).
+    fn meets(&self, v: f64) -> bool {
+        if self.floor {
+            at_least(v, self.limit)
+        } else {
+            at_most(v, self.limit)
+        }
+    }
+
+    /// Met only when measured and within the limit (NaN: not met).
+    fn met(&self) -> bool {
+        self.value.as_ref().is_some_and(|(v, _)| self.meets(*v))
+    }
+
+    /// `v` as the report shows it: rounding never turns a miss into a hit.
+    fn shown(&self, v: f64) -> String {
+        shown_by(v, |x| self.meets(x))
+    }
+}
+
+/// The least busbw of `layer` over raw's at the same point (size,
+/// placement), over every size of `coll` from 128 MiB up, in a sweep's
+/// records; `None` where there is no such size.
+pub fn large_busbw_ratio(rs: &[&Value], coll: &str, layer: &str) -> Option<(f64, String)> {
+    fn of<'r, 'v>(
+        rs: &'r [&'v Value],
+        coll: &'r str,
+        layer: &'r str,
+    ) -> impl Iterator<Item = &'v Value> + 'r {
+        rs.iter()
+            .copied()
+            .filter(move |r| s(r, "coll") == coll && s(r, "layer") == layer)
+    }
+    of(rs, coll, layer)
+        .filter(|r| r["bytes"].as_u64().unwrap_or(0) >= 128 << 20)
+        .filter_map(|r| {
+            let raw = of(rs, coll, "raw").find(|q| same(q, r))?;
+            let place = if r["in_place"] == true {
+                "in place"
+            } else {
+                "out of place"
+            };
+            Some((
+                f(r, "busbw_gbs") / f(raw, "busbw_gbs"),
+                format!(
+                    "{coll} {layer} {} {place}",
+                    human(r["bytes"].as_u64().unwrap_or(0))
+                ),
+            ))
+        })
+        .min_by(|a, b| a.0.total_cmp(&b.0))
 }
 
 /// The smallest size of each collective measured through `layer` in
@@ -173,6 +239,10 @@ pub const TARGET_MODES: &[&str] = &["threads", "processes"];
 ///   job gave no such result (a capture that failed).
 /// - `step_over_torch` (with `--python`): the processes step job's median
 ///   default step over PyTorch's same step (`torch-step`), same run.
+/// - `busbw_large_over_raw_min`: from the sweep (a thread per GPU), the
+///   least busbw of the safe and dist layers over raw's at the same size
+///   and placement, over every collective and size from 128 MiB up; a
+///   floor (≥ 0.99), unlike the others.
 /// - `allocs_per_call_max`: the most heap allocations per call, counted
 ///   on every thread of the process during the timed calls, in any
 ///   measurement of any phase, and per NCCL call of the default step.
@@ -485,106 +555,119 @@ pub fn summary(docs: &BTreeMap<String, Value>) -> (Value, Vec<Target>) {
         ))
     });
 
-    let targets = vec![
-        Target {
-            key: "setup_ms",
-            value: measured(setup, !setups.is_empty()),
-            limit: 60.0,
-            unit: "ms",
-            phase: "setup",
-        },
-        Target {
-            key: "small_allreduce_over_nccl_2mib",
-            value: small_over_nccl,
-            limit: 0.6,
-            unit: "",
-            phase: "small",
-        },
-        Target {
-            key: "small_allreduce_over_torch_symm_max",
-            value: small_over_torch,
-            limit: 1.0,
-            unit: "",
-            phase: "small with --python",
-        },
-        Target {
-            key: "small_wrong",
-            value: small_wrong,
-            limit: 0.0,
-            unit: "",
-            phase: "small",
-        },
-        Target {
-            key: "recover_ms",
-            value: measured(recover, recover_doc.is_some()),
-            limit: 150.0,
-            unit: "ms",
-            phase: "recover",
-        },
-        Target {
-            key: "mesh_over_torch",
-            value: measured(mesh_over_torch, torch.is_some()),
-            limit: 0.5,
-            unit: "",
-            phase: "setup with --python",
-        },
-        Target {
-            key: "world_over_torch",
-            value: measured(world_over_torch, torch.is_some()),
-            limit: 1.0,
-            unit: "",
-            phase: "setup with --python",
-        },
-        Target {
-            key: "step_over_torch",
-            value: measured(step_over_torch, torch_step.is_some()),
-            limit: 0.33,
-            unit: "",
-            phase: "step with --python",
-        },
-        Target {
-            key: "graph_single_minus_threads_us",
-            value: measured(graph_single, graph_docs.iter().any(Option::is_some)),
-            limit: 0.5,
-            unit: "µs",
-            phase: "graph",
-        },
-        Target {
-            key: "default_minus_raw_small_us_max",
-            value: measured(small, !latency.is_empty()),
-            limit: 0.5,
-            unit: "µs",
-            phase: "latency",
-        },
-        Target {
-            key: "default_step_over_raw",
-            value: measured(step, !steps.is_empty()),
-            limit: 1.02,
-            unit: "",
-            phase: "step",
-        },
-        Target {
-            key: "watchdog_overhead_us",
-            value: measured(watchdog, !latency.is_empty()),
-            limit: 0.5,
-            unit: "µs",
-            phase: "latency",
-        },
-        Target {
-            key: "await_minus_sync_small_us",
-            value: measured(await_excess, !awaited.is_empty()),
-            limit: 5.0,
-            unit: "µs",
-            phase: "async",
-        },
-        Target {
-            key: "allocs_per_call_max",
-            value: measured(allocs, any_results),
-            limit: 0.0,
-            unit: "",
-            phase: "any",
-        },
+    // Bandwidth at 128 MiB and above (a thread per GPU): the least of the
+    // safe and dist layers' busbw over raw's, over every collective.
+    let sweep = docs.get("sweep-threads");
+    let busbw = sweep.map(|doc| {
+        let rs: Vec<&Value> = results(doc).collect();
+        let mut colls: Vec<&str> = rs.iter().map(|r| s(r, "coll")).collect();
+        colls.dedup();
+        colls
+            .iter()
+            .flat_map(|c| ["safe", "dist"].map(|l| large_busbw_ratio(&rs, c, l)))
+            .flatten()
+            .min_by(|a, b| a.0.total_cmp(&b.0))
+            .unwrap_or((f64::NAN, "no sizes of 128 MiB or more".into()))
+    });
+
+    let mut targets = vec![
+        Target::ceiling(
+            "setup_ms",
+            measured(setup, !setups.is_empty()),
+            60.0,
+            "ms",
+            "setup",
+        ),
+        Target::ceiling(
+            "small_allreduce_over_nccl_2mib",
+            small_over_nccl,
+            0.6,
+            "",
+            "small",
+        ),
+        Target::ceiling(
+            "small_allreduce_over_torch_symm_max",
+            small_over_torch,
+            1.0,
+            "",
+            "small with --python",
+        ),
+        Target::ceiling("small_wrong", small_wrong, 0.0, "", "small"),
+        Target::ceiling(
+            "recover_ms",
+            measured(recover, recover_doc.is_some()),
+            150.0,
+            "ms",
+            "recover",
+        ),
+        Target::ceiling(
+            "mesh_over_torch",
+            measured(mesh_over_torch, torch.is_some()),
+            0.5,
+            "",
+            "setup with --python",
+        ),
+        Target::ceiling(
+            "world_over_torch",
+            measured(world_over_torch, torch.is_some()),
+            1.0,
+            "",
+            "setup with --python",
+        ),
+        Target::ceiling(
+            "step_over_torch",
+            measured(step_over_torch, torch_step.is_some()),
+            0.33,
+            "",
+            "step with --python",
+        ),
+        Target::ceiling(
+            "graph_single_minus_threads_us",
+            measured(graph_single, graph_docs.iter().any(Option::is_some)),
+            0.5,
+            "µs",
+            "graph",
+        ),
+        Target::ceiling(
+            "default_minus_raw_small_us_max",
+            measured(small, !latency.is_empty()),
+            0.5,
+            "µs",
+            "latency",
+        ),
+        Target::ceiling(
+            "default_step_over_raw",
+            measured(step, !steps.is_empty()),
+            1.02,
+            "",
+            "step",
+        ),
+        Target::ceiling(
+            "watchdog_overhead_us",
+            measured(watchdog, !latency.is_empty()),
+            0.5,
+            "µs",
+            "latency",
+        ),
+        Target::ceiling(
+            "await_minus_sync_small_us",
+            measured(await_excess, !awaited.is_empty()),
+            5.0,
+            "µs",
+            "async",
+        ),
+        Target::ceiling(
+            "allocs_per_call_max",
+            measured(allocs, any_results),
+            0.0,
+            "",
+            "any",
+        ),
     ];
+    targets.push(Target {
+        floor: true,
+        ..Target::ceiling("busbw_large_over_raw_min", busbw, 0.99, "", "sweep")
+    });
     let mut flat = serde_json::Map::new();
     for t in &targets {
         // serde_json writes a NaN as null: a figure that could not be had.
@@ -626,7 +709,7 @@ pub fn summary(docs: &BTreeMap<String, Value>) -> (Value, Vec<Target>) {
     (Value::Object(flat), targets)
 }
 
-/// `shown` with a sign, two decimals where they tell hit from miss.
+/// A difference with a sign, two decimals where they tell hit from miss.
 pub fn signed(v: f64, limit: f64) -> String {
     let short = format!("{v:+.2}");
     match short.parse::<f64>() {
@@ -635,12 +718,13 @@ pub fn signed(v: f64, limit: f64) -> String {
     }
 }
 
-/// Shows a value so that rounding never makes a miss look like a hit.
-pub fn shown(v: f64, limit: f64) -> String {
+/// Shows a value so that rounding never makes a miss look like a hit
+/// (`hit` tells one).
+fn shown_by(v: f64, hit: impl Fn(f64) -> bool) -> String {
     let short = format!("{v:.3}");
     match short.parse::<f64>() {
         // The shortest text that reads back as exactly `v`.
-        Ok(r) if at_most(r, limit) != at_most(v, limit) => format!("{v}"),
+        Ok(r) if hit(r) != hit(v) => format!("{v}"),
         _ => short,
     }
 }
@@ -678,11 +762,12 @@ pub fn targets_section(
             }
             Some((v, at)) => {
                 let met = t.met();
+                let beyond = if t.floor { "<" } else { ">" };
                 if !met {
-                    misses.push(format!("{} = {} > {}", t.key, shown(*v, t.limit), t.limit));
+                    misses.push(format!("{} = {} {beyond} {}", t.key, t.shown(*v), t.limit));
                 }
                 (
-                    format!("{} {}", shown(*v, t.limit), t.unit),
+                    format!("{} {}", t.shown(*v), t.unit),
                     if met { "met" } else { "**not met**" }.to_string(),
                     at.clone(),
                 )
@@ -690,8 +775,11 @@ pub fn targets_section(
         };
         writeln!(
             md,
-            "| `{}` | {value} | ≤ {} {} | {met} | {at} |",
-            t.key, t.limit, t.unit
+            "| `{}` | {value} | {} {} {} | {met} | {at} |",
+            t.key,
+            if t.floor { "≥" } else { "≤" },
+            t.limit,
+            t.unit
         )?;
     }
     writeln!(md)?;

@@ -55,7 +55,7 @@ use std::time::Instant;
 
 use nccl_dist::nccl_safe::cudarc::driver::{CudaStream, sys};
 use nccl_dist::nccl_safe::nccl_sys::{cudaStream_t, ncclRedOp_t, ncclScalarResidence_t};
-use nccl_dist::nccl_safe::{Comm, Library, NcclType, PreMulSum, ReduceOp, group};
+use nccl_dist::nccl_safe::{Comm, Library, NcclType, PreMulSum, ReduceOp, group, segments};
 use nccl_dist::{DeviceMesh, Launch, World};
 use serde_json::{Value, json};
 
@@ -336,6 +336,8 @@ fn per_rank(world: &World, host: &HostBarrier, opts: &Opts) -> Result<Option<Val
         let dpt = Ptrs::of(&db, &ds);
         let sides = if raw_mesh.is_some() { 3 } else { 2 };
         let mut rounds = Vec::with_capacity(opts.rounds);
+        // `--features segments`: each side's parts, summed over rounds.
+        let mut segs = vec![Vec::new(); sides];
         for round in 0..opts.rounds {
             let mut row = vec![0.0; sides * PER_SIDE];
             // Sides take turns going first.
@@ -378,9 +380,11 @@ fn per_rank(world: &World, host: &HostBarrier, opts: &Opts) -> Result<Option<Val
                 host.wait()?;
                 let a0 = alloc::process();
                 host.wait()?;
+                segments::take();
                 let t0 = Instant::now();
                 let issued = run(opts.iters, b);
                 let issue = t0.elapsed();
+                add_segments(&mut segs[side], segments::take());
                 host.wait()?;
                 let allocs = alloc::process() - a0;
                 // Nobody moves on (and allocates) before all have read.
@@ -395,6 +399,23 @@ fn per_rank(world: &World, host: &HostBarrier, opts: &Opts) -> Result<Option<Val
                 row[at + 2] = issue.as_secs_f64() / opts.iters as f64;
             }
             rounds.push(row);
+        }
+        if segments::ENABLED {
+            let steps = (opts.iters * opts.rounds) as f64;
+            for (side, parts) in segs.iter().enumerate() {
+                let line: Vec<String> = parts
+                    .iter()
+                    .filter(|(_, _, n)| *n > 0)
+                    .map(|(name, ns, n)| {
+                        format!("{name} {:.0} ns ({:.1})", ns / steps, *n as f64 / steps)
+                    })
+                    .collect();
+                eprintln!(
+                    "bench --step segments: rank {me} {} per step: {}",
+                    SIDES[side],
+                    line.join(", ")
+                );
+            }
         }
         // The check: fresh inputs, one step each, everything copied back.
         db.reset(&ds, &l, me)?;
@@ -519,6 +540,18 @@ fn per_rank(world: &World, host: &HostBarrier, opts: &Opts) -> Result<Option<Val
         &sums,
         world.watchdog().is_some(),
     )?))
+}
+
+/// Adds one timed run's parts (`--features segments`) to a side's sums.
+fn add_segments(sum: &mut Vec<(&'static str, f64, u64)>, run: Vec<(&'static str, f64, u64)>) {
+    if sum.is_empty() {
+        *sum = run;
+        return;
+    }
+    for (s, r) in sum.iter_mut().zip(run) {
+        s.1 += r.1;
+        s.2 += r.2;
+    }
 }
 
 /// Element-wise `op` over every rank, through `comm` on `stream`.

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use half::bf16;
 use nccl_dist::nccl_safe::cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use nccl_dist::nccl_safe::nccl_sys::{cudaStream_t, ncclComm_t, ncclRedOp_t, ncclResult_t};
+use nccl_dist::nccl_safe::segments::{self, Seg};
 use nccl_dist::nccl_safe::{Comm, NcclType, ReduceOp};
 
 use crate::error::Result;
@@ -82,6 +83,27 @@ pub struct Raw {
     pub l: Layout,
 }
 
+/// `call`, marked for `--features segments` (nothing otherwise): NCCL's
+/// time here against its time on the typed path.
+#[inline(always)]
+fn t(call: impl FnOnce() -> ncclResult_t) -> ncclResult_t {
+    timed(Seg::Nccl, call)
+}
+
+/// As [`t`], for `ncclGroupStart` and `ncclGroupEnd`.
+#[inline(always)]
+fn g(call: impl FnOnce() -> ncclResult_t) -> ncclResult_t {
+    timed(Seg::GroupNccl, call)
+}
+
+#[inline(always)]
+fn timed(seg: Seg, call: impl FnOnce() -> ncclResult_t) -> ncclResult_t {
+    segments::mark(Seg::Outside);
+    let code = call();
+    segments::mark(seg);
+    code
+}
+
 impl Raw {
     /// Runs `f` with the handles set, `dp` and `tp` held (alive, not
     /// aborted, used by this thread only) for its duration: a loop of raw
@@ -128,16 +150,16 @@ impl Raw {
         unsafe {
             ok(
                 "ncclBroadcast",
-                (f.broadcast)(p(b.bcast), m(b.bcast), l.bcast, fl, 0, tp, st),
+                t(|| (f.broadcast)(p(b.bcast), m(b.bcast), l.bcast, fl, 0, tp, st)),
             )?;
             ok(
                 "ncclAllReduce",
-                (f.all_reduce)(p(b.tp_in), m(b.tp_out), l.tp_sum, bf, sum, tp, st),
+                t(|| (f.all_reduce)(p(b.tp_in), m(b.tp_out), l.tp_sum, bf, sum, tp, st)),
             )?;
             match f.all_to_all {
                 Some(a2a) => ok(
                     "ncclAlltoAll",
-                    a2a(p(b.a2a_in), m(b.a2a_out), l.a2a, bf, dp, st),
+                    t(|| a2a(p(b.a2a_in), m(b.a2a_out), l.a2a, bf, dp, st)),
                 )?,
                 None => {
                     ok("ncclGroupStart", (f.group_start)())?;
@@ -160,26 +182,26 @@ impl Raw {
             }
             ok(
                 "ncclReduceScatter",
-                (f.reduce_scatter)(p(b.grad), m(b.shard), l.shard, bf, sum, dp, st),
+                t(|| (f.reduce_scatter)(p(b.grad), m(b.shard), l.shard, bf, sum, dp, st)),
             )?;
             ok(
                 "ncclAllGather",
-                (f.all_gather)(p(b.shard), m(b.full), l.shard, bf, dp, st),
+                t(|| (f.all_gather)(p(b.shard), m(b.full), l.shard, bf, dp, st)),
             )?;
-            ok("ncclGroupStart", (f.group_start)())?;
-            let a = (f.send)(p(b.ring_send), l.ring, fl, self.next, dp, st);
-            let c = (f.recv)(m(b.ring_recv), l.ring, fl, self.prev, dp, st);
-            let end = (f.group_end)();
+            ok("ncclGroupStart", g(|| (f.group_start)()))?;
+            let a = t(|| (f.send)(p(b.ring_send), l.ring, fl, self.next, dp, st));
+            let c = t(|| (f.recv)(m(b.ring_recv), l.ring, fl, self.prev, dp, st));
+            let end = g(|| (f.group_end)());
             ok("ncclSend", a)?;
             ok("ncclRecv", c)?;
             ok("ncclGroupEnd", end)?;
             ok(
                 "ncclAllReduce (PreMulSum)",
-                (f.all_reduce)(p(b.avg_in), m(b.avg_out), l.avg, fl, self.avg, dp, st),
+                t(|| (f.all_reduce)(p(b.avg_in), m(b.avg_out), l.avg, fl, self.avg, dp, st)),
             )?;
             ok(
                 "ncclAllReduce",
-                (f.all_reduce)(p(b.loss_in), m(b.loss_out), l.loss, fl, sum, dp, st),
+                t(|| (f.all_reduce)(p(b.loss_in), m(b.loss_out), l.loss, fl, sum, dp, st)),
             )?;
         }
         Ok(())

@@ -116,7 +116,7 @@ impl Comm {
             observer: RefCell::new(None),
             checks_before: Cell::new(false),
             gates: Cell::new(false),
-            met_collective: Cell::new(false),
+            met: Cell::new(Default::default()),
             borrowed: RefCell::new(None),
             _not_sync: PhantomData,
         })

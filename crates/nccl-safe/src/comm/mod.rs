@@ -79,13 +79,35 @@ pub struct Comm {
     /// The observer gates calls that may connect
     /// ([`OpObserver::gates`]), read when it is set.
     pub(crate) gates: Cell<bool>,
-    /// This handle has seen the first collective let through by the
-    /// gate (which the shared state's `reached` records for every handle):
-    /// later collectives skip its lock.
-    pub(crate) met_collective: Cell<bool>,
+    /// What this handle has seen the gate let through (the shared state's
+    /// `reached` records it for every handle, and only ever grows): later
+    /// calls of the same kind skip its lock.
+    pub(crate) met: Cell<Met>,
     /// The last stream handed to [`Comm::borrowed_stream`], wrapped.
     pub(in crate::comm) borrowed: RefCell<Option<Arc<CudaStream>>>,
     pub(in crate::comm) _not_sync: PhantomData<Cell<()>>,
+}
+
+/// A handle's copy of what [`Reached`] says was met, read without its
+/// lock: the first collective, the first all-to-all, and the first send to
+/// and receive from each of ranks 0 to 63 (a bit each; higher ranks ask
+/// the shared record).
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Met {
+    pub(crate) collective: bool,
+    pub(crate) all_to_all: bool,
+    pub(crate) send: u64,
+    pub(crate) recv: u64,
+}
+
+impl Met {
+    /// The bit of `rank` in `send` and `recv` (none past 63).
+    pub(crate) fn bit(rank: usize) -> u64 {
+        u32::try_from(rank)
+            .ok()
+            .and_then(|r| 1u64.checked_shl(r))
+            .unwrap_or(0)
+    }
 }
 
 /// The calls that may make a connection inside NCCL which this rank has
@@ -460,7 +482,7 @@ impl Comm {
             observer: RefCell::new(self.observer.borrow().clone()),
             checks_before: Cell::new(self.checks_before.get()),
             gates: Cell::new(self.gates.get()),
-            met_collective: Cell::new(self.met_collective.get()),
+            met: Cell::new(self.met.get()),
             borrowed: RefCell::new(None),
             _not_sync: PhantomData,
         })
@@ -504,5 +526,22 @@ impl Comm {
     pub unsafe fn with_raw<R>(&self, f: impl FnOnce(ncclComm_t) -> R) -> Result<R> {
         refuse_in_group("with_raw")?;
         self.shared.with_raw("with_raw", |raw| Ok(f(raw)))
+    }
+}
+
+#[cfg(test)]
+mod met_tests {
+    use super::Met;
+
+    /// Ranks 0 to 63 have a bit each; others none, so they always ask the
+    /// shared record (never a false "met").
+    #[test]
+    fn each_rank_below_64_has_its_own_bit() {
+        let bits: Vec<u64> = (0..64).map(Met::bit).collect();
+        assert!(bits.iter().all(|b| b.count_ones() == 1));
+        assert_eq!(bits.iter().fold(0, |a, b| a | b), u64::MAX);
+        for r in [64, 65, 1 << 20, usize::MAX] {
+            assert_eq!(Met::bit(r), 0, "rank {r}");
+        }
     }
 }

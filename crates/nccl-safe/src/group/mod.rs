@@ -240,12 +240,14 @@ impl<'g> GroupGuard<'g> {
     /// `ncclGroupEnd`: launches the group (if outermost) and waits for
     /// nonblocking communicators used in it to finish enqueueing.
     pub fn end(mut self) -> Result<()> {
+        crate::segments::mark(crate::segments::Seg::Outside);
         self.ended = true;
         let gated = issue_deferred(&self.held);
         let spoiled = self.spoil_captures();
         let result = raw::finish(self.lib);
         self.report(result.is_ok());
         self.held.borrow_mut().accesses.clear();
+        crate::segments::mark(crate::segments::Seg::Group);
         gated.and(spoiled).and(result)
     }
 
@@ -374,7 +376,9 @@ impl Drop for NestedGroup<'_, '_> {
 /// # Ok(()) }
 /// ```
 pub fn group<'g, R>(f: impl FnOnce(&GroupGuard<'g>) -> Result<R>) -> Result<R> {
+    crate::segments::mark(crate::segments::Seg::Outside);
     let guard = GroupGuard::start()?;
+    crate::segments::mark(crate::segments::Seg::Group);
     match f(&guard) {
         Ok(value) => {
             guard.end()?;

@@ -49,9 +49,11 @@ pub(crate) fn touch<M: Member + 'static>(member: &Arc<M>) {
 /// `ncclGroupStart`.
 pub(crate) fn start(lib: &'static Library) -> Result<()> {
     let start = lib.raw().ncclGroupStart()?;
+    crate::segments::mark(crate::segments::Seg::Group);
     // SAFETY: `ncclGroupStart` has no arguments and no preconditions
     // (groups nest).
     let code = unsafe { start() };
+    crate::segments::mark(crate::segments::Seg::GroupNccl);
     lib.check("ncclGroupStart", code, std::ptr::null_mut())
 }
 
@@ -69,9 +71,11 @@ fn leave_group() -> Vec<Arc<dyn Member>> {
 /// the nonblocking communicators it used and runs what waited for the end.
 pub(crate) fn finish(lib: &'static Library) -> Result<()> {
     let end = lib.raw().ncclGroupEnd()?;
+    crate::segments::mark(crate::segments::Seg::Group);
     // SAFETY: `ncclGroupEnd` has no arguments; a group is open (the guard
     // exists).
     let code = unsafe { end() };
+    crate::segments::mark(crate::segments::Seg::GroupNccl);
     let touched = leave_group();
     let result = if code == ncclResult_t::ncclInProgress {
         touched

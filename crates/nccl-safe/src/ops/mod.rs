@@ -29,12 +29,13 @@ use nccl_sys::{cudaStream_t, ncclComm_t, ncclResult_t};
 
 use crate::buffer::{Access, DeviceBuffer, DeviceBufferMut};
 use crate::capture_state::{is_allowed, refuse_capture, without_capture};
-use crate::comm::Comm;
+use crate::comm::{Comm, Met};
 use crate::dtype::NcclType;
 use crate::error::Role;
 use crate::group::{self, Deferred, GroupGuard, GroupHold, NestedGroup};
 use crate::observe::{ObservedStream, Pending};
 use crate::reduce_op::Reduction;
+use crate::segments::{self, Seg};
 use crate::validate::{Check, Span, check_dtype};
 use crate::{Error, Result};
 
@@ -125,7 +126,10 @@ fn mark_met(comm: &Comm, op: &op::Op, counts: Option<Counts<'_>>) {
         }
         _ => {
             reached.collective = true;
-            comm.met_collective.set(true);
+            comm.met.set(Met {
+                collective: true,
+                ..comm.met.get()
+            });
         }
     }
 }
@@ -140,6 +144,7 @@ fn ptr(address: u64, offset_elems: usize, elem_bytes: usize) -> u64 {
 
 impl<'s, 'a> OnStream<'s, 'a> {
     fn direct(comm: &'a Comm, stream: &'a CudaStream) -> Self {
+        crate::segments::mark(crate::segments::Seg::Outside);
         OnStream {
             comm,
             stream,
@@ -150,6 +155,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
     }
 
     fn grouped(comm: &'a Comm, stream: &'a CudaStream, hold: &'s RefCell<GroupHold<'a>>) -> Self {
+        crate::segments::mark(crate::segments::Seg::Outside);
         OnStream {
             comm,
             stream,
@@ -201,8 +207,10 @@ impl<'s, 'a> OnStream<'s, 'a> {
         op: &'static str,
         buffer: &'a (impl DeviceBuffer<T> + ?Sized),
     ) -> Result<(u64, Access<'a>)> {
+        segments::mark(Seg::Validate);
         let (ptr, access) = buffer.read(self.access);
         self.owned_by_graph(op, ptr, buffer.len() * std::mem::size_of::<T>())?;
+        segments::mark(Seg::Buffers);
         Ok((ptr, access))
     }
 
@@ -213,9 +221,11 @@ impl<'s, 'a> OnStream<'s, 'a> {
         op: &'static str,
         buffer: &'a mut (impl DeviceBufferMut<T> + ?Sized),
     ) -> Result<(u64, Access<'a>)> {
+        segments::mark(Seg::Validate);
         let len = buffer.len();
         let (ptr, access) = buffer.write(self.access);
         self.owned_by_graph(op, ptr, len * std::mem::size_of::<T>())?;
+        segments::mark(Seg::Buffers);
         Ok((ptr, access))
     }
 
@@ -275,6 +285,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
         if self.capture.is_none() {
             refuse_capture(op, self.stream)?;
         }
+        segments::mark(Seg::Check);
         Ok(Check {
             op,
             rank: self.comm.rank(),
@@ -314,12 +325,17 @@ impl<'s, 'a> OnStream<'s, 'a> {
         if grouped {
             group::touch(shared);
         }
+        segments::mark(Seg::Gate);
         let code = shared.with_raw(op, |raw| {
             if grouped {
                 shared.enter_group();
             }
-            Ok(f(raw, stream))
+            segments::mark(Seg::Lock);
+            let code = f(raw, stream);
+            segments::mark(Seg::Nccl);
+            Ok(code)
         })?;
+        segments::mark(Seg::Unlock);
         match code {
             ncclResult_t::ncclSuccess => {}
             ncclResult_t::ncclInProgress if !self.comm.is_blocking() => {
@@ -338,6 +354,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
             hold.borrow_mut().note_stream(self.stream, allowed);
         }
         Self::observe(self.comm, called, self.stream, self.hold);
+        segments::mark(Seg::Observe);
         Ok(())
     }
 
@@ -466,30 +483,44 @@ impl<'s, 'a> OnStream<'s, 'a> {
     /// `Cell` of this handle; otherwise the shared record, under its lock.
     #[inline]
     fn gate_met(&self, op: &op::Op) -> bool {
-        let collective = !matches!(
-            op.kind,
-            op::Kind::Send
-                | op::Kind::Recv
-                | op::Kind::AllToAll
-                | op::Kind::Gather
-                | op::Kind::Scatter
-        );
-        if collective && (self.comm.met_collective.get() || self.comm.size() < 2) {
+        let met = self.comm.met.get();
+        let bit = Met::bit(op.peer);
+        let cached = match op.kind {
+            op::Kind::Send => met.send & bit != 0,
+            op::Kind::Recv => met.recv & bit != 0,
+            op::Kind::AllToAll => met.all_to_all,
+            op::Kind::Gather | op::Kind::Scatter => false,
+            _ => met.collective || self.comm.size() < 2,
+        };
+        if cached {
             return true;
         }
+        self.gate_met_shared(op)
+    }
+
+    /// [`OnStream::gate_met`] from the shared record, under its lock; a
+    /// yes is kept in the handle's copy.
+    #[cold]
+    fn gate_met_shared(&self, op: &op::Op) -> bool {
         let reached = self.comm.shared().lock_reached();
         let me = self.comm.rank();
         let side = |v: &Vec<bool>, r: usize| r == me || v.get(r).copied().unwrap_or(false);
-        match op.kind {
-            op::Kind::Send => side(&reached.send, op.peer),
-            op::Kind::Recv => side(&reached.recv, op.peer),
-            op::Kind::AllToAll => reached.firsts.contains(&(op.name, usize::MAX)),
-            op::Kind::Gather | op::Kind::Scatter => reached.firsts.contains(&(op.name, op.peer)),
-            _ => {
-                self.comm.met_collective.set(reached.collective);
-                reached.collective
+        let mut met = self.comm.met.get();
+        let bit = Met::bit(op.peer);
+        let yes = match op.kind {
+            op::Kind::Send => side(&reached.send, op.peer).then(|| met.send |= bit),
+            op::Kind::Recv => side(&reached.recv, op.peer).then(|| met.recv |= bit),
+            op::Kind::AllToAll => reached
+                .firsts
+                .contains(&(op.name, usize::MAX))
+                .then(|| met.all_to_all = true),
+            op::Kind::Gather | op::Kind::Scatter => {
+                return reached.firsts.contains(&(op.name, op.peer));
             }
-        }
+            _ => reached.collective.then(|| met.collective = true),
+        };
+        self.comm.met.set(met);
+        yes.is_some()
     }
 
     /// The communicator ranks `op` must meet before it goes to NCCL, when

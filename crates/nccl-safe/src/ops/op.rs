@@ -185,6 +185,7 @@ impl<'a> OnStream<'_, 'a> {
         op: Op,
         accesses: impl IntoIterator<Item = Access<'a>>,
     ) -> Result<()> {
+        crate::segments::mark(crate::segments::Seg::Validate);
         // The span only where trace level can be on: the hot path skips
         // picking the kind's span, recording its fields and entering a
         // disabled span.

@@ -314,3 +314,62 @@ fn small_over_torch_is_the_worst_bf16_size_up_to_4_mib() {
         "{flat}"
     );
 }
+
+/// The busbw floor: the least safe or dist ratio over raw from 128 MiB
+/// up, over every collective; smaller sizes do not count, a ratio below
+/// 0.99 is a miss (shown with the sign of a floor), and a sweep without
+/// such sizes is a miss, not a hit.
+#[test]
+fn busbw_large_over_raw_is_a_floor_over_large_sizes() {
+    let row = |coll: &str, layer: &str, mib: u64, bw: f64| {
+        json!({"coll": coll, "layer": layer, "bytes": mib << 20, "in_place": false,
+               "dtype": "f32", "redop": "sum", "root": -1, "busbw_gbs": bw})
+    };
+    let sweep = |rows: Vec<Value>| {
+        let mut docs = BTreeMap::new();
+        docs.insert("sweep-threads".to_string(), json!({ "results": rows }));
+        summary(&docs)
+    };
+    let (flat, targets) = sweep(vec![
+        row("all_reduce", "raw", 64, 100.0),
+        row("all_reduce", "safe", 64, 50.0),
+        row("all_reduce", "raw", 128, 100.0),
+        row("all_reduce", "safe", 128, 99.5),
+        row("all_reduce", "dist", 128, 99.2),
+        row("all_gather", "raw", 256, 200.0),
+        row("all_gather", "safe", 256, 199.0),
+    ]);
+    let min = flat["busbw_large_over_raw_min"].as_f64().unwrap();
+    assert!((min - 0.992).abs() < 1e-12, "{min}");
+    assert_eq!(flat["busbw_large_over_raw_min_met"], json!(true));
+    assert_eq!(
+        flat["busbw_large_over_raw_min_at"],
+        json!("all_reduce dist 128 MiB out of place")
+    );
+    let mut md = String::new();
+    targets_section(&mut md, &targets, &mut Vec::new()).unwrap();
+    assert!(
+        md.contains("| `busbw_large_over_raw_min` | 0.992  | ≥ 0.99  | met |"),
+        "{md}"
+    );
+
+    let (flat, targets) = sweep(vec![
+        row("all_reduce", "raw", 128, 100.0),
+        row("all_reduce", "safe", 128, 98.99),
+    ]);
+    assert_eq!(flat["busbw_large_over_raw_min_met"], json!(false));
+    let mut misses = Vec::new();
+    targets_section(&mut String::new(), &targets, &mut misses).unwrap();
+    assert!(
+        misses
+            .iter()
+            .any(|m| m == "busbw_large_over_raw_min = 0.9899 < 0.99"),
+        "{misses:?}"
+    );
+
+    let (flat, _) = sweep(vec![row("all_reduce", "raw", 8, 1.0)]);
+    assert!(flat["busbw_large_over_raw_min"].is_null());
+    assert_eq!(flat["busbw_large_over_raw_min_met"], json!(false));
+    let (flat, _) = summary(&BTreeMap::new());
+    assert!(flat["busbw_large_over_raw_min"].is_null());
+}
