@@ -13,8 +13,8 @@ use crate::bench::NCCL_TESTS_2G;
 use crate::bench::excess::excess_section;
 use crate::bench::json::{f, load, results, s, same};
 use crate::bench::summary::{
-    TARGET_MODES, at_least, at_most, human, large_busbw_ratio, paired_excess, signed, smallest,
-    summary, targets_section, worst,
+    TARGET_MODES, at_least, at_most, human, large_busbw_ratio, paired_excess, paired_step_ratio,
+    signed, smallest, summary, targets_section, worst,
 };
 
 /// Writes report.md, bench.json and busbw.svg from the JSON in `dir`;
@@ -201,10 +201,10 @@ pub fn watchdog_section(md: &mut String, docs: &BTreeMap<String, Value>) -> Resu
 pub fn step_section(md: &mut String, docs: &BTreeMap<String, Value>) -> Result<()> {
     let heading = "## Training step (2-D DeviceMesh)
 
-The step of `docs/bench/README.md` (broadcast, all_reduce, all_to_all, reduce_scatter + all_gather, a send/recv ring, a PreMulSum average and a loss all_reduce over the dp and tp axes, bf16 and f32, 8 B to 1 MiB): µs per step, median of interleaved rounds, slowest rank; checked bit for bit against the expected values and between the sides after the timing.
+The step of `docs/bench/README.md` (broadcast, all_reduce, all_to_all, reduce_scatter + all_gather, a send/recv ring, a PreMulSum average and a loss all_reduce over the dp and tp axes, bf16 and f32, 8 B to 1 MiB): µs per step, median of interleaved rounds, slowest rank; checked bit for bit against the expected values and between the sides after the timing. default / raw is the median over rounds of each round's ratio (what `default_step_over_raw` takes); the ratio of the two medians is beside it.
 
-| mode | mesh | default (µs) | raw (µs) | default / raw | allocs per step (default) | wrong (default / raw) | differ |
-|---|---|---|---|---|---|---|---|
+| mode | mesh | default (µs) | raw (µs) | default / raw | ratio of medians | allocs per step (default) | wrong (default / raw) | differ |
+|---|---|---|---|---|---|---|---|---|
 ";
     let found = phase(md, docs, "step-", heading);
     for &(mode, doc) in &found {
@@ -212,11 +212,12 @@ The step of `docs/bench/README.md` (broadcast, all_reduce, all_to_all, reduce_sc
         let mesh = &doc["meta"]["mesh"];
         writeln!(
             md,
-            "| {mode} | {}×{} | {:.2} | {:.2} | {:.4} | {:.3} | {} / {} | {} |",
+            "| {mode} | {}×{} | {:.2} | {:.2} | {:.4} | {:.4} | {:.3} | {} / {} | {} |",
             mesh["dp"],
             mesh["tp"],
             f(st, "default_us"),
             f(st, "raw_us"),
+            paired_step_ratio(st),
             f(st, "default_over_raw"),
             f(st, "allocs_per_step_default"),
             st["wrong_default"],

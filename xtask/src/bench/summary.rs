@@ -9,26 +9,11 @@ use serde_json::{Value, json};
 use crate::Result;
 use crate::bench::json::{f, results, s, same};
 
-/// `x ≤ limit`; false when `x` is NaN (a missing figure), so a missing
-/// figure is never a hit.
-pub fn at_most(x: f64, limit: f64) -> bool {
-    x <= limit
-}
-
-/// `x ≥ limit`; false when `x` is NaN.
-pub fn at_least(x: f64, limit: f64) -> bool {
-    x >= limit
-}
-
-/// The largest of `(value, where)` pairs; NaN wins, so a missing figure
-/// shows instead of hiding behind a real one.
-pub fn worst(items: impl Iterator<Item = (f64, String)>) -> Option<(f64, String)> {
-    items.fold(None, |acc, (v, at)| match acc {
-        Some((a, _)) if a.is_nan() => acc,
-        Some((a, _)) if !v.is_nan() && v <= a => acc,
-        _ => Some((v, at)),
-    })
-}
+mod stats;
+pub use stats::{
+    at_least, at_most, human, large_busbw_ratio, paired_excess, paired_step_ratio, smallest,
+    upper_median, worst,
+};
 
 /// The median over a set-up document's warm reps of `key`, and how many.
 fn warm_median(doc: &Value, key: &str) -> Option<(f64, usize)> {
@@ -41,13 +26,6 @@ fn warm_median(doc: &Value, key: &str) -> Option<(f64, usize)> {
         .collect();
     let n = warm.len();
     Some((upper_median(warm)?, n))
-}
-
-/// The middle value (the upper one of an even count), as the reports'
-/// medians take it; `None` for no value.
-pub fn upper_median(mut v: Vec<f64>) -> Option<f64> {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied()
 }
 
 /// One figure of the targets table.
@@ -103,82 +81,6 @@ impl Target {
     }
 }
 
-/// The least busbw of `layer` over raw's at the same point (size,
-/// placement), over every size of `coll` from 128 MiB up, in a sweep's
-/// records; `None` where there is no such size.
-pub fn large_busbw_ratio(rs: &[&Value], coll: &str, layer: &str) -> Option<(f64, String)> {
-    fn of<'r, 'v>(
-        rs: &'r [&'v Value],
-        coll: &'r str,
-        layer: &'r str,
-    ) -> impl Iterator<Item = &'v Value> + 'r {
-        rs.iter()
-            .copied()
-            .filter(move |r| s(r, "coll") == coll && s(r, "layer") == layer)
-    }
-    of(rs, coll, layer)
-        .filter(|r| r["bytes"].as_u64().unwrap_or(0) >= 128 << 20)
-        .filter_map(|r| {
-            let raw = of(rs, coll, "raw").find(|q| same(q, r))?;
-            let place = if r["in_place"] == true {
-                "in place"
-            } else {
-                "out of place"
-            };
-            Some((
-                f(r, "busbw_gbs") / f(raw, "busbw_gbs"),
-                format!(
-                    "{coll} {layer} {} {place}",
-                    human(r["bytes"].as_u64().unwrap_or(0))
-                ),
-            ))
-        })
-        .min_by(|a, b| a.0.total_cmp(&b.0))
-}
-
-/// The smallest size of each collective measured through `layer` in
-/// `doc`, out of place: (coll, record).
-pub fn smallest<'d>(doc: &'d Value, layer: &str) -> Vec<(&'d str, &'d Value)> {
-    let mut out: Vec<(&str, &Value)> = Vec::new();
-    for r in results(doc).filter(|r| r["in_place"] == false && s(r, "layer") == layer) {
-        let c = s(r, "coll");
-        match out.iter_mut().find(|(k, _)| *k == c) {
-            Some(slot) if slot.1["bytes"].as_u64() > r["bytes"].as_u64() => slot.1 = r,
-            Some(_) => {}
-            None => out.push((c, r)),
-        }
-    }
-    out
-}
-
-/// How much slower `a` is than `b` (µs per call), two layers measured at
-/// the same point in interleaved rounds: the median over rounds of each
-/// round's difference, so a stretch of seconds in which the whole machine
-/// runs slow or fast moves both sides of a difference alike. Records
-/// without per-round times (older runs) give the difference of medians.
-pub fn paired_excess(a: &Value, b: &Value) -> f64 {
-    let rounds = |r: &Value| -> Option<Vec<f64>> {
-        r["rounds_us"]
-            .as_array()?
-            .iter()
-            .map(Value::as_f64)
-            .collect::<Option<Vec<f64>>>()
-    };
-    match (rounds(a), rounds(b)) {
-        (Some(x), Some(y)) if x.len() == y.len() && !x.is_empty() => {
-            let mut d: Vec<f64> = x.iter().zip(&y).map(|(p, q)| p - q).collect();
-            d.sort_by(f64::total_cmp);
-            let m = d.len() / 2;
-            if d.len() % 2 == 1 {
-                d[m]
-            } else {
-                (d[m - 1] + d[m]) / 2.0
-            }
-        }
-        _ => f(a, "time_us") - f(b, "time_us"),
-    }
-}
-
 /// The modes whose latency jobs count for the targets: a thread and a
 /// process per GPU, blocking.
 pub const TARGET_MODES: &[&str] = &["threads", "processes"];
@@ -195,7 +97,10 @@ pub const TARGET_MODES: &[&str] = &["threads", "processes"];
 ///   at each collective's smallest size, out of place: the same
 ///   communicator with and without the watchdog's observer, interleaved.
 /// - `default_step_over_raw`: the largest over the step jobs (threads,
-///   processes) of median default step / median raw step.
+///   processes) of default step / raw step, paired by round
+///   ([`paired_step_ratio`]); `default_step_over_raw_medians` beside it
+///   (not a target) is the ratio of the two medians, as reports before
+///   session ten took it.
 /// - `await_minus_sync_small_us`: from the async phase, `.await`ing an
 ///   8 B all_reduce's completion future in a tokio runtime minus a
 ///   blocking stream sync (its `await_small_us`, `sync_small_us`,
@@ -306,6 +211,14 @@ pub fn summary(docs: &BTreeMap<String, Value>) -> (Value, Vec<Target>) {
         .filter_map(|m| docs.get(&format!("step-{m}")).map(|d| (*m, d)))
         .collect();
     let step = worst(
+        steps
+            .iter()
+            .map(|(mode, d)| (paired_step_ratio(&d["step"]), mode.to_string())),
+    );
+    // The ratio of the sides' medians, as earlier reports took it (not a
+    // target: one side's median can fall in a fast stretch and the other's
+    // in a slow one).
+    let step_medians = worst(
         steps
             .iter()
             .map(|(mode, d)| (f(&d["step"], "default_over_raw"), mode.to_string())),
@@ -694,6 +607,10 @@ pub fn summary(docs: &BTreeMap<String, Value>) -> (Value, Vec<Target>) {
             flat.insert(key.into(), sum[key].clone());
         }
     }
+    if let Some((ratio, at)) = &step_medians {
+        flat.insert("default_step_over_raw_medians".into(), json!(ratio));
+        flat.insert("default_step_over_raw_medians_at".into(), json!(at));
+    }
     if let Some((ratio, at)) = &ready_over_torch {
         flat.insert("ready_over_torch".into(), json!(ratio));
         flat.insert("ready_over_torch_at".into(), json!(at));
@@ -784,16 +701,6 @@ pub fn targets_section(
     }
     writeln!(md)?;
     Ok(())
-}
-
-/// A size in bytes as the report shows it (`8 B`, `1 KiB`, `2 GiB`).
-pub fn human(bytes: u64) -> String {
-    match bytes {
-        b if b >= 1 << 30 && b % (1 << 30) == 0 => format!("{} GiB", b >> 30),
-        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{} MiB", b >> 20),
-        b if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{} KiB", b >> 10),
-        b => format!("{b} B"),
-    }
 }
 
 #[cfg(test)]

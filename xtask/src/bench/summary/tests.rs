@@ -373,3 +373,32 @@ fn busbw_large_over_raw_is_a_floor_over_large_sizes() {
     let (flat, _) = summary(&BTreeMap::new());
     assert!(flat["busbw_large_over_raw_min"].is_null());
 }
+
+/// The step's ratio pairs the sides by round: a round in which the
+/// machine ran slow for both sides moves nothing, while the ratio of the
+/// medians can take one side's fast stretch against the other's slow
+/// one. Without rounds, the medians' ratio; the worst mode counts.
+#[test]
+fn step_ratio_is_paired_by_round() {
+    let step = json!({
+        "default_us": 80.0, "raw_us": 64.0, "default_over_raw": 1.25,
+        // Rounds of 1.10, 1.10, 1.30, 1.10 and 1.00.
+        "default_rounds_us": [77.0, 88.0, 83.2, 70.4, 80.0],
+        "raw_rounds_us": [70.0, 80.0, 64.0, 64.0, 80.0],
+    });
+    assert!((paired_step_ratio(&step) - 1.10).abs() < 1e-12);
+    let even = json!({"default_rounds_us": [11.0, 12.0], "raw_rounds_us": [10.0, 10.0]});
+    assert!((paired_step_ratio(&even) - 1.15).abs() < 1e-12);
+    let old = json!({"default_us": 102.0, "raw_us": 100.0, "default_over_raw": 1.02});
+    assert!((paired_step_ratio(&old) - 1.02).abs() < 1e-12);
+
+    let mut docs = BTreeMap::new();
+    docs.insert("step-processes".to_string(), json!({ "step": step }));
+    docs.insert("step-threads".to_string(), json!({ "step": old }));
+    let (flat, _) = summary(&docs);
+    let paired = flat["default_step_over_raw"].as_f64().unwrap();
+    assert!((paired - 1.10).abs() < 1e-12, "{flat}");
+    assert_eq!(flat["default_step_over_raw_at"], json!("processes"));
+    assert_eq!(flat["default_step_over_raw_met"], json!(false));
+    assert_eq!(flat["default_step_over_raw_medians"], json!(1.25));
+}

@@ -1,0 +1,150 @@
+//! The statistics the summary and the report share: limits that never
+//! let a missing (NaN) figure pass, medians, differences and ratios paired
+//! by round, the busbw ratio at large sizes, sizes as text.
+
+use serde_json::Value;
+
+use crate::bench::json::{f, results, s, same};
+
+/// `x ≤ limit`; false when `x` is NaN (a missing figure), so a missing
+/// figure is never a hit.
+pub fn at_most(x: f64, limit: f64) -> bool {
+    x <= limit
+}
+
+/// `x ≥ limit`; false when `x` is NaN.
+pub fn at_least(x: f64, limit: f64) -> bool {
+    x >= limit
+}
+
+/// The largest of `(value, where)` pairs; NaN wins, so a missing figure
+/// shows instead of hiding behind a real one.
+pub fn worst(items: impl Iterator<Item = (f64, String)>) -> Option<(f64, String)> {
+    items.fold(None, |acc, (v, at)| match acc {
+        Some((a, _)) if a.is_nan() => acc,
+        Some((a, _)) if !v.is_nan() && v <= a => acc,
+        _ => Some((v, at)),
+    })
+}
+
+/// The middle value (the upper one of an even count), as the reports'
+/// medians take it; `None` for no value.
+pub fn upper_median(mut v: Vec<f64>) -> Option<f64> {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied()
+}
+
+/// The least busbw of `layer` over raw's at the same point (size,
+/// placement), over every size of `coll` from 128 MiB up, in a sweep's
+/// records; `None` where there is no such size.
+pub fn large_busbw_ratio(rs: &[&Value], coll: &str, layer: &str) -> Option<(f64, String)> {
+    fn of<'r, 'v>(
+        rs: &'r [&'v Value],
+        coll: &'r str,
+        layer: &'r str,
+    ) -> impl Iterator<Item = &'v Value> + 'r {
+        rs.iter()
+            .copied()
+            .filter(move |r| s(r, "coll") == coll && s(r, "layer") == layer)
+    }
+    of(rs, coll, layer)
+        .filter(|r| r["bytes"].as_u64().unwrap_or(0) >= 128 << 20)
+        .filter_map(|r| {
+            let raw = of(rs, coll, "raw").find(|q| same(q, r))?;
+            let place = if r["in_place"] == true {
+                "in place"
+            } else {
+                "out of place"
+            };
+            Some((
+                f(r, "busbw_gbs") / f(raw, "busbw_gbs"),
+                format!(
+                    "{coll} {layer} {} {place}",
+                    human(r["bytes"].as_u64().unwrap_or(0))
+                ),
+            ))
+        })
+        .min_by(|a, b| a.0.total_cmp(&b.0))
+}
+
+/// The smallest size of each collective measured through `layer` in
+/// `doc`, out of place: (coll, record).
+pub fn smallest<'d>(doc: &'d Value, layer: &str) -> Vec<(&'d str, &'d Value)> {
+    let mut out: Vec<(&str, &Value)> = Vec::new();
+    for r in results(doc).filter(|r| r["in_place"] == false && s(r, "layer") == layer) {
+        let c = s(r, "coll");
+        match out.iter_mut().find(|(k, _)| *k == c) {
+            Some(slot) if slot.1["bytes"].as_u64() > r["bytes"].as_u64() => slot.1 = r,
+            Some(_) => {}
+            None => out.push((c, r)),
+        }
+    }
+    out
+}
+
+/// How much slower `a` is than `b` (µs per call), two layers measured at
+/// the same point in interleaved rounds: the median over rounds of each
+/// round's difference, so a stretch of seconds in which the whole machine
+/// runs slow or fast moves both sides of a difference alike. Records
+/// without per-round times (older runs) give the difference of medians.
+pub fn paired_excess(a: &Value, b: &Value) -> f64 {
+    let rounds = |r: &Value| -> Option<Vec<f64>> {
+        r["rounds_us"]
+            .as_array()?
+            .iter()
+            .map(Value::as_f64)
+            .collect::<Option<Vec<f64>>>()
+    };
+    match (rounds(a), rounds(b)) {
+        (Some(x), Some(y)) if x.len() == y.len() && !x.is_empty() => {
+            let mut d: Vec<f64> = x.iter().zip(&y).map(|(p, q)| p - q).collect();
+            d.sort_by(f64::total_cmp);
+            let m = d.len() / 2;
+            if d.len() % 2 == 1 {
+                d[m]
+            } else {
+                (d[m - 1] + d[m]) / 2.0
+            }
+        }
+        _ => f(a, "time_us") - f(b, "time_us"),
+    }
+}
+
+/// A step job's default side over its raw side: the median over rounds of
+/// each round's ratio (the sides take turns in every round, so a stretch
+/// in which the whole machine runs slow or fast moves both alike; the raw
+/// side's calls alone jump between about 7 and 10 µs from round to round
+/// on the lent VMs). Records without per-round times give the ratio of
+/// the medians.
+pub fn paired_step_ratio(step: &Value) -> f64 {
+    let rounds = |k: &str| -> Option<Vec<f64>> {
+        step[k]
+            .as_array()?
+            .iter()
+            .map(Value::as_f64)
+            .collect::<Option<Vec<f64>>>()
+    };
+    match (rounds("default_rounds_us"), rounds("raw_rounds_us")) {
+        (Some(x), Some(y)) if x.len() == y.len() && !x.is_empty() => {
+            let mut r: Vec<f64> = x.iter().zip(&y).map(|(p, q)| p / q).collect();
+            r.sort_by(f64::total_cmp);
+            let m = r.len() / 2;
+            if r.len() % 2 == 1 {
+                r[m]
+            } else {
+                (r[m - 1] + r[m]) / 2.0
+            }
+        }
+        _ => f(step, "default_us") / f(step, "raw_us"),
+    }
+}
+
+/// A size in bytes as the report shows it (`8 B`, `1 KiB`, `2 GiB`).
+pub fn human(bytes: u64) -> String {
+    match bytes {
+        b if b >= 1 << 30 && b % (1 << 30) == 0 => format!("{} GiB", b >> 30),
+        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{} MiB", b >> 20),
+        b if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{} KiB", b >> 10),
+        b => format!("{b} B"),
+    }
+}
