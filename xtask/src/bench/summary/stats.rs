@@ -82,32 +82,42 @@ pub fn smallest<'d>(doc: &'d Value, layer: &str) -> Vec<(&'d str, &'d Value)> {
     out
 }
 
+/// The numbers under `key` in `r` (a record's per-round times), if all
+/// are numbers.
+fn per_round(r: &Value, key: &str) -> Option<Vec<f64>> {
+    r[key].as_array()?.iter().map(Value::as_f64).collect()
+}
+
+/// `op` of the two sides' times, round by round, and the median of those
+/// (the mean of the middle two for an even count); `None` when the rounds
+/// are missing or do not line up.
+fn paired(a: Option<Vec<f64>>, b: Option<Vec<f64>>, op: impl Fn(f64, f64) -> f64) -> Option<f64> {
+    let (x, y) = (a?, b?);
+    if x.len() != y.len() || x.is_empty() {
+        return None;
+    }
+    let mut d: Vec<f64> = x.iter().zip(&y).map(|(p, q)| op(*p, *q)).collect();
+    d.sort_by(f64::total_cmp);
+    let m = d.len() / 2;
+    Some(if d.len() % 2 == 1 {
+        d[m]
+    } else {
+        (d[m - 1] + d[m]) / 2.0
+    })
+}
+
 /// How much slower `a` is than `b` (µs per call), two layers measured at
 /// the same point in interleaved rounds: the median over rounds of each
 /// round's difference, so a stretch of seconds in which the whole machine
 /// runs slow or fast moves both sides of a difference alike. Records
 /// without per-round times (older runs) give the difference of medians.
 pub fn paired_excess(a: &Value, b: &Value) -> f64 {
-    let rounds = |r: &Value| -> Option<Vec<f64>> {
-        r["rounds_us"]
-            .as_array()?
-            .iter()
-            .map(Value::as_f64)
-            .collect::<Option<Vec<f64>>>()
-    };
-    match (rounds(a), rounds(b)) {
-        (Some(x), Some(y)) if x.len() == y.len() && !x.is_empty() => {
-            let mut d: Vec<f64> = x.iter().zip(&y).map(|(p, q)| p - q).collect();
-            d.sort_by(f64::total_cmp);
-            let m = d.len() / 2;
-            if d.len() % 2 == 1 {
-                d[m]
-            } else {
-                (d[m - 1] + d[m]) / 2.0
-            }
-        }
-        _ => f(a, "time_us") - f(b, "time_us"),
-    }
+    paired(
+        per_round(a, "rounds_us"),
+        per_round(b, "rounds_us"),
+        |p, q| p - q,
+    )
+    .unwrap_or_else(|| f(a, "time_us") - f(b, "time_us"))
 }
 
 /// A step job's default side over its raw side: the median over rounds of
@@ -117,26 +127,12 @@ pub fn paired_excess(a: &Value, b: &Value) -> f64 {
 /// on the lent VMs). Records without per-round times give the ratio of
 /// the medians.
 pub fn paired_step_ratio(step: &Value) -> f64 {
-    let rounds = |k: &str| -> Option<Vec<f64>> {
-        step[k]
-            .as_array()?
-            .iter()
-            .map(Value::as_f64)
-            .collect::<Option<Vec<f64>>>()
-    };
-    match (rounds("default_rounds_us"), rounds("raw_rounds_us")) {
-        (Some(x), Some(y)) if x.len() == y.len() && !x.is_empty() => {
-            let mut r: Vec<f64> = x.iter().zip(&y).map(|(p, q)| p / q).collect();
-            r.sort_by(f64::total_cmp);
-            let m = r.len() / 2;
-            if r.len() % 2 == 1 {
-                r[m]
-            } else {
-                (r[m - 1] + r[m]) / 2.0
-            }
-        }
-        _ => f(step, "default_us") / f(step, "raw_us"),
-    }
+    paired(
+        per_round(step, "default_rounds_us"),
+        per_round(step, "raw_rounds_us"),
+        |p, q| p / q,
+    )
+    .unwrap_or_else(|| f(step, "default_us") / f(step, "raw_us"))
 }
 
 /// A size in bytes as the report shows it (`8 B`, `1 KiB`, `2 GiB`).
