@@ -137,8 +137,10 @@ mod imp {
         let last = LAST.with(|l| l.replace(t));
         if last != 0 {
             let i = seg as usize;
-            TOTAL.with(|s| s[i].set(s[i].get() + t.wrapping_sub(last)));
-            COUNT.with(|c| c[i].set(c[i].get() + 1));
+            // A counter read lower than the last (another socket's, not
+            // in step) adds nothing rather than wrapping.
+            TOTAL.with(|s| s[i].set(s[i].get().wrapping_add(t.saturating_sub(last))));
+            COUNT.with(|c| c[i].set(c[i].get().wrapping_add(1)));
         }
     }
 

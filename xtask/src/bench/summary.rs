@@ -11,7 +11,7 @@ use crate::bench::json::{f, results, s, same};
 
 mod stats;
 pub use stats::{
-    at_least, at_most, human, large_busbw_ratio, paired_excess, paired_step_ratio, smallest,
+    at_least, at_most, human, large_busbw_ratio, least, paired_excess, paired_step_ratio, smallest,
     upper_median, worst,
 };
 
@@ -475,12 +475,13 @@ pub fn summary(docs: &BTreeMap<String, Value>) -> (Value, Vec<Target>) {
         let rs: Vec<&Value> = results(doc).collect();
         let mut colls: Vec<&str> = rs.iter().map(|r| s(r, "coll")).collect();
         colls.dedup();
-        colls
-            .iter()
-            .flat_map(|c| ["safe", "dist"].map(|l| large_busbw_ratio(&rs, c, l)))
-            .flatten()
-            .min_by(|a, b| a.0.total_cmp(&b.0))
-            .unwrap_or((f64::NAN, "no sizes of 128 MiB or more".into()))
+        least(
+            colls
+                .iter()
+                .flat_map(|c| ["safe", "dist"].map(|l| large_busbw_ratio(&rs, c, l)))
+                .flatten(),
+        )
+        .unwrap_or((f64::NAN, "no sizes of 128 MiB or more".into()))
     });
 
     let mut targets = vec![
@@ -590,6 +591,9 @@ pub fn summary(docs: &BTreeMap<String, Value>) -> (Value, Vec<Target>) {
             json!(t.value.as_ref().map(|(_, at)| at.clone())),
         );
         flat.insert(format!("{}_target", t.key), json!(t.limit));
+        // Whether the target is a floor (at least it) or, as for most, a
+        // ceiling (at most it).
+        flat.insert(format!("{}_floor", t.key), json!(t.floor));
         flat.insert(format!("{}_met", t.key), json!(t.met()));
     }
     // What the async phase reports beside its target (not targets).

@@ -113,6 +113,10 @@ const NOTHING_TO_REFUSE: &[(&str, &str)] = &[
         "crate-internal checks (pub inside a private module), driven by every collective row",
     ),
     ("nccl_safe::cudarc", "re-export"),
+    (
+        "nccl_safe::segments::mark take",
+        "a diagnostic (hidden; counts only with --features segments): timing marks, no input to refuse",
+    ),
     ("DeviceMesh::shape coordinate position comm", "accessor"),
     (
         "DeviceMesh::from_world",

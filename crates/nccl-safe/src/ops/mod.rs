@@ -488,7 +488,12 @@ impl<'s, 'a> OnStream<'s, 'a> {
         let cached = match op.kind {
             op::Kind::Send => met.send & bit != 0,
             op::Kind::Recv => met.recv & bit != 0,
-            op::Kind::AllToAll => met.all_to_all,
+            op::Kind::AllToAll => {
+                // One flag for the one all-to-all (an all-to-all-v counts
+                // by direction and never comes here).
+                debug_assert_eq!(op.name, "ncclAlltoAll");
+                met.all_to_all
+            }
             op::Kind::Gather | op::Kind::Scatter => false,
             _ => met.collective || self.comm.size() < 2,
         };

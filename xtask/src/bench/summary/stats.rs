@@ -27,6 +27,16 @@ pub fn worst(items: impl Iterator<Item = (f64, String)>) -> Option<(f64, String)
     })
 }
 
+/// The least of `(value, where)` pairs; NaN wins, as in [`worst`], so a
+/// missing figure is never passed over for a real one.
+pub fn least(items: impl Iterator<Item = (f64, String)>) -> Option<(f64, String)> {
+    items.fold(None, |acc, (v, at)| match acc {
+        Some((a, _)) if a.is_nan() => acc,
+        Some((a, _)) if !v.is_nan() && v >= a => acc,
+        _ => Some((v, at)),
+    })
+}
+
 /// The middle value (the upper one of an even count), as the reports'
 /// medians take it; `None` for no value.
 pub fn upper_median(mut v: Vec<f64>) -> Option<f64> {
@@ -36,7 +46,8 @@ pub fn upper_median(mut v: Vec<f64>) -> Option<f64> {
 
 /// The least busbw of `layer` over raw's at the same point (size,
 /// placement), over every size of `coll` from 128 MiB up, in a sweep's
-/// records; `None` where there is no such size.
+/// records; `None` where there is no such size. A record without its busbw
+/// or without raw's at the same point gives NaN, which wins (a miss).
 pub fn large_busbw_ratio(rs: &[&Value], coll: &str, layer: &str) -> Option<(f64, String)> {
     fn of<'r, 'v>(
         rs: &'r [&'v Value],
@@ -47,24 +58,27 @@ pub fn large_busbw_ratio(rs: &[&Value], coll: &str, layer: &str) -> Option<(f64,
             .copied()
             .filter(move |r| s(r, "coll") == coll && s(r, "layer") == layer)
     }
-    of(rs, coll, layer)
-        .filter(|r| r["bytes"].as_u64().unwrap_or(0) >= 128 << 20)
-        .filter_map(|r| {
-            let raw = of(rs, coll, "raw").find(|q| same(q, r))?;
-            let place = if r["in_place"] == true {
-                "in place"
-            } else {
-                "out of place"
-            };
-            Some((
-                f(r, "busbw_gbs") / f(raw, "busbw_gbs"),
-                format!(
-                    "{coll} {layer} {} {place}",
-                    human(r["bytes"].as_u64().unwrap_or(0))
-                ),
-            ))
-        })
-        .min_by(|a, b| a.0.total_cmp(&b.0))
+    least(
+        of(rs, coll, layer)
+            .filter(|r| r["bytes"].as_u64().unwrap_or(0) >= 128 << 20)
+            .map(|r| {
+                let raw = of(rs, coll, "raw").find(|q| same(q, r));
+                let place = if r["in_place"] == true {
+                    "in place"
+                } else {
+                    "out of place"
+                };
+                // `f` gives NaN for a missing figure; 0/0 is NaN too.
+                let ratio = raw.map_or(f64::NAN, |q| f(r, "busbw_gbs") / f(q, "busbw_gbs"));
+                (
+                    ratio,
+                    format!(
+                        "{coll} {layer} {} {place}",
+                        human(r["bytes"].as_u64().unwrap_or(0))
+                    ),
+                )
+            }),
+    )
 }
 
 /// The smallest size of each collective measured through `layer` in

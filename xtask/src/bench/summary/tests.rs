@@ -367,6 +367,23 @@ fn busbw_large_over_raw_is_a_floor_over_large_sizes() {
         "{misses:?}"
     );
 
+    assert_eq!(flat["busbw_large_over_raw_min_floor"], json!(true));
+    assert_eq!(flat["busbw_large_over_raw_min_target"], json!(0.99));
+
+    // A large record without its busbw, or without raw's beside it, is a
+    // miss, never passed over for a good ratio.
+    let mut no_bw = row("all_reduce", "safe", 256, 0.0);
+    no_bw.as_object_mut().unwrap().remove("busbw_gbs");
+    for odd in [no_bw, row("all_gather", "dist", 128, 100.0)] {
+        let (flat, _) = sweep(vec![
+            row("all_reduce", "raw", 128, 100.0),
+            row("all_reduce", "safe", 128, 100.0),
+            odd,
+        ]);
+        assert!(flat["busbw_large_over_raw_min"].is_null(), "{flat}");
+        assert_eq!(flat["busbw_large_over_raw_min_met"], json!(false));
+    }
+
     let (flat, _) = sweep(vec![row("all_reduce", "raw", 8, 1.0)]);
     assert!(flat["busbw_large_over_raw_min"].is_null());
     assert_eq!(flat["busbw_large_over_raw_min_met"], json!(false));
@@ -401,4 +418,5 @@ fn step_ratio_is_paired_by_round() {
     assert_eq!(flat["default_step_over_raw_at"], json!("processes"));
     assert_eq!(flat["default_step_over_raw_met"], json!(false));
     assert_eq!(flat["default_step_over_raw_medians"], json!(1.25));
+    assert_eq!(flat["default_step_over_raw_floor"], json!(false));
 }
