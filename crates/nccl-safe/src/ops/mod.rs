@@ -479,8 +479,10 @@ impl<'s, 'a> OnStream<'s, 'a> {
 
     /// Whether `op` (not an all-to-all-v, whose counts decide) may go to
     /// NCCL without a meeting (see [`crate::OpObserver::gate`]): what it
-    /// connects was met already. A collective once the first was met: a
-    /// `Cell` of this handle; otherwise the shared record, under its lock.
+    /// connects was met already. A collective once the first was met, an
+    /// all-to-all once the first was, a send or receive once its peer's
+    /// first was (peers below 64): the handle's copy (`Comm::met`, a
+    /// `Cell`); otherwise the shared record, under its lock.
     #[inline]
     fn gate_met(&self, op: &op::Op) -> bool {
         let met = self.comm.met.get();
