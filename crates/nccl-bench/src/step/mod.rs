@@ -384,9 +384,11 @@ fn per_rank(world: &World, host: &HostBarrier, opts: &Opts) -> Result<Option<Val
                 let t0 = Instant::now();
                 let issued = run(opts.iters, b);
                 let issue = t0.elapsed();
-                add_segments(&mut segs[side], segments::take());
                 host.wait()?;
                 let allocs = alloc::process() - a0;
+                // After the count: `take` allocates its list (with the
+                // feature).
+                add_segments(&mut segs[side], segments::take());
                 // Nobody moves on (and allocates) before all have read.
                 host.wait()?;
                 issued?;
