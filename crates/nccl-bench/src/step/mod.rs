@@ -386,11 +386,11 @@ fn per_rank(world: &World, host: &HostBarrier, opts: &Opts) -> Result<Option<Val
                 let issue = t0.elapsed();
                 host.wait()?;
                 let allocs = alloc::process() - a0;
-                // After the count: `take` allocates its list (with the
-                // feature).
-                add_segments(&mut segs[side], segments::take());
                 // Nobody moves on (and allocates) before all have read.
                 host.wait()?;
+                // After every rank's count: `take` allocates its list (with
+                // the feature). No mark comes between: nothing of ours ran.
+                add_segments(&mut segs[side], segments::take());
                 issued?;
                 wait(s, opts, &all)?;
                 let at = side * PER_SIDE;
