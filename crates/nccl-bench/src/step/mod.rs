@@ -68,7 +68,7 @@ use crate::cli::{Mode, Opts};
 use crate::error::{BoxError, Result};
 use crate::fns::Fns;
 
-use bufs::{B_A2A, B_AVG, B_BCAST, B_GRAD, B_LOSS, B_RING, B_TP, Bufs, Layout, value};
+use bufs::{B_A2A, B_AVG, B_BCAST, B_GRAD, B_LOSS, B_RING, B_TP, Bufs, Layout, Output, value};
 use raw::{Ptrs, Raw, ok};
 
 /// NCCL calls in one step (the ring is two).
@@ -463,12 +463,18 @@ fn per_rank(world: &World, host: &HostBarrier, opts: &Opts) -> Result<Option<Val
                     (g - w).abs() > 1e-6 * w.abs().max(1.0)
                 }
             };
-            if d.values.len() != w.len() || r.values.len() != w.len() {
-                return Err(format!("{}: read back the wrong number of elements", d.name).into());
-            }
-            let wd = d.values.iter().zip(w).filter(|(g, w)| bad(g, w)).count() as u64;
-            let wr = r.values.iter().zip(w).filter(|(g, w)| bad(g, w)).count() as u64;
-            let df = d.bits.iter().zip(&r.bits).filter(|(a, b)| a != b).count() as u64;
+            // Elements off the expected values, and bits unlike default's.
+            let wrong = |o: &Output| -> Result<u64> {
+                if o.values.len() != w.len() {
+                    return Err(
+                        format!("{}: read back the wrong number of elements", o.name).into(),
+                    );
+                }
+                Ok(o.values.iter().zip(w).filter(|(g, w)| bad(g, w)).count() as u64)
+            };
+            let unlike =
+                |o: &Output| d.bits.iter().zip(&o.bits).filter(|(a, b)| a != b).count() as u64;
+            let (wd, wr, df) = (wrong(d)?, wrong(r)?, unlike(r));
             if wd + wr + df > 0 && !opts.quiet {
                 eprintln!(
                     "bench --step: rank {me} {}: {wd} wrong (default), {wr} wrong (raw), {df} differ",
@@ -479,13 +485,7 @@ fn per_rank(world: &World, host: &HostBarrier, opts: &Opts) -> Result<Option<Val
             wrong_raw += wr;
             differ += df;
             if let Some(m) = mout.as_ref().and_then(|m| m.get(i)) {
-                if m.values.len() != w.len() {
-                    return Err(
-                        format!("{}: read back the wrong number of elements", m.name).into(),
-                    );
-                }
-                let wm = m.values.iter().zip(w).filter(|(g, w)| bad(g, w)).count() as u64;
-                let dm = d.bits.iter().zip(&m.bits).filter(|(a, b)| a != b).count() as u64;
+                let (wm, dm) = (wrong(m)?, unlike(m));
                 if wm + dm > 0 && !opts.quiet {
                     eprintln!(
                         "bench --step: rank {me} {}: {wm} wrong (raw_mesh), {dm} differ from default",

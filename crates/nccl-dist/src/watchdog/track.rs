@@ -225,17 +225,13 @@ impl Tracker {
         segments::mark(Seg::Observe);
         let _record = Closed;
         self.last_record = Some(now);
-        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
         // SAFETY: `open.stream` is a live stream of this context: either
         // this runs inside `issued` for the stream it was handed (live for
         // that call, as `ObservedStream` promises), or the batch stayed
         // open past its `issued`, which only a kept stream's batch does
         // (`due` closes any other at once), and the watch keeps those
-        // alive; one status is written.
-        let queried = unsafe { sys::cuStreamIsCapturing(open.stream as _, &mut status) };
-        let capturing = queried != sys::CUresult::CUDA_SUCCESS
-            || status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-        let event = if capturing {
+        // alive.
+        let event = if unsafe { capturing(open.stream) } {
             None
         } else {
             match self.spare.pop() {
@@ -262,12 +258,8 @@ impl Tracker {
         // asking it when a later one on the stream finished. Asked again:
         // capturing now, the event is trusted for nothing and never reused
         // (a graph may refer to it, so it is left allocated).
-        let mut after = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
         // SAFETY: as for the first query.
-        let queried = unsafe { sys::cuStreamIsCapturing(open.stream as _, &mut after) };
-        if queried != sys::CUresult::CUDA_SUCCESS
-            || after != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
-        {
+        if unsafe { capturing(open.stream) } {
             std::mem::forget(event);
             self.mark(open.first, open.last, OpState::Untracked, None);
             return;
@@ -353,6 +345,21 @@ impl Tracker {
     fn finished(&self, i: usize) -> Option<bool> {
         self.batches.get(i)?.event.try_is_complete().ok()
     }
+}
+
+/// Whether `stream` is being captured into a CUDA graph now; a query the
+/// driver refuses counts as yes (the batch is then untracked, never a
+/// false timeout).
+///
+/// # Safety
+///
+/// `stream` is a live stream.
+unsafe fn capturing(stream: cudaStream_t) -> bool {
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: the caller's promise; one status is written.
+    let queried = unsafe { sys::cuStreamIsCapturing(stream as _, &mut status) };
+    queried != sys::CUresult::CUDA_SUCCESS
+        || status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
 }
 
 /// How many of `run` batches on one stream finished, asking `finished`

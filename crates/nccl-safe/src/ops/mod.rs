@@ -144,7 +144,7 @@ fn ptr(address: u64, offset_elems: usize, elem_bytes: usize) -> u64 {
 
 impl<'s, 'a> OnStream<'s, 'a> {
     fn direct(comm: &'a Comm, stream: &'a CudaStream) -> Self {
-        crate::segments::mark(crate::segments::Seg::Outside);
+        segments::mark(Seg::Outside);
         OnStream {
             comm,
             stream,
@@ -155,7 +155,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
     }
 
     fn grouped(comm: &'a Comm, stream: &'a CudaStream, hold: &'s RefCell<GroupHold<'a>>) -> Self {
-        crate::segments::mark(crate::segments::Seg::Outside);
+        segments::mark(Seg::Outside);
         OnStream {
             comm,
             stream,
@@ -512,22 +512,26 @@ impl<'s, 'a> OnStream<'s, 'a> {
         let reached = self.comm.shared().lock_reached();
         let me = self.comm.rank();
         let side = |v: &Vec<bool>, r: usize| r == me || v.get(r).copied().unwrap_or(false);
-        let mut met = self.comm.met.get();
-        let bit = Met::bit(op.peer);
         let yes = match op.kind {
-            op::Kind::Send => side(&reached.send, op.peer).then(|| met.send |= bit),
-            op::Kind::Recv => side(&reached.recv, op.peer).then(|| met.recv |= bit),
-            op::Kind::AllToAll => reached
-                .firsts
-                .contains(&(op.name, usize::MAX))
-                .then(|| met.all_to_all = true),
+            op::Kind::Send => side(&reached.send, op.peer),
+            op::Kind::Recv => side(&reached.recv, op.peer),
+            op::Kind::AllToAll => reached.firsts.contains(&(op.name, usize::MAX)),
             op::Kind::Gather | op::Kind::Scatter => {
                 return reached.firsts.contains(&(op.name, op.peer));
             }
-            _ => reached.collective.then(|| met.collective = true),
+            _ => reached.collective,
         };
-        self.comm.met.set(met);
-        yes.is_some()
+        if yes {
+            let mut met = self.comm.met.get();
+            match op.kind {
+                op::Kind::Send => met.send |= Met::bit(op.peer),
+                op::Kind::Recv => met.recv |= Met::bit(op.peer),
+                op::Kind::AllToAll => met.all_to_all = true,
+                _ => met.collective = true,
+            }
+            self.comm.met.set(met);
+        }
+        yes
     }
 
     /// The communicator ranks `op` must meet before it goes to NCCL, when
