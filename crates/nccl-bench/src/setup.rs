@@ -2,7 +2,11 @@
 //! repetition makes the world (communicator init), a 2-D `DeviceMesh`
 //! (`dp` × `tp`, 2 × 2 on 4 GPUs) and a first one-element all-reduce on
 //! each axis; the first repetition also pays for CUDA context creation
-//! (cold), the later ones do not (warm). Times are the slowest rank's.
+//! (cold), the later ones do not (warm). Each phase's time is the slowest
+//! rank's; so is mesh + first calls, taken on each rank before the
+//! maximum (a rank done with its mesh early waits for the others in its
+//! first call, so the phases' maxima, kept as `phase_maxima_sum_ms`, can
+//! add up to more than any rank took).
 //!
 //! Each repetition also breaks the set-up down by the crates' `tracing`
 //! spans (`spans.rs`): library load, rendezvous, communicator init, splits
@@ -73,6 +77,10 @@ struct Phases {
     mesh: f64,
     first_dp: f64,
     first_tp: f64,
+    /// This rank's mesh and first calls together. The slowest rank's is
+    /// not the sum of the slowest mesh and the slowest first calls: a rank
+    /// done with its mesh early waits in its first call for the others.
+    total: f64,
     /// [`SPAN_PHASES`], in order.
     spans: [f64; SPAN_PHASES.len()],
     /// [`FIRST_PARTS`], in order (thread or process per rank only).
@@ -81,7 +89,13 @@ struct Phases {
 
 impl Phases {
     fn to_vec(self) -> Vec<f64> {
-        let mut v = vec![self.world, self.mesh, self.first_dp, self.first_tp];
+        let mut v = vec![
+            self.world,
+            self.mesh,
+            self.first_dp,
+            self.first_tp,
+            self.total,
+        ];
         v.extend(self.spans);
         v.extend(self.parts);
         v
@@ -130,6 +144,7 @@ fn first_on_axes(mesh: &DeviceMesh, phases: &mut Phases) -> Result<()> {
             total - called,
         ]);
     }
+    phases.total = phases.mesh + phases.first_dp + phases.first_tp;
     Ok(())
 }
 
@@ -141,7 +156,7 @@ fn slowest(world: &Comm, p: Phases) -> Result<Phases> {
     world.synchronize(stream)?;
     let v = stream.clone_dtoh(&buf)?;
     let mut spans = [0.0; SPAN_PHASES.len()];
-    let rest = &v[4..];
+    let rest = &v[5..];
     spans.copy_from_slice(&rest[..SPAN_PHASES.len()]);
     let mut parts = [0.0; FIRST_PARTS.len()];
     parts.copy_from_slice(&rest[SPAN_PHASES.len()..]);
@@ -150,6 +165,7 @@ fn slowest(world: &Comm, p: Phases) -> Result<Phases> {
         mesh: v[1],
         first_dp: v[2],
         first_tp: v[3],
+        total: v[4],
         spans,
         parts,
     })
@@ -224,6 +240,7 @@ fn single(devices: &[usize], config: &Config) -> Result<Phases> {
         }
         *slot = ms(t);
     }
+    p.total = p.mesh + p.first_dp + p.first_tp;
     Ok(p)
 }
 
@@ -355,7 +372,10 @@ pub fn run(opts: &Opts) -> Result<()> {
             (0, false) => "cold",
             _ => "warm",
         };
-        let mesh_total = p.mesh + p.first_dp + p.first_tp;
+        // The slowest rank's own total; the sum of the phases' maxima
+        // (each perhaps another rank's) is kept beside it.
+        let mesh_total = p.total;
+        let maxima = p.mesh + p.first_dp + p.first_tp;
         println!(
             "  {:>4} {:>5} {:>12.1} {:>10.1} {:>14.1} {:>14.1} {:>18.1}",
             i, state, p.world, p.mesh, p.first_dp, p.first_tp, mesh_total
@@ -368,6 +388,7 @@ pub fn run(opts: &Opts) -> Result<()> {
             "first_all_reduce_dp_ms": p.first_dp,
             "first_all_reduce_tp_ms": p.first_tp,
             "mesh_and_first_all_reduces_ms": mesh_total,
+            "phase_maxima_sum_ms": maxima,
         });
         for ((key, _, _), ms) in SPAN_PHASES.iter().zip(p.spans) {
             row[*key] = json!(ms);

@@ -510,12 +510,16 @@ pub fn setup_section(
     docs: &BTreeMap<String, Value>,
     misses: &mut Vec<String>,
 ) -> Result<()> {
-    let heading = "## Set-up\n\nms, slowest rank. world = communicator init (from process start in the first processes rep); mesh = `DeviceMesh::new` dp×tp; target: mesh + first all_reduce on each axis ≤ 200 ms on 4 GPUs (warm reps). The span columns break world and mesh down by the crates' `tracing` spans (summed per rank; in one process, the slowest thread's): libnccl load, rendezvous, communicator init, splits, topology probe, connection gates, the world's connection (a one-element all-reduce that ends `World::init` unless `WorldOptions::lazy_connect`; its gate is also in gates). A mesh in the world's order shares the world's communicator (`Comm::share`): no split for it, and its first call on an axis of every rank finds the connections made. The last column splits the first tp call (a thread or process per rank): making and filling its one-element buffer / the all_reduce call / the stream's synchronisation, each part the slowest rank's (so they need not add up to the first tp column). Rows `processes-keeps-world` make the mesh with `DeviceMesh::from_world` instead of `DeviceMesh::new`.\n\n| mode | rep | state | world | mesh | first dp | first tp | mesh + firsts | load | rendezvous | init | splits | probe | gates | connect | first tp: buffer / call / sync |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+    let heading = "## Set-up\n\nms, slowest rank. world = communicator init (from process start in the first processes rep); mesh = `DeviceMesh::new` dp×tp; mesh + firsts = the slowest rank's own mesh and first all_reduce on each axis together (each rank's total, then the maximum; in brackets the sum of the three columns' maxima, which may be different ranks': a rank done with its mesh early waits in its first call for the others; runs before 2026-11-26 recorded only that sum); target ≤ 200 ms on 4 GPUs (warm reps). The span columns break world and mesh down by the crates' `tracing` spans (summed per rank; in one process, the slowest thread's): libnccl load, rendezvous, communicator init, splits, topology probe, connection gates, the world's connection (a one-element all-reduce that ends `World::init` unless `WorldOptions::lazy_connect`; its gate is also in gates). A mesh in the world's order shares the world's communicator (`Comm::share`): no split for it, and its first call on an axis of every rank finds the connections made. The last column splits the first tp call (a thread or process per rank): making and filling its one-element buffer / the all_reduce call / the stream's synchronisation, each part the slowest rank's (so they need not add up to the first tp column). Rows `processes-keeps-world` make the mesh with `DeviceMesh::from_world` instead of `DeviceMesh::new`.\n\n| mode | rep | state | world | mesh | first dp | first tp | mesh + firsts | load | rendezvous | init | splits | probe | gates | connect | first tp: buffer / call / sync |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
     let found = phase(md, docs, "setup-", heading);
     for &(mode, doc) in &found {
         let ranks = doc["meta"]["ranks"].as_u64();
         for r in doc["setup"].as_array().into_iter().flatten() {
             let total = f(r, "mesh_and_first_all_reduces_ms");
+            let maxima = match r.get("phase_maxima_sum_ms").and_then(Value::as_f64) {
+                Some(v) => format!(" ({v:.1})"),
+                None => String::new(),
+            };
             let spans: Vec<String> = [
                 "library_load_ms",
                 "rendezvous_ms",
@@ -544,7 +548,7 @@ pub fn setup_section(
             };
             writeln!(
                 md,
-                "| {mode} | {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {total:.1} | {} | {parts} |",
+                "| {mode} | {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {total:.1}{maxima} | {} | {parts} |",
                 r["rep"],
                 s(r, "state"),
                 f(r, "world_ms"),

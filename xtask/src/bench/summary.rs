@@ -109,8 +109,8 @@ pub const TARGET_MODES: &[&str] = &["threads", "processes"];
 ///   `requests_per_s_64_in_flight` are copied beside it, not targets).
 /// - `setup_ms`: from the setup phase, per blocking mode (single,
 ///   threads, processes) the median over the warm reps of `DeviceMesh::new`
-///   plus the first all_reduce on each axis (slowest rank); the worst
-///   mode.
+///   plus the first all_reduce on each axis (the slowest rank's own
+///   total; the bench's `mesh_and_first_all_reduces_ms`); the worst mode.
 /// - `small_allreduce_over_nccl_2mib`: from the small phase, ours with
 ///   symmetric buffers over raw NCCL's default, all_reduce of 2 MiB of
 ///   bf16 (medians of interleaved rounds, slowest rank).
