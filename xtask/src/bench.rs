@@ -76,9 +76,9 @@ use std::time::{Duration, Instant};
 
 use crate::bench::summary::TARGET_MODES;
 use crate::flags::{self, Flag, Trailing, switch, value};
-use crate::gpu_test::{BENCH, TORCH_SETUP, TORCH_SMALL, TORCH_STEP};
+use crate::gpu_test::{BENCH, BENCH_PROFILE, TORCH_SETUP, TORCH_SMALL, TORCH_STEP};
 use crate::launch::{Ended, launch_ranks};
-use crate::{Result, cargo, gpu_count, release_dir, workspace_root};
+use crate::{Result, cargo, gpu_count, workspace_root};
 
 const PHASES: &[&str] = &[
     "sweep", "latency", "graph", "events", "setup", "step", "async", "recover", "small",
@@ -297,9 +297,9 @@ fn bench_binary(o: &Options) -> Result<PathBuf> {
         }
         return Ok(path);
     }
-    eprintln!("xtask: building the bench (release)");
-    crate::run(cargo().args(["build", "--release", "-p", BENCH]))?;
-    Ok(release_dir().join(BENCH))
+    eprintln!("xtask: building the bench ({BENCH_PROFILE})");
+    crate::run(cargo().args(["build", "--profile", BENCH_PROFILE, "-p", BENCH]))?;
+    Ok(crate::target_dir().join(BENCH_PROFILE).join(BENCH))
 }
 
 pub fn run(args: &[&str]) -> Result<()> {

@@ -80,6 +80,10 @@ pub const EXAMPLES: &[(&str, &str)] = &[
 /// for `DIR/xtask bench --from-bundle DIR`.
 pub const BENCH: &str = "nccl-bench";
 
+/// The cargo profile the bench is built with (`Cargo.toml`: release with
+/// fat LTO and one codegen unit).
+pub const BENCH_PROFILE: &str = "release-lto";
+
 /// PyTorch's side of the bench's set-up phase (`bench --python`), in
 /// `python/examples` and a bundle's `python`.
 pub const TORCH_SETUP: &str = "torch_setup.py";
@@ -362,13 +366,16 @@ fn bundle(dir: &Path) -> Result<()> {
             dir.join("python").join(script),
         )?;
     }
-    eprintln!("xtask: building the bench (release) for the bundle");
+    eprintln!("xtask: building the bench ({BENCH_PROFILE}) for the bundle");
     crate::run(
         cargo()
-            .args(["build", "--release", "-p", BENCH])
-            .env("CARGO_PROFILE_RELEASE_STRIP", "true"),
+            .args(["build", "--profile", BENCH_PROFILE, "-p", BENCH])
+            .env("CARGO_PROFILE_RELEASE_LTO_STRIP", "true"),
     )?;
-    std::fs::copy(release_dir().join(BENCH), dir.join(BENCH))?;
+    std::fs::copy(
+        crate::target_dir().join(BENCH_PROFILE).join(BENCH),
+        dir.join(BENCH),
+    )?;
     eprintln!("xtask: building xtask (release) for the bundle");
     crate::run(
         cargo()
