@@ -367,11 +367,9 @@ fn bundle(dir: &Path) -> Result<()> {
         )?;
     }
     eprintln!("xtask: building the bench ({BENCH_PROFILE}) for the bundle");
-    crate::run(
-        cargo()
-            .args(["build", "--profile", BENCH_PROFILE, "-p", BENCH])
-            .env("CARGO_PROFILE_RELEASE_LTO_STRIP", "true"),
-    )?;
+    // Stripped by the profile itself: `CARGO_PROFILE_RELEASE_LTO_STRIP`
+    // would read as release's `lto` key.
+    crate::run(cargo().args(["build", "--profile", BENCH_PROFILE, "-p", BENCH]))?;
     std::fs::copy(
         crate::target_dir().join(BENCH_PROFILE).join(BENCH),
         dir.join(BENCH),
