@@ -164,6 +164,39 @@ fn setup_torch_of_three_launches_parses() {
     assert!(misses.is_empty(), "{misses:?}");
 }
 
+/// `setup_ms` is the slowest rank's own total, not the sum of the
+/// phases' maxima (which the report shows in brackets beside it).
+#[test]
+fn setup_ms_takes_the_slowest_ranks_total_not_the_sum_of_maxima() {
+    let row = |rep: u64, state: &str, total: f64, maxima: f64| {
+        json!({
+            "rep": rep, "state": state, "world_ms": 100.0, "mesh_ms": 30.0,
+            "first_all_reduce_dp_ms": 0.1, "first_all_reduce_tp_ms": maxima - 30.1,
+            "mesh_and_first_all_reduces_ms": total, "phase_maxima_sum_ms": maxima,
+        })
+    };
+    let doc = json!({
+        "meta": {"setup": true, "mode": "processes", "ranks": 2},
+        "setup": [
+            row(0, "cold", 40.0, 45.0),
+            row(1, "warm", 31.0, 58.0),
+            row(2, "warm", 33.0, 70.0),
+            row(3, "warm", 35.0, 36.0),
+        ],
+    });
+    let mut docs = BTreeMap::new();
+    docs.insert("setup-processes".to_string(), doc);
+    let (flat, _) = summary(&docs);
+    assert_eq!(flat["setup_ms"], json!(33.0), "{flat}");
+    let mut md = String::new();
+    let mut misses = Vec::new();
+    crate::bench::report::setup_section(&mut md, &docs, &mut misses).unwrap();
+    assert!(
+        md.contains("| processes | 2 | warm | 100.0 | 30.0 | 0.1 | 39.9 | 33.0 (70.0) |"),
+        "{md}"
+    );
+}
+
 #[test]
 fn recover_ms_is_the_median_rep_of_the_slowest_survivor() {
     let doc = json!({
