@@ -100,7 +100,9 @@ pub const TARGET_MODES: &[&str] = &["threads", "processes"];
 ///   processes) of default step / raw step, paired by round
 ///   ([`paired_step_ratio`]); `default_step_over_raw_medians` beside it
 ///   (not a target) is the ratio of the two medians, as reports before
-///   session ten took it.
+///   session ten took it; `default_step_raw_us` beside it (not a target)
+///   is raw's µs per step in the same job, which tells a host-bound run
+///   from a GPU-bound one.
 /// - `await_minus_sync_small_us`: from the async phase, `.await`ing an
 ///   8 B all_reduce's completion future in a tokio runtime minus a
 ///   blocking stream sync (its `await_small_us`, `sync_small_us`,
@@ -218,6 +220,15 @@ pub fn summary(docs: &BTreeMap<String, Value>) -> (Value, Vec<Target>) {
     // The ratio of the sides' medians, as earlier reports took it (not a
     // target: one side's median can fall in a fast stretch and the other's
     // in a slow one).
+    // Raw's µs per step in the job `default_step_over_raw` comes from
+    // (not a target): which of the step's two speeds the run got (host- or
+    // GPU-bound, `docs/bench/README.md`, "Build profile").
+    let step_raw_us = step.as_ref().and_then(|(_, at)| {
+        steps
+            .iter()
+            .find(|(mode, _)| mode == at)
+            .map(|(mode, d)| (f(&d["step"], "raw_us"), format!("step-{mode}")))
+    });
     let step_medians = worst(
         steps
             .iter()
@@ -610,6 +621,10 @@ pub fn summary(docs: &BTreeMap<String, Value>) -> (Value, Vec<Target>) {
         if let Some((_, sum)) = awaited.first() {
             flat.insert(key.into(), sum[key].clone());
         }
+    }
+    if let Some((us, at)) = &step_raw_us {
+        flat.insert("default_step_raw_us".into(), json!(us));
+        flat.insert("default_step_raw_us_at".into(), json!(at));
     }
     if let Some((ratio, at)) = &step_medians {
         flat.insert("default_step_over_raw_medians".into(), json!(ratio));
