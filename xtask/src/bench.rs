@@ -34,7 +34,7 @@
 //!   Python with PyTorch), PyTorch's equivalents run on the same GPUs in
 //!   the same run (`python/examples/torch_setup.py`, a process per GPU:
 //!   `init_process_group` with `device_id`, `init_device_mesh`, the first
-//!   all_reduce per axis; 3 reps, each its own `torch.distributed.run`
+//!   all_reduce per axis; 6 reps, each its own `torch.distributed.run`
 //!   launch, the first cold from process start, the warm ones timing
 //!   `init_process_group` after making the CUDA context, as our warm
 //!   reps), reported as mode `torch`; the summary's `mesh_over_torch` and
@@ -356,7 +356,9 @@ pub fn run(args: &[&str]) -> Result<()> {
                 // A launch per rep: with PyTorch 2.11 on 2 H200s both
                 // ranks died (SIGSEGV) in a second rep that initialised
                 // again after `destroy_process_group` in the same process.
-                reps: Some(3),
+                // Six, as our set-up phase: five warm reps for the median
+                // (with two, the upper median was the slower of them).
+                reps: Some(6),
             },
             TorchSide {
                 phase: "step",
