@@ -227,7 +227,7 @@ pub fn summary(docs: &BTreeMap<String, Value>) -> (Value, Vec<Target>) {
         steps
             .iter()
             .find(|(mode, _)| mode == at)
-            .map(|(mode, d)| (f(&d["step"], "raw_us"), format!("step-{mode}")))
+            .map(|(mode, d)| (f(&d["step"], "raw_us"), mode.to_string()))
     });
     let step_medians = worst(
         steps

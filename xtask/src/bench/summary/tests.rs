@@ -453,6 +453,6 @@ fn step_ratio_is_paired_by_round() {
     assert_eq!(flat["default_step_over_raw_medians"], json!(1.25));
     // Raw's µs per step in the same job, beside the ratio.
     assert_eq!(flat["default_step_raw_us"], json!(64.0));
-    assert_eq!(flat["default_step_raw_us_at"], json!("step-processes"));
+    assert_eq!(flat["default_step_raw_us_at"], json!("processes"));
     assert_eq!(flat["default_step_over_raw_floor"], json!(false));
 }
