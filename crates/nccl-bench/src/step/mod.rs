@@ -567,11 +567,6 @@ fn over(comm: &Comm, stream: &Arc<CudaStream>, v: &[f64], op: ReduceOp) -> Resul
     Ok(stream.clone_dtoh(&buf)?)
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 /// Prints the result and builds the JSON (rank 0); `max` holds, per
 /// round, `PER_SIDE` values for each of the first `sides` of [`SIDES`].
 fn report(
@@ -590,9 +585,9 @@ fn report(
             .map(|r| r[side * PER_SIDE + i])
             .collect::<Vec<f64>>()
     };
-    let time = |side: usize| median(col(side, 0));
+    let time = |side: usize| crate::median(&mut col(side, 0));
     let allocs = |side: usize| col(side, 1).into_iter().fold(0.0, f64::max);
-    let issue = |side: usize| median(col(side, 2));
+    let issue = |side: usize| crate::median(&mut col(side, 2));
     let (d, r) = (time(0), time(1));
     let (wrong_default, wrong_raw, differ) = (sums[0] as u64, sums[1] as u64, sums[2] as u64);
     let wrong_raw_mesh = sums[3] as u64;
@@ -647,12 +642,12 @@ fn report(
     if sides > 2 {
         // Paired by round: each round's difference, then the median.
         let paired = |a: usize, b: usize| {
-            median(
-                col(a, 0)
+            crate::median(
+                &mut col(a, 0)
                     .iter()
                     .zip(col(b, 0))
                     .map(|(x, y)| (x - y) * 1e6)
-                    .collect(),
+                    .collect::<Vec<f64>>(),
             )
         };
         step["raw_mesh_us"] = json!(time(2) * 1e6);
