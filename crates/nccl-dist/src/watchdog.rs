@@ -65,6 +65,7 @@ pub(crate) use nccl_control::culprit;
 mod explain;
 mod gate;
 mod label;
+mod lane;
 mod options;
 mod track;
 mod verdict;
@@ -77,6 +78,7 @@ pub use culprit::{Call, Divergence, Field, Tail, analyze};
 pub use explain::{explain, synchronize};
 pub(crate) use explain::{explain_known, from_failure};
 use label::exchange_key;
+use lane::{HotLane, LANE, Slot};
 pub use options::WatchdogOptions;
 use track::Tracker;
 
@@ -86,6 +88,9 @@ struct WatchState {
     /// A timeout is being accounted for (the flight-record exchange runs):
     /// by the watchdog thread, or by a waiter whose own deadline fired.
     timing_out: bool,
+    /// The calls taken from the lane by a drain (room for a full lane,
+    /// reserved up front).
+    drained: Vec<Slot>,
 }
 
 impl std::ops::Deref for WatchState {
@@ -102,7 +107,11 @@ impl std::ops::DerefMut for WatchState {
 }
 
 /// One watched communicator: the observer set on it.
+#[repr(C)]
 struct Watch {
+    /// Where the issuing threads leave their calls (`lane.rs`): first, in
+    /// a cache line of its own.
+    lane: HotLane,
     label: String,
     registry: Arc<Registry>,
     abort: WeakAbortHandle,
@@ -123,8 +132,53 @@ struct Watch {
 }
 
 impl Watch {
+    /// The watch's state, with every call waiting in the lane drained
+    /// into it first: whoever looks sees each call issued before.
     fn lock(&self) -> MutexGuard<'_, WatchState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let first = {
+            let mut lane = self.lane.lock();
+            if !lane.waiting() {
+                return st;
+            }
+            lane.drain(&mut st.drained)
+        };
+        self.take_drained(&mut st, first, Instant::now());
+        st
+    }
+
+    /// Records the calls a drain took (numbered from `first`) as issued
+    /// at `now`, in order.
+    fn take_drained(&self, st: &mut WatchState, first: u64, now: Instant) {
+        let calls = std::mem::take(&mut st.drained);
+        for (seq, call) in (first..).zip(calls.iter()) {
+            let record = self.record(seq, call, st.failure.is_some(), now);
+            if st.failure.is_some() {
+                st.untracked(record);
+            } else {
+                st.tracker.join(record, call.stream(), &self.ctx, now);
+            }
+        }
+        st.drained = calls;
+    }
+
+    /// The flight recorder's record of call `seq`.
+    fn record(&self, seq: u64, call: &Slot, failed: bool, now: Instant) -> OpRecord {
+        OpRecord {
+            seq,
+            op: call.op,
+            count: call.count,
+            dtype: call.dtype,
+            peer: call.peer,
+            reduction: call.redop,
+            state: if failed {
+                OpState::Untracked
+            } else {
+                OpState::InFlight
+            },
+            issued_at: now.saturating_duration_since(self.began),
+            took: None,
+        }
     }
 
     /// One look: finished operations, the timeout, NCCL's async error.
@@ -290,32 +344,24 @@ impl Watch {
 
 impl OpObserver for Watch {
     fn issued(&self, info: &OpInfo, stream: ObservedStream<'_>) {
-        // One clock read per call: the record's time and the batch's.
+        // A kept stream: into the lane, drained by the next look.
+        let call = Slot::of(info, stream.as_raw());
+        if self.lane.lock().push(call) {
+            return;
+        }
+        // Another stream (recorded now, while it is live) or a full lane:
+        // everything waiting goes first, then this call, under one lock.
         let now = Instant::now();
-        let mut st = self.lock();
-        let seq = st.next_seq;
-        st.next_seq += 1;
-        let failed = st.failure.is_some();
-        let record = OpRecord {
-            seq,
-            op: info.op,
-            count: info.count,
-            dtype: info.dtype,
-            peer: info.peer,
-            reduction: info.redop,
-            state: if failed {
-                OpState::Untracked
-            } else {
-                OpState::InFlight
-            },
-            issued_at: now.saturating_duration_since(self.began),
-            took: None,
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let (first, seq) = {
+            let mut lane = self.lane.lock();
+            let first = lane.drain(&mut st.drained);
+            (first, lane.take_seq())
         };
-        if failed {
-            st.history.push_back(record);
-            while st.history.len() > self.options.history {
-                st.history.pop_front();
-            }
+        self.take_drained(&mut st, first, now);
+        let record = self.record(seq, &call, st.failure.is_some(), now);
+        if st.failure.is_some() {
+            st.untracked(record);
             return;
         }
         st.tracker.issued(record, stream, &self.ctx, now);
@@ -520,6 +566,7 @@ impl Watchdog {
                 gate::Gating::new(&label, *n - 1, m, comm.rank())
             });
         let watch = Arc::new(Watch {
+            lane: HotLane::new(comm.stream().cu_stream() as cudaStream_t),
             gating,
             check: check::checks(self.registry.options.check_calls, &label),
             checked: AtomicU64::new(0),
@@ -538,6 +585,7 @@ impl Watchdog {
                 },
                 failure: None,
                 timing_out: false,
+                drained: Vec::with_capacity(LANE),
             }),
             changed: Condvar::new(),
         });
@@ -650,13 +698,15 @@ impl Watched {
             return Ok(());
         }
         streams.push(stream);
-        self.watch.lock().tracker.kept.push(raw);
+        let mut st = self.watch.lock();
+        st.tracker.kept.push(raw);
+        self.watch.lane.lock().keep(raw);
         Ok(())
     }
 
     /// The sequence number the next operation will get.
     pub fn next_seq(&self) -> u64 {
-        self.watch.lock().next_seq
+        self.watch.lane.lock().next_seq()
     }
 
     /// Waits until every operation issued so far has finished: `Ok`, or

@@ -6,23 +6,26 @@
 //! that way). Operations on one stream finish in issue order, so one event
 //! behind the last of a batch tells the whole batch finished. So:
 //!
-//! - on the issuing thread, an operation on a stream the watch keeps alive
-//!   (the communicator's own, or one given to `Watched::track_stream`)
-//!   joins the open batch, and an event is recorded behind it only when the
-//!   last record is at least [`SAMPLE`] old: a burst of small collectives
-//!   pays one record per [`SAMPLE`];
-//! - the watchdog thread closes a batch that stopped growing (no operation
-//!   for [`SETTLE`]) by recording the event itself, on the communicator's
-//!   stream, which the watch keeps alive;
+//! - an operation on a stream the watch keeps alive (the communicator's
+//!   own, or one given to `Watched::track_stream`) waits in the watch's
+//!   lane (`lane.rs`) until the next look at the watch drains it; there
+//!   it joins the open batch;
+//! - the watchdog thread, at each poll, drains the lane and closes the
+//!   open batch by recording the event itself, on its stream, which the
+//!   watch keeps alive: a burst of small collectives pays one record per
+//!   poll, none of it on the issuing thread;
 //! - an operation on any other stream (a framework's stream handed through
 //!   the `Communicator` trait) is recorded at once on the issuing thread,
-//!   since nothing here keeps that stream alive for a later record;
+//!   since nothing here keeps that stream alive for a later record; so is
+//!   one that finds the lane full, on a kept stream, at most every
+//!   [`SAMPLE`];
 //! - a batch whose stream is being captured into a CUDA graph is not
 //!   tracked (its operations run when the graph is launched; an event
 //!   recorded into the capture would never complete).
 //!
 //! The timeout counts from the first operation of the oldest unfinished
-//! batch, so detection is as exact as before to within [`SETTLE`].
+//! batch, as the drain that took it saw it: at most one poll interval
+//! late.
 //!
 //! One race is left: if another thread begins capturing the
 //! communicator's own stream between the watchdog thread's capture check
@@ -42,16 +45,14 @@ use nccl_safe::segments::{self, Seg};
 
 use crate::record::{OpRecord, OpState};
 
-/// The issuing thread records at most one event per this interval (per
-/// communicator), the watchdog thread's poll interval by default: a record
-/// and its two capture checks cost 0.5–0.6 µs in a hot loop on the lent
-/// H100s (measured in place), 0.4–0.5 µs a training-like step at 200 µs
-/// and under 0.1 µs at 2 ms. The timeout counts from a batch's first
-/// operation either way; only the flight recorder's `took` is per batch.
+/// An issuing thread that records on a kept stream (a full lane) does so
+/// at most once per this interval (per communicator), the watchdog
+/// thread's poll interval by default: a record and its two capture checks
+/// cost 0.5–0.6 µs in a hot loop on the lent H100s (measured in place),
+/// 0.4–0.5 µs a training-like step at 200 µs and under 0.1 µs at 2 ms.
+/// The timeout counts from a batch's first operation either way; only the
+/// flight recorder's `took` is per batch.
 pub(super) const SAMPLE: Duration = Duration::from_millis(2);
-/// A batch that has not grown for this long is closed by the watchdog
-/// thread.
-pub(super) const SETTLE: Duration = Duration::from_millis(1);
 /// Room reserved up front, so tracking allocates nothing in steady state.
 const RESERVE: usize = 256;
 
@@ -82,7 +83,6 @@ pub(super) struct Open {
     pub(super) first: u64,
     last: u64,
     pub(super) issued: Instant,
-    latest: Instant,
     stream: cudaStream_t,
 }
 
@@ -170,46 +170,61 @@ impl Tracker {
     ) {
         let stream = stream.as_raw();
         let own = self.kept.contains(&stream);
-        let seq = record.seq;
-        self.history.push_back(record);
-        while self.history.len() > self.limit {
-            self.history.pop_front();
-        }
-        // A batch is one stream: an open batch on another stream is
-        // closed first (on its stream while this thread is the one that
-        // used it last).
-        if let Some(open) = self.open
-            && open.stream != stream
-        {
-            self.close(ctx, now);
-        }
-        match &mut self.open {
-            Some(open) => {
-                open.last = seq;
-                open.latest = now;
-            }
-            None => {
-                self.open = Some(Open {
-                    first: seq,
-                    last: seq,
-                    issued: now,
-                    latest: now,
-                    stream,
-                })
-            }
-        }
+        self.join(record, stream, ctx, now);
         let due = !own || self.last_record.is_none_or(|t| now - t >= SAMPLE);
         if due {
             self.close(ctx, now);
         }
     }
 
-    /// The watchdog thread: closes a batch that stopped growing, on a
-    /// stream the watch keeps alive.
+    /// An operation on a stream the watch keeps, drained from the lane at
+    /// `now` (any thread): it joins the open batch, which the watchdog
+    /// thread closes at its next poll. An open batch on another stream is
+    /// closed first (a batch is one stream), with the watch's context made
+    /// current for the record and the thread's own restored after.
+    pub(super) fn join(
+        &mut self,
+        record: OpRecord,
+        stream: cudaStream_t,
+        ctx: &std::sync::Arc<CudaContext>,
+        now: Instant,
+    ) {
+        let seq = record.seq;
+        self.untracked(record);
+        if let Some(open) = self.open
+            && open.stream != stream
+        {
+            self.close(ctx, now);
+        }
+        match &mut self.open {
+            Some(open) => open.last = seq,
+            None => {
+                self.open = Some(Open {
+                    first: seq,
+                    last: seq,
+                    issued: now,
+                    stream,
+                })
+            }
+        }
+    }
+
+    /// An operation into the flight recorder only (the watch failed:
+    /// nothing is tracked any more; or as the first step of tracking).
+    pub(super) fn untracked(&mut self, record: OpRecord) {
+        self.next_seq = self.next_seq.max(record.seq + 1);
+        self.history.push_back(record);
+        while self.history.len() > self.limit {
+            self.history.pop_front();
+        }
+    }
+
+    /// The watchdog thread, each poll: closes the open batch, on a stream
+    /// the watch keeps alive (the calls drained from the lane joined it;
+    /// closed here at most once a poll, one event record for all of them).
     pub(super) fn settle(&mut self, ctx: &std::sync::Arc<CudaContext>) {
         if let Some(open) = self.open
             && self.kept.contains(&open.stream)
-            && open.latest.elapsed() >= SETTLE
         {
             let _ = ctx.bind_to_thread();
             self.close(ctx, Instant::now());
@@ -225,6 +240,9 @@ impl Tracker {
         segments::mark(Seg::Observe);
         let _record = Closed;
         self.last_record = Some(now);
+        // A drain on a thread whose current context is another (or none):
+        // the watch's for the record, the thread's own back after it.
+        let _current = Current::make(ctx);
         // SAFETY: `open.stream` is a live stream of this context: either
         // this runs inside `issued` for the stream it was handed (live for
         // that call, as `ObservedStream` promises), or the batch stayed
@@ -344,6 +362,36 @@ impl Tracker {
     /// Whether batch `i` finished; `None` when the driver cannot say.
     fn finished(&self, i: usize) -> Option<bool> {
         self.batches.get(i)?.event.try_is_complete().ok()
+    }
+}
+
+/// The watch's context made current for a while: pushed when another (or
+/// none) was current, popped on drop, so the thread's own comes back.
+struct Current(bool);
+
+impl Current {
+    fn make(ctx: &std::sync::Arc<CudaContext>) -> Current {
+        let mut now: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: one handle is written.
+        let known = unsafe { sys::cuCtxGetCurrent(&mut now) } == sys::CUresult::CUDA_SUCCESS;
+        if known && now == ctx.cu_ctx() {
+            return Current(false);
+        }
+        // SAFETY: the context is live (the watch holds it); popped on drop.
+        let pushed =
+            unsafe { sys::cuCtxPushCurrent_v2(ctx.cu_ctx()) } == sys::CUresult::CUDA_SUCCESS;
+        Current(pushed)
+    }
+}
+
+impl Drop for Current {
+    fn drop(&mut self) {
+        if self.0 {
+            let mut popped: sys::CUcontext = std::ptr::null_mut();
+            // SAFETY: pops what `make` pushed on this thread; one handle
+            // is written.
+            let _ = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
+        }
     }
 }
 
