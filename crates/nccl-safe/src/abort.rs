@@ -157,18 +157,10 @@ impl AbortSignal {
         self.inner.cause.get().cloned()
     }
 
-    /// Adds a communicator (at its creation). One enrolled after the
-    /// signal fired is asked to abort here, as `trigger` asked the others:
-    /// `trigger` records its cause before it takes the list, so either it
-    /// finds this member there, or this sees the cause.
+    /// Adds a communicator (at its creation).
     pub(crate) fn enroll(&self, member: Weak<dyn Abortable>) {
-        {
-            let mut members = self.inner.members.lock().unwrap_or_else(|p| p.into_inner());
-            members.retain(|w| w.strong_count() > 0);
-            members.push(member.clone());
-        }
-        if let (Some(cause), Some(member)) = (self.cause(), member.upgrade()) {
-            member.request_abort(cause);
-        }
+        let mut members = self.inner.members.lock().unwrap_or_else(|p| p.into_inner());
+        members.retain(|w| w.strong_count() > 0);
+        members.push(member);
     }
 }

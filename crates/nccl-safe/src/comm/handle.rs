@@ -44,27 +44,11 @@ pub(crate) fn thread_key() -> u64 {
 }
 
 /// What `Comm` and `AbortHandle` share.
-///
-/// In declaration order (`repr(C)`), what every call reads first, in one
-/// cache line when the allocation starts one: the lock and the raw handle,
-/// whether a cause is recorded, whether an open group holds it, whether it
-/// blocks, the library and the context. A call's cost is mostly the lines
-/// it touches after NCCL's own enqueue pushed them out of the near caches.
-#[repr(C, align(64))]
 pub(crate) struct Shared {
     pub(crate) state: Mutex<State>,
-    /// Set (after `cause`) once a cause is recorded: what the hot path
-    /// reads instead of `cause` and the signal. A signal that fires sets
-    /// it on every communicator enrolled with it, and one enrolled after
-    /// the signal fired gets it at enrolment.
-    pub(crate) due: AtomicBool,
-    /// Set, under the lock, while a group open on some thread holds calls
-    /// on this communicator: NCCL still refers to it until that group
-    /// ends, so an abort waits for the end (it crashed NCCL otherwise).
-    pub(crate) in_open_group: AtomicBool,
-    pub(crate) blocking: bool,
     pub(crate) lib: &'static Library,
     pub(crate) ctx: Arc<CudaContext>,
+    pub(crate) blocking: bool,
     pub(crate) timeout: Duration,
     pub(crate) clique: Option<Arc<Clique>>,
     /// Why it was (or is to be) aborted; the first cause wins. Set when an
@@ -72,6 +56,10 @@ pub(crate) struct Shared {
     /// is busy, or an open group refers to the communicator), whoever holds
     /// the lock next performs it.
     pub(crate) cause: OnceLock<AbortCause>,
+    /// Set, under the lock, while a group open on some thread holds calls
+    /// on this communicator: NCCL still refers to it until that group
+    /// ends, so an abort waits for the end (it crashed NCCL otherwise).
+    pub(crate) in_open_group: AtomicBool,
     /// The thread ([`thread_key`]) whose open group holds calls on this
     /// communicator, while `in_open_group` is set: calls from other threads
     /// (through another handle, [`crate::Comm::share`]) wait for its end,
@@ -113,7 +101,6 @@ impl Shared {
     /// winning, and stops our kernels' waits on it (their abort word).
     pub(crate) fn set_cause(&self, cause: AbortCause) -> std::result::Result<(), AbortCause> {
         let set = self.cause.set(cause);
-        self.due.store(true, Ordering::Release);
         // Pairs with the fence in `kernel_words`: either a launch sees the
         // cause, or this sees the words and raises them.
         std::sync::atomic::fence(Ordering::SeqCst);
@@ -251,9 +238,7 @@ impl Shared {
         }
         let result = match *state {
             State::Live(raw) => {
-                // One flag: a fired signal set it on every enrolled
-                // communicator (`AbortSignal::trigger`, `enroll`).
-                if self.due.load(Ordering::Acquire) && self.abort_due() {
+                if self.abort_due() {
                     let aborted = self.settle_abort(&mut state);
                     drop(state);
                     if aborted {
@@ -267,7 +252,7 @@ impl Shared {
             State::Aborted => return Err(self.aborted(op)),
             State::Closed => return Err(Error::Finalized { op }),
         };
-        if self.due.load(Ordering::Acquire) && self.settle_abort(&mut state) {
+        if self.cause.get().is_some() && self.settle_abort(&mut state) {
             drop(state);
             self.after_abort();
         }
@@ -563,24 +548,5 @@ fn make_current(ctx: &CudaContext) -> std::result::Result<(), cudarc::driver::Dr
         // SAFETY: `ctx` is a live context (the handle keeps it); making it
         // current changes only this thread's binding.
         _ => unsafe { ctx::set_current(ctx.cu_ctx()) },
-    }
-}
-
-#[cfg(test)]
-mod layout {
-    use std::mem::{align_of, offset_of, size_of};
-
-    use super::Shared;
-    use crate::Comm;
-
-    /// What every call reads of the handle and of the shared state lies
-    /// in the first cache line of each.
-    #[test]
-    fn what_every_call_reads_is_in_one_cache_line() {
-        assert_eq!(align_of::<Shared>(), 64);
-        assert!(offset_of!(Shared, ctx) + size_of::<usize>() <= 64);
-        assert_eq!(align_of::<Comm>(), 64);
-        assert!(offset_of!(Comm, device) + size_of::<usize>() <= 64);
-        assert!(offset_of!(Comm, gates) < 64 && offset_of!(Comm, observer) < 64);
     }
 }

@@ -59,14 +59,13 @@ impl Comm {
         let compute_capability = ctx.compute_capability().map_err(cuda("compute_capability"));
         let shared = Arc::new(Shared {
             state: Mutex::new(State::Live(raw)),
-            due: AtomicBool::new(false),
-            in_open_group: AtomicBool::new(false),
-            blocking,
             lib,
             ctx,
+            blocking,
             timeout,
             clique,
             cause: OnceLock::new(),
+            in_open_group: AtomicBool::new(false),
             group_thread: AtomicU64::new(0),
             handles: std::sync::atomic::AtomicUsize::new(1),
             reached: Mutex::new(Reached::default()),

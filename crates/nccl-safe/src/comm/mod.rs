@@ -62,14 +62,16 @@ pub use handle::CommStatus;
 /// An NCCL communicator on one GPU, with a CUDA stream for its work.
 ///
 /// `Send`, not `Sync`: see the module docs for NCCL's rule.
-// In declaration order (`repr(C)`), aligned to a cache line: what every
-// call reads (the shared state, the observer and what it asked for, rank,
-// size and device) fills the first line.
-#[repr(C, align(64))]
 pub struct Comm {
     /// Dropped by hand in `Drop`, so the teardown it may start knows that
     /// this thread waits for it.
     pub(in crate::comm) shared: std::mem::ManuallyDrop<Arc<Shared>>,
+    pub(in crate::comm) stream: Arc<CudaStream>,
+    pub(in crate::comm) rank: usize,
+    pub(in crate::comm) size: usize,
+    pub(in crate::comm) device: usize,
+    pub(in crate::comm) compute_capability: (i32, i32),
+    pub(in crate::comm) force_send_recv: Cell<bool>,
     pub(crate) observer: RefCell<Option<Arc<dyn OpObserver>>>,
     /// The observer asks to check calls before launch
     /// ([`OpObserver::checks_before`]), read when it is set.
@@ -77,12 +79,6 @@ pub struct Comm {
     /// The observer gates calls that may connect
     /// ([`OpObserver::gates`]), read when it is set.
     pub(crate) gates: Cell<bool>,
-    pub(in crate::comm) force_send_recv: Cell<bool>,
-    pub(in crate::comm) rank: usize,
-    pub(in crate::comm) size: usize,
-    pub(in crate::comm) device: usize,
-    pub(in crate::comm) stream: Arc<CudaStream>,
-    pub(in crate::comm) compute_capability: (i32, i32),
     /// What this handle has seen the gate let through (the shared state's
     /// `reached` records it for every handle, and only ever grows): later
     /// calls of the same kind skip its lock.

@@ -3,13 +3,14 @@
 //! its list of observed calls. Imports nothing above it, so the
 //! communicator's own state can defer its teardown here.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 
 use crate::error::Error;
 use crate::observe::Pending;
 
 #[derive(Default)]
 struct GroupState {
+    depth: usize,
     /// The error of a group that a guard's `Drop` ended.
     dropped_error: Option<Error>,
     /// Teardown that must wait until the outermost group has ended
@@ -22,16 +23,12 @@ struct GroupState {
 
 thread_local! {
     static GROUP: RefCell<GroupState> = RefCell::new(GroupState::default());
-    /// How deep the open groups nest: apart from the rest, a constant
-    /// without a destructor, so that every call's question (is a group
-    /// open?) is one load from the thread's block.
-    static DEPTH: Cell<usize> = const { Cell::new(0) };
 }
 
 /// Whether this thread is inside a group.
-#[inline]
 pub(crate) fn in_group() -> bool {
-    DEPTH.with(Cell::get) > 0
+    // During thread teardown the state may be gone: no group is open then.
+    GROUP.try_with(|g| g.borrow().depth > 0).unwrap_or(false)
 }
 
 /// Runs `action` now, or after the outermost group of this thread ends.
@@ -39,7 +36,7 @@ pub(crate) fn after_group(action: Box<dyn FnOnce()>) {
     let mut action = Some(action);
     let _ = GROUP.try_with(|g| {
         let mut g = g.borrow_mut();
-        if in_group()
+        if g.depth > 0
             && let Some(a) = action.take()
         {
             g.deferred.push(a);
@@ -83,21 +80,25 @@ pub(crate) fn recycle_observed(mut observed: Vec<Pending<'_>>) {
 /// One level deeper: a guard's group was opened. Returns the spare list of
 /// observed calls for the guard to fill.
 pub(crate) fn enter<'g>() -> Vec<Pending<'g>> {
-    enter_nested();
-    // An empty `Vec<Pending<'static>>` is a `Vec<Pending<'g>>`.
-    GROUP.with(|g| std::mem::take(&mut g.borrow_mut().spare_observed))
+    GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        g.depth += 1;
+        // An empty `Vec<Pending<'static>>` is a `Vec<Pending<'g>>`.
+        std::mem::take(&mut g.spare_observed)
+    })
 }
 
 /// One level deeper: a nested group was opened.
 pub(crate) fn enter_nested() {
-    DEPTH.with(|d| d.set(d.get() + 1));
+    GROUP.with(|g| g.borrow_mut().depth += 1);
 }
 
 /// One level up: a group was ended. Returns whether it was the outermost.
 pub(crate) fn leave() -> bool {
-    DEPTH.with(|d| {
-        d.set(d.get().saturating_sub(1));
-        d.get() == 0
+    GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        g.depth = g.depth.saturating_sub(1);
+        g.depth == 0
     })
 }
 
