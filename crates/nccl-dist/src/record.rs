@@ -43,7 +43,11 @@ pub struct OpRecord {
     pub reduction: Option<ncclRedOp_t>,
     /// Where it stands.
     pub state: OpState,
-    /// When it was issued, counted from when the watch began.
+    /// When the watch took note of it, counted from when the watch began:
+    /// at its issue for an operation on a stream the watch does not keep,
+    /// else when its lane was drained (the next poll of the watchdog
+    /// thread, or an earlier look at the watch), at most one poll
+    /// interval after its issue.
     pub issued_at: Duration,
     /// How long it took, as the watchdog saw it: from the issue of the
     /// first operation of its batch to the batch's completion.

@@ -22,10 +22,14 @@
 //! default; `NCCL_RS_WATCHDOG_TIMEOUT` still overrides it), the recorder's
 //! length `NCCL_RS_FLIGHT_RECORDER` (entries). A communicator without a
 //! watchdog pays one `RefCell` check per operation. With one, an operation
-//! takes an uncontended lock and joins a batch; one CUDA event is recorded
-//! behind a batch, at most every 2 ms on the issuing thread, or by the
-//! watchdog thread once the batch stops growing (see `track.rs`), so a
-//! burst of small collectives pays a fraction of a driver call each.
+//! on a stream the watch keeps (the communicator's own, those given to
+//! [`Watched::track_stream`]) takes a short lock and writes one record
+//! into the watch's lane, a ring on cache lines of its own (`lane.rs`);
+//! the next look at the watch (the watchdog thread's poll, every 2 ms by
+//! default) drains it into the flight recorder in order and closes the
+//! batch behind one CUDA event (see `track.rs`), so a burst of small
+//! collectives pays no driver call on the issuing thread. An operation on
+//! another stream is recorded at once on the issuing thread.
 //! Operations captured into a CUDA graph are not tracked. The watchdog
 //! never waits behind a blocking NCCL call: it looks at a communicator
 //! only when no other thread is inside a call on it, and asks for aborts
