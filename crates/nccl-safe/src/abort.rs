@@ -65,7 +65,11 @@ impl AbortCause {
 /// A communicator a signal can abort (implemented by the communicator's
 /// shared state, which sits above this file).
 pub(crate) trait Abortable: Send + Sync {
-    /// Asks for an abort with `cause` without waiting.
+    /// Records `cause` (the first one wins) without aborting: the next
+    /// call or wait on the communicator sees it and aborts. Never waits.
+    fn note_cause(&self, cause: AbortCause);
+    /// Asks for an abort with `cause` without waiting for the lock (the
+    /// abort itself, `ncclCommAbort`, may wait inside NCCL).
     fn request_abort(&self, cause: AbortCause) -> bool;
 }
 
@@ -142,7 +146,17 @@ impl AbortSignal {
             .filter_map(Weak::upgrade)
             .collect();
         let cause = self.cause().unwrap_or(AbortCause::Requested);
-        for member in members {
+        // Every member learns of it first: a thread waiting on one aborts
+        // it itself at its next look, whatever an abort below waits for.
+        // `ncclCommAbort` of an idle communicator (a world's control one)
+        // may wait inside NCCL behind a kernel of another communicator on
+        // the same GPU that waits for a rank that is gone.
+        for member in &members {
+            member.note_cause(cause.clone());
+        }
+        // Then the newest first: the communicators that run the kernels
+        // (a world's own, its splits) before the ones they were made from.
+        for member in members.iter().rev() {
             member.request_abort(cause.clone());
         }
     }
@@ -162,5 +176,108 @@ impl AbortSignal {
         let mut members = self.inner.members.lock().unwrap_or_else(|p| p.into_inner());
         members.retain(|w| w.strong_count() > 0);
         members.push(member);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::*;
+
+    /// A member that logs what the signal asks of it.
+    struct Logged {
+        name: &'static str,
+        log: Arc<Mutex<Vec<String>>>,
+        /// Set when this member learns of the cause.
+        noted: AtomicBool,
+        /// Another member whose cause this one's abort waits for, as
+        /// `ncclCommAbort` of an idle communicator waits behind a stuck
+        /// kernel that only the other's abort ends.
+        waits_for: Option<Arc<Logged>>,
+    }
+
+    impl Abortable for Logged {
+        fn note_cause(&self, cause: AbortCause) {
+            self.noted.store(true, Ordering::SeqCst);
+            self.log
+                .lock()
+                .unwrap()
+                .push(format!("note {} {cause}", self.name));
+        }
+
+        fn request_abort(&self, _cause: AbortCause) -> bool {
+            if let Some(other) = &self.waits_for {
+                // What a thread polling the other would do at its next look.
+                assert!(
+                    other.noted.load(Ordering::SeqCst),
+                    "{}'s abort would wait for {}, which has not learned of the cause",
+                    self.name,
+                    other.name
+                );
+            }
+            self.log
+                .lock()
+                .unwrap()
+                .push(format!("abort {}", self.name));
+            true
+        }
+    }
+
+    fn member(
+        name: &'static str,
+        log: &Arc<Mutex<Vec<String>>>,
+        waits_for: Option<Arc<Logged>>,
+    ) -> Arc<Logged> {
+        Arc::new(Logged {
+            name,
+            log: Arc::clone(log),
+            noted: AtomicBool::new(false),
+            waits_for,
+        })
+    }
+
+    #[test]
+    fn every_member_learns_the_cause_before_any_abort_and_the_newest_aborts_first() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let data = member("data", &log, None);
+        // Enrolled first, as a world's control communicator is (its split
+        // makes the data one), and its abort waits for the data one.
+        let control = member("control", &log, Some(Arc::clone(&data)));
+        let signal = AbortSignal::new();
+        signal.enroll(Arc::downgrade(
+            &(Arc::clone(&control) as Arc<dyn Abortable>),
+        ));
+        signal.enroll(Arc::downgrade(&(Arc::clone(&data) as Arc<dyn Abortable>)));
+        signal.trigger(AbortCause::Other("test".into()));
+        let log = log.lock().unwrap().clone();
+        assert_eq!(
+            log,
+            [
+                "note control test",
+                "note data test",
+                "abort data",
+                "abort control"
+            ]
+        );
+        assert!(signal.is_triggered());
+    }
+
+    #[test]
+    fn a_member_enrolled_after_the_signal_fired_is_asked_to_abort_by_the_next_trigger_only() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let signal = AbortSignal::new();
+        signal.trigger(AbortCause::Requested);
+        let late = member("late", &log, None);
+        signal.enroll(Arc::downgrade(&(Arc::clone(&late) as Arc<dyn Abortable>)));
+        // The communicator itself reads the signal at its next call
+        // (`Shared::abort_due`); a second trigger reaches it too.
+        assert!(log.lock().unwrap().is_empty());
+        signal.trigger(AbortCause::Other("again".into()));
+        assert_eq!(
+            *log.lock().unwrap(),
+            ["note late abort requested", "abort late"],
+            "the first cause wins"
+        );
     }
 }

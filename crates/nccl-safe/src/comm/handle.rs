@@ -516,6 +516,10 @@ impl Drop for Shared {
 }
 
 impl Abortable for Shared {
+    fn note_cause(&self, cause: AbortCause) {
+        let _ = self.set_cause(cause);
+    }
+
     fn request_abort(&self, cause: AbortCause) -> bool {
         Shared::request_abort(self, cause)
     }
