@@ -43,14 +43,15 @@ pub struct OpRecord {
     pub reduction: Option<ncclRedOp_t>,
     /// Where it stands.
     pub state: OpState,
-    /// When the watch took note of it, counted from when the watch began:
-    /// at its issue for an operation on a stream the watch does not keep,
-    /// else when its lane was drained (the next poll of the watchdog
-    /// thread, or an earlier look at the watch), at most one poll
-    /// interval after its issue.
+    /// When it was issued, counted from when the watch began. An operation
+    /// that went through the watch's lane (a kept stream) carries the issue
+    /// time of the first operation that waited in the lane with it: early
+    /// by at most the time between two looks at the watch (a poll
+    /// interval, 2 ms by default, while the watchdog thread keeps up).
     pub issued_at: Duration,
     /// How long it took, as the watchdog saw it: from the issue of the
-    /// first operation of its batch to the batch's completion.
+    /// first operation of its batch (as `issued_at` gives it) to the
+    /// batch's completion.
     pub took: Option<Duration>,
 }
 

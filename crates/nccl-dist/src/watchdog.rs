@@ -25,9 +25,9 @@
 //! on a stream the watch keeps (the communicator's own, those given to
 //! [`Watched::track_stream`]) takes a short lock and writes one record
 //! into the watch's lane, a ring on cache lines of its own (`lane.rs`);
-//! the next look at the watch (the watchdog thread's poll, every 2 ms by
-//! default) drains it into the flight recorder in order and closes the
-//! batch behind one CUDA event (see `track.rs`), so a burst of small
+//! the next look at the watch drains it into the flight recorder in
+//! order, and the watchdog thread's poll (every 2 ms by default) closes
+//! the batch behind one CUDA event (see `track.rs`), so a burst of small
 //! collectives pays no driver call on the issuing thread. An operation on
 //! another stream is recorded at once on the issuing thread.
 //! Operations captured into a CUDA graph are not tracked. The watchdog
@@ -140,19 +140,19 @@ impl Watch {
     /// into it first: whoever looks sees each call issued before.
     fn lock(&self) -> MutexGuard<'_, WatchState> {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let first = {
+        let (first, at) = {
             let mut lane = self.lane.lock();
             if !lane.waiting() {
                 return st;
             }
             lane.drain(&mut st.drained)
         };
-        self.take_drained(&mut st, first, Instant::now());
+        self.take_drained(&mut st, first, at.unwrap_or_else(Instant::now));
         st
     }
 
     /// Records the calls a drain took (numbered from `first`) as issued
-    /// at `now`, in order.
+    /// at `now` (when the first of them was), in order.
     fn take_drained(&self, st: &mut WatchState, first: u64, now: Instant) {
         let calls = std::mem::take(&mut st.drained);
         for (seq, call) in (first..).zip(calls.iter()) {
@@ -355,14 +355,14 @@ impl OpObserver for Watch {
         }
         // Another stream (recorded now, while it is live) or a full lane:
         // everything waiting goes first, then this call, under one lock.
-        let now = Instant::now();
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let (first, seq) = {
+        let now = Instant::now();
+        let (first, at, seq) = {
             let mut lane = self.lane.lock();
-            let first = lane.drain(&mut st.drained);
-            (first, lane.take_seq())
+            let (first, at) = lane.drain(&mut st.drained);
+            (first, at, lane.take_seq())
         };
-        self.take_drained(&mut st, first, now);
+        self.take_drained(&mut st, first, at.unwrap_or(now));
         let record = self.record(seq, &call, st.failure.is_some(), now);
         if st.failure.is_some() {
             st.untracked(record);
@@ -569,8 +569,9 @@ impl Watchdog {
                 *n += 1;
                 gate::Gating::new(&label, *n - 1, m, comm.rank())
             });
+        let began = Instant::now();
         let watch = Arc::new(Watch {
-            lane: HotLane::new(comm.stream().cu_stream() as cudaStream_t),
+            lane: HotLane::new(comm.stream().cu_stream() as cudaStream_t, began),
             gating,
             check: check::checks(self.registry.options.check_calls, &label),
             checked: AtomicU64::new(0),
@@ -580,7 +581,7 @@ impl Watchdog {
             ctx: Arc::clone(comm.stream().context()),
             streams: Mutex::new(vec![Arc::clone(comm.stream())]),
             options: self.registry.options.clone(),
-            began: Instant::now(),
+            began,
             state: Mutex::new(WatchState {
                 tracker: {
                     let mut t = Tracker::new(self.registry.options.history);
@@ -685,7 +686,12 @@ impl Watched {
     /// tracked in batches (a fraction of a driver call each) instead of
     /// one CUDA event per operation. The communicator's own stream is
     /// always tracked so; give here a framework's stream that its
-    /// collectives go on (a stream of the communicator's device).
+    /// collectives go on (a stream of the communicator's device). The
+    /// communicator's own stream and the first three given here (or
+    /// inherited from a parent) take the fastest path, the watch's lane;
+    /// later ones are batched on the issuing thread. The per-thread
+    /// default stream is a different stream on every thread: it is not
+    /// kept (its operations get an event each).
     pub fn track_stream(&self, stream: Arc<CudaStream>) -> Result<()> {
         let found = stream.context().ordinal();
         if found != self.watch.ctx.ordinal() {
@@ -697,6 +703,11 @@ impl Watched {
             }));
         }
         let raw = stream.cu_stream() as cudaStream_t;
+        // The per-thread default stream is another stream on every thread:
+        // its calls are recorded at once, as on a stream not kept.
+        if raw as usize == lane::PER_THREAD {
+            return Ok(());
+        }
         let mut streams = self.watch.streams.lock().unwrap_or_else(|p| p.into_inner());
         if streams.iter().any(|s| s.cu_stream() as cudaStream_t == raw) {
             return Ok(());

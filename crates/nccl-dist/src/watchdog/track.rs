@@ -177,11 +177,13 @@ impl Tracker {
         }
     }
 
-    /// An operation on a stream the watch keeps, drained from the lane at
-    /// `now` (any thread): it joins the open batch, which the watchdog
-    /// thread closes at its next poll. An open batch on another stream is
-    /// closed first (a batch is one stream), with the watch's context made
-    /// current for the record and the thread's own restored after.
+    /// An operation joins the open batch (`now`: when it was issued, as
+    /// far as the watch knows). An open batch on another stream is closed
+    /// first (a batch is one stream), with the watch's context made
+    /// current for the record and the thread's own restored after. Calls
+    /// drained from the lane (any thread) come here and stay open until
+    /// the watchdog thread's next poll; `issued` (the issuing thread)
+    /// closes its own when due.
     pub(super) fn join(
         &mut self,
         record: OpRecord,
@@ -241,8 +243,13 @@ impl Tracker {
         let _record = Closed;
         self.last_record = Some(now);
         // A drain on a thread whose current context is another (or none):
-        // the watch's for the record, the thread's own back after it.
-        let _current = Current::make(ctx);
+        // the watch's for the record, the thread's own back after it. Where
+        // it cannot be made current, nothing binds it for good (cudarc's
+        // event creation would): the batch is untracked.
+        let Some(_current) = Current::make(ctx) else {
+            self.mark(open.first, open.last, OpState::Untracked, None);
+            return;
+        };
         // SAFETY: `open.stream` is a live stream of this context: either
         // this runs inside `issued` for the stream it was handed (live for
         // that call, as `ObservedStream` promises), or the batch stayed
@@ -370,17 +377,18 @@ impl Tracker {
 struct Current(bool);
 
 impl Current {
-    fn make(ctx: &std::sync::Arc<CudaContext>) -> Current {
+    /// `None` when `ctx` is not current and could not be pushed.
+    fn make(ctx: &std::sync::Arc<CudaContext>) -> Option<Current> {
         let mut now: sys::CUcontext = std::ptr::null_mut();
         // SAFETY: one handle is written.
         let known = unsafe { sys::cuCtxGetCurrent(&mut now) } == sys::CUresult::CUDA_SUCCESS;
         if known && now == ctx.cu_ctx() {
-            return Current(false);
+            return Some(Current(false));
         }
         // SAFETY: the context is live (the watch holds it); popped on drop.
         let pushed =
             unsafe { sys::cuCtxPushCurrent_v2(ctx.cu_ctx()) } == sys::CUresult::CUDA_SUCCESS;
-        Current(pushed)
+        pushed.then_some(Current(true))
     }
 }
 
@@ -447,6 +455,16 @@ pub(super) fn load_event_query(ctx: &std::sync::Arc<CudaContext>) {
     LOADED.call_once(|| {
         if let Ok(event) = ctx.new_event(None) {
             let _ = event.try_is_complete();
+        }
+        // The push and pop of `Current` too (a drain's close on a thread
+        // where another context is current).
+        let mut now: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: pushes a live context and pops it again at once; one
+        // handle is written each time.
+        unsafe {
+            if sys::cuCtxPushCurrent_v2(ctx.cu_ctx()) == sys::CUresult::CUDA_SUCCESS {
+                let _ = sys::cuCtxPopCurrent_v2(&mut now);
+            }
         }
     });
 }
