@@ -24,8 +24,8 @@
 //!   recorded into the capture would never complete).
 //!
 //! The timeout counts from the first operation of the oldest unfinished
-//! batch, as the drain that took it saw it: at most one poll interval
-//! late.
+//! batch, which is exact: the first call into an empty lane reads the
+//! clock, and the calls drained with it carry that time.
 //!
 //! One race is left: if another thread begins capturing the
 //! communicator's own stream between the watchdog thread's capture check
