@@ -24,8 +24,10 @@
 //!   recorded into the capture would never complete).
 //!
 //! The timeout counts from the first operation of the oldest unfinished
-//! batch, which is exact: the first call into an empty lane reads the
-//! clock, and the calls drained with it carry that time.
+//! batch. The first call into an empty lane reads the clock and the calls
+//! drained with it carry that time: exact for a batch that opens with the
+//! first of them, early by less than the time between two drains for one
+//! that opens later in the same drain (a switch of stream).
 //!
 //! One race is left: if another thread begins capturing the
 //! communicator's own stream between the watchdog thread's capture check
