@@ -15,10 +15,11 @@
 //! reader, a failure) drains the ring into the recorder, in order, before
 //! looking at anything (`Watch::lock`). The first call into an empty ring
 //! reads the clock (once per drain, in a cache line of its own): the
-//! drained calls and the batch they join count as issued then, which is
-//! exact for the batch's first call (where the timeout counts from) and
-//! early by at most the time between two drains for the others. The
-//! watchdog thread closes the batch at its next poll (see `track.rs`).
+//! drained calls and the batch they join count as issued then: exact for
+//! the first of them, early by less than the time between two drains for
+//! the others (and for a batch that one of them opens, where the timeout
+//! counts from). The watchdog thread closes the batch at its next poll
+//! (see `track.rs`).
 //!
 //! A call on a stream the watch does not keep is recorded at once on the
 //! issuing thread as before (nothing keeps that stream alive for a later
