@@ -365,10 +365,19 @@ mod threaded {
     /// full or the stream is not kept) while a drainer empties the lane:
     /// every call comes out once, numbered without a gap, and each
     /// thread's calls in the order it made them.
+    const CALLS: usize = 3000;
+
+    /// A drain's calls, numbered from `first`, as (number, thread, the
+    /// thread's call index): each call's count is `thread * CALLS + index`.
+    fn came_out(out: &mut Vec<(u64, usize, usize)>, first: u64, taken: &[Slot]) {
+        for (seq, c) in (first..).zip(taken) {
+            out.push((seq, c.count / CALLS, c.count % CALLS));
+        }
+    }
+
     #[test]
     fn calls_from_many_threads_come_out_once_in_order_and_gap_free() {
         const THREADS: usize = 4;
-        const CALLS: usize = 3000;
         let (own, other) = (0x1000usize, 0x3000usize);
         let hot = Arc::new(HotLane::new(own as cudaStream_t, Instant::now()));
         // What came out, by number: (thread, its call index).
@@ -396,9 +405,7 @@ mod threaded {
                         let (first, _) = lane.drain(&mut taken);
                         let seq = lane.take_seq();
                         let mut out = out.lock().unwrap();
-                        for (k, c) in taken.iter().enumerate() {
-                            out.push((first + k as u64, c.count / CALLS, c.count % CALLS));
-                        }
+                        came_out(&mut out, first, &taken);
                         out.push((seq, t, i));
                     }
                     done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -417,10 +424,7 @@ mod threaded {
                             !taken.is_empty(),
                             "a time for each drain with calls"
                         );
-                        let mut out = out.lock().unwrap();
-                        for (k, c) in taken.iter().enumerate() {
-                            out.push((first + k as u64, c.count / CALLS, c.count % CALLS));
-                        }
+                        came_out(&mut out.lock().unwrap(), first, &taken);
                     }
                     if finished {
                         break;
