@@ -74,7 +74,9 @@ mod options;
 mod track;
 mod verdict;
 
-pub use crate::env::{CHECK_CALLS_ENV, FLIGHT_RECORDER_ENV, WATCHDOG_ENV, WATCHDOG_TIMEOUT_ENV};
+pub use crate::env::{
+    CHECK_CALLS_ENV, FLIGHT_RECORDER_ENV, WATCHDOG_ENV, WATCHDOG_POLL_ENV, WATCHDOG_TIMEOUT_ENV,
+};
 use crate::record::render;
 pub use crate::record::{Failure, FailureKind, OpRecord, OpState};
 pub use check::CheckFailure;

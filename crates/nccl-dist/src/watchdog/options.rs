@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use crate::env::{CHECK_CALLS_ENV, FLIGHT_RECORDER_ENV, WATCHDOG_ENV, WATCHDOG_TIMEOUT_ENV};
+use crate::env::{
+    CHECK_CALLS_ENV, FLIGHT_RECORDER_ENV, WATCHDOG_ENV, WATCHDOG_POLL_ENV, WATCHDOG_TIMEOUT_ENV,
+};
 use crate::error::{Error, Result};
 
 /// How a [`Watchdog`](super::Watchdog) behaves.
@@ -78,7 +80,8 @@ impl WatchdogOptions {
     /// Reads `NCCL_RS_WATCHDOG` (`1`/`on`/`true` or `0`/`off`/`false`;
     /// on when unset), the timeout from `NCCL_RS_WATCHDOG_TIMEOUT`, else
     /// `NCCL_RS_TIMEOUT` (seconds, fractional, at least 0.001), else 300 s,
-    /// `NCCL_RS_FLIGHT_RECORDER` (entries) and `NCCL_RS_CHECK_CALLS`
+    /// `NCCL_RS_WATCHDOG_POLL_MS` (milliseconds, fractional, at least 0.1;
+    /// 2 when unset), `NCCL_RS_FLIGHT_RECORDER` (entries) and `NCCL_RS_CHECK_CALLS`
     /// (`1` turns the call check on; off when unset). `Ok(None)` only when the
     /// watchdog is turned off; a value that does not parse is an error,
     /// never ignored.
@@ -102,6 +105,20 @@ impl WatchdogOptions {
         }
         if let Some(v) = lookup(WATCHDOG_TIMEOUT_ENV) {
             options = options.timeout(crate::env::seconds(WATCHDOG_TIMEOUT_ENV, &v)?);
+        }
+        if let Some(v) = lookup(WATCHDOG_POLL_ENV) {
+            let ms: f64 = v
+                .trim()
+                .parse()
+                .ok()
+                .filter(|ms: &f64| ms.is_finite() && (0.1..1e9).contains(ms))
+                .ok_or_else(|| {
+                    bad(
+                        WATCHDOG_POLL_ENV,
+                        format!("{v:?} is not a number of milliseconds from 0.1 on"),
+                    )
+                })?;
+            options = options.poll_interval(Duration::from_secs_f64(ms / 1000.0));
         }
         if let Some(v) = lookup(FLIGHT_RECORDER_ENV) {
             let n: usize = v.trim().parse().ok().filter(|n| *n > 0).ok_or_else(|| {
@@ -156,5 +173,17 @@ mod tests {
             Some(WatchdogOptions::new().check_calls(true))
         );
         assert!(WatchdogOptions::from_lookup(env(&[("NCCL_RS_CHECK_CALLS", "2")])).is_err());
+        let slow = WatchdogOptions::from_lookup(env(&[("NCCL_RS_WATCHDOG_POLL_MS", "50")]));
+        assert_eq!(
+            slow.unwrap(),
+            Some(WatchdogOptions::new().poll_interval(Duration::from_millis(50)))
+        );
+        let fine = WatchdogOptions::from_lookup(env(&[("NCCL_RS_WATCHDOG_POLL_MS", " 0.25 ")]));
+        assert_eq!(fine.unwrap().unwrap().poll, Duration::from_micros(250));
+        for bad in ["0.05", "0", "-2", "nan", "inf", "often", ""] {
+            let pairs: &'static [(&'static str, &'static str)] =
+                Box::leak(vec![("NCCL_RS_WATCHDOG_POLL_MS", bad)].into_boxed_slice());
+            assert!(WatchdogOptions::from_lookup(env(pairs)).is_err(), "{bad:?}");
+        }
     }
 }

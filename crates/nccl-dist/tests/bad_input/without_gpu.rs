@@ -565,6 +565,12 @@ pub fn dist_rows(id: UniqueId) {
         |e| matches!(e, Error::InvalidArgument { .. }),
     );
     case(
+        "WatchdogOptions::from_lookup",
+        "environment (poll interval)",
+        WatchdogOptions::from_lookup(lookup(&[("NCCL_RS_WATCHDOG_POLL_MS", "0.01")])),
+        |e| matches!(e, Error::InvalidArgument { .. }),
+    );
+    case(
         "WatchdogOptions::from_env",
         "environment",
         WatchdogOptions::from_lookup(lookup(&[("NCCL_RS_FLIGHT_RECORDER", "0")])),
