@@ -392,8 +392,12 @@ fn sweep<T: Elem>(
                 let mut times: Vec<Vec<f64>> = vec![Vec::new(); rows.len()];
                 let mut issues: Vec<Vec<f64>> = vec![Vec::new(); rows.len()];
                 let mut allocs = vec![(0f64, 0f64); rows.len()];
-                for _ in 0..opts.rounds {
-                    for (i, row) in rows.iter().enumerate() {
+                for round in 0..opts.rounds {
+                    // Each round starts one layer later, so that no layer
+                    // always runs first (on a GPU just idle) or last.
+                    for k in 0..rows.len() {
+                        let i = (k + round) % rows.len();
+                        let row = &rows[i];
                         let s = d.measure(row.layer, &spec, opts.graph)?;
                         times[i].push(s.seconds);
                         issues[i].push(s.issue_seconds * 1e6);

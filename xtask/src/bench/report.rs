@@ -254,7 +254,7 @@ pub fn sweep_section(md: &mut String, doc: &Value, misses: &mut Vec<String>) -> 
     writeln!(md, "## Bandwidth (a thread per GPU)\n")?;
     writeln!(
         md,
-        "busbw in GB/s at the largest size, out of place; the ratios are the least over every size ≥ 128 MiB and both placements (target ≥ 0.99).\n"
+        "busbw in GB/s at the largest size, out of place (median of rounds); the ratios are the least over every size ≥ 128 MiB and both placements (target ≥ 0.99), each the median over rounds of the round's ratio (the layers take turns in every round, and each round starts with the next layer).\n"
     )?;
     writeln!(
         md,

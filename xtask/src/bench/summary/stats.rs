@@ -45,7 +45,7 @@ pub fn upper_median(mut v: Vec<f64>) -> Option<f64> {
 }
 
 /// The least busbw of `layer` over raw's at the same point (size,
-/// placement), over every size of `coll` from 128 MiB up, in a sweep's
+/// placement; paired by round, see [`paired_busbw_ratio`]), over every size of `coll` from 128 MiB up, in a sweep's
 /// records; `None` where there is no such size. A record without its busbw
 /// or without raw's at the same point gives NaN, which wins (a miss).
 pub fn large_busbw_ratio(rs: &[&Value], coll: &str, layer: &str) -> Option<(f64, String)> {
@@ -69,7 +69,7 @@ pub fn large_busbw_ratio(rs: &[&Value], coll: &str, layer: &str) -> Option<(f64,
                     "out of place"
                 };
                 // `f` gives NaN for a missing figure; 0/0 is NaN too.
-                let ratio = raw.map_or(f64::NAN, |q| f(r, "busbw_gbs") / f(q, "busbw_gbs"));
+                let ratio = raw.map_or(f64::NAN, |q| paired_busbw_ratio(r, q));
                 (
                     ratio,
                     format!(
@@ -132,6 +132,21 @@ pub fn paired_excess(a: &Value, b: &Value) -> f64 {
         |p, q| p - q,
     )
     .unwrap_or_else(|| f(a, "time_us") - f(b, "time_us"))
+}
+
+/// `layer`'s busbw over raw's at one point (the same bytes, so raw's time
+/// over the layer's): the median over rounds of each round's ratio, as
+/// for the step, so that a stretch in which the GPUs run slow or fast (at
+/// 128 MiB an all-to-all's time moves by 3 % from round to round on the
+/// lent VMs) moves both sides alike. Records without per-round times give
+/// the ratio of the busbw medians.
+fn paired_busbw_ratio(layer: &Value, raw: &Value) -> f64 {
+    paired(
+        per_round(raw, "rounds_us"),
+        per_round(layer, "rounds_us"),
+        |p, q| p / q,
+    )
+    .unwrap_or_else(|| f(layer, "busbw_gbs") / f(raw, "busbw_gbs"))
 }
 
 /// A step job's default side over its raw side: the median over rounds of
