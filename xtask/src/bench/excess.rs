@@ -10,7 +10,9 @@ use serde_json::{Value, json};
 
 use crate::Result;
 use crate::bench::json::{f, results, s, same};
-use crate::bench::summary::{TARGET_MODES, human, paired_excess, smallest, upper_median};
+use crate::bench::summary::{
+    TARGET_MODES, human, paired_excess, small_points, smallest, upper_median, worst,
+};
 
 /// Where one collective's per-call excess goes, at its smallest size, out
 /// of place (a latency job with the `raw_probe` layer): the driver calls the
@@ -158,6 +160,25 @@ At each collective's smallest size, out of place, µs per call. raw and raw issu
         }
     }
     writeln!(md)?;
+    let points = |layer: &str| -> Vec<(f64, String)> {
+        found
+            .iter()
+            .flat_map(|(mode, doc, _)| small_points(mode, doc, layer))
+            .filter(|(v, _)| !v.is_nan())
+            .collect()
+    };
+    let (dist, probe) = (points("dist"), points("raw_probe"));
+    if let (Some(typical), Some((top, _)), Some((floor, floor_at))) = (
+        upper_median(dist.iter().map(|(v, _)| *v).collect()),
+        worst(dist.iter().cloned()),
+        worst(probe.iter().cloned()),
+    ) {
+        writeln!(
+            md,
+            "Over every point of these jobs ({} points: each mode, collective, size ≤ 1 KiB and placement): dist − raw {typical:+.2} µs at the median point and {top:+.2} at the largest (`default_minus_raw_small_us_max`); `raw_probe` − raw, whose own cost is two driver calls, {floor:+.2} at its largest ({floor_at}): the largest of that many paired medians lands about that far above a layer's true excess on this machine (`default_minus_raw_small_us_median`, `probe_minus_raw_small_us_max` in `summary`, not targets).\n",
+            dist.len()
+        )?;
+    }
     Ok(())
 }
 
@@ -165,14 +186,35 @@ At each collective's smallest size, out of place, µs per call. raw and raw issu
 /// collectives of the latency jobs in threads and processes mode, put into
 /// `summary` (a flat object); nothing without `raw_probe` rows.
 pub fn add_keys(summary: &mut Value, docs: &BTreeMap<String, Value>) {
-    let splits: Vec<ExcessSplit<'_>> = TARGET_MODES
+    let latency: Vec<(&str, &Value)> = TARGET_MODES
         .iter()
-        .filter_map(|m| docs.get(&format!("latency-{m}")))
-        .flat_map(excess_split)
+        .filter_map(|m| docs.get(&format!("latency-{m}")).map(|d| (*m, d)))
         .collect();
+    let splits: Vec<ExcessSplit<'_>> = latency.iter().flat_map(|(_, d)| excess_split(d)).collect();
     let Some(flat) = summary.as_object_mut() else {
         return;
     };
+    // Beside `default_minus_raw_small_us_max` (the largest of about a
+    // hundred paired medians): the typical point, and the same largest
+    // for `raw_probe`, whose true excess is two driver calls (about
+    // 0.05 µs): how far above its true value the largest of that many
+    // noisy points lands on this machine.
+    let points = |layer: &str| -> Vec<(f64, String)> {
+        latency
+            .iter()
+            .flat_map(|(m, d)| small_points(m, d, layer))
+            .filter(|(v, _)| !v.is_nan())
+            .collect()
+    };
+    let dist = points("dist");
+    if !dist.is_empty() {
+        let typical = upper_median(dist.iter().map(|(v, _)| *v).collect());
+        flat.insert("default_minus_raw_small_us_median".into(), json!(typical));
+    }
+    if let Some((v, at)) = worst(points("raw_probe").into_iter()) {
+        flat.insert("probe_minus_raw_small_us_max".into(), json!(v));
+        flat.insert("probe_minus_raw_small_us_max_at".into(), json!(at));
+    }
     if splits.is_empty() {
         return;
     }

@@ -11,8 +11,8 @@ use crate::bench::json::{f, results, s, same};
 
 mod stats;
 pub use stats::{
-    at_least, at_most, human, large_busbw_ratio, least, paired_excess, paired_step_ratio, smallest,
-    upper_median, worst,
+    at_least, at_most, human, large_busbw_ratio, least, paired_excess, paired_step_ratio,
+    small_points, smallest, upper_median, worst,
 };
 
 /// The median over a set-up document's warm reps of `key`, and how many.
@@ -167,31 +167,11 @@ pub fn summary(docs: &BTreeMap<String, Value>) -> (Value, Vec<Target>) {
         }
     };
 
-    let small = worst(latency.iter().flat_map(|(mode, doc)| {
-        let rs: Vec<&Value> = results(doc).collect();
-        rs.iter()
-            .filter(|r| s(r, "layer") == "dist" && r["bytes"].as_u64().is_some_and(|b| b <= 1024))
-            .map(|r| {
-                let over = rs
-                    .iter()
-                    .find(|q| s(q, "layer") == "raw" && same(q, r))
-                    .map_or(f64::NAN, |raw| paired_excess(r, raw));
-                let place = if r["in_place"] == true {
-                    "in place"
-                } else {
-                    "out of place"
-                };
-                (
-                    over,
-                    format!(
-                        "{mode} {} {} {place}",
-                        s(r, "coll"),
-                        human(r["bytes"].as_u64().unwrap_or(0))
-                    ),
-                )
-            })
-            .collect::<Vec<_>>()
-    }));
+    let small = worst(
+        latency
+            .iter()
+            .flat_map(|(mode, doc)| small_points(mode, doc, "dist")),
+    );
 
     let watchdog = worst(latency.iter().flat_map(|(mode, doc)| {
         smallest(doc, "safe_wd")
