@@ -8,12 +8,14 @@
 //! cargo xtask bench --report DIR            # redo the report from DIR's JSON
 //! ```
 //!
-//! Phases, each one run of the bench (`--json` into `--out`):
+//! Phases, each one run of the bench (`--json` into `--out`). In every
+//! phase measured in rounds through several layers (sweep, latency,
+//! graph) the layers take turns in every round, each round starting with
+//! the next one (since session thirteen; before, raw always went first):
 //!
 //! - `sweep`: every collective, 8 B to 2 GiB (×4), out of place and in
 //!   place, through raw, safe and dist, a thread per GPU, 7 rounds of at
-//!   least 20 iterations and 20 ms each (the layers take turns in every
-//!   round, each round starting with the next one).
+//!   least 20 iterations and 20 ms each.
 //! - `latency`: every collective from 8 B to 1 KiB (×2) with 1000
 //!   iterations and 11 rounds (`--quick`: 300 in single mode), in each launch mode
 //!   (single, threads, processes); in threads and processes mode also the
@@ -162,7 +164,8 @@ fn jobs(o: &Options) -> Vec<Job> {
             name: "sweep-threads".into(),
             mode: "threads",
             // 7 rounds: at 128 MiB an all-to-all moves by 3 % from round
-            // to round, and the summary takes the least ratio of 28.
+            // to round, and the summary takes the least of 24 ratios
+            // (quick: 12 points, safe and dist; 72 to 2 GiB).
             args: w(&format!("-b 8 -e {max} -n 20 -w 5 --min-ms 20 --rounds 7")),
         });
     }

@@ -8,7 +8,7 @@
 //! | `NCCL_RS_TIMEOUT` | the operation timeout, seconds | 300 | `World`, the watchdog |
 //! | `NCCL_RS_WATCHDOG` | `0`/`off` turns the watchdog off | on | `WatchdogOptions::from_env` |
 //! | `NCCL_RS_WATCHDOG_TIMEOUT` | the watchdog's timeout, seconds (over `NCCL_RS_TIMEOUT`) | the operation timeout | `WatchdogOptions::from_env` |
-//! | `NCCL_RS_WATCHDOG_POLL_MS` | how often the watchdog thread looks, milliseconds (at least 0.1) | 2 | `WatchdogOptions::from_env` |
+//! | `NCCL_RS_WATCHDOG_POLL_MS` | how often the watchdog thread looks, milliseconds (0.1 to 1000) | 2 | `WatchdogOptions::from_env` |
 //! | `NCCL_RS_FLIGHT_RECORDER` | operations the flight recorder keeps | the default history | `WatchdogOptions::from_env` |
 //! | `NCCL_RS_CHECK_CALLS` | `1`/`on` compares every call on the world's communicator across the ranks before launch | off | `WatchdogOptions::from_env` |
 //! | `NCCL_RS_ENCRYPTION` | `psk` encrypts NCCL's sockets (NCCL 2.32+) | none | `World` |
@@ -30,8 +30,8 @@ pub const TIMEOUT_ENV: &str = "NCCL_RS_TIMEOUT";
 pub const WATCHDOG_ENV: &str = "NCCL_RS_WATCHDOG";
 /// The watchdog's timeout in seconds.
 pub const WATCHDOG_TIMEOUT_ENV: &str = "NCCL_RS_WATCHDOG_TIMEOUT";
-/// How often the watchdog thread looks, in milliseconds (fractional, at
-/// least 0.1).
+/// How often the watchdog thread looks, in milliseconds (fractional, 0.1
+/// to 1000).
 pub const WATCHDOG_POLL_ENV: &str = "NCCL_RS_WATCHDOG_POLL_MS";
 /// The flight recorder's length.
 pub const FLIGHT_RECORDER_ENV: &str = "NCCL_RS_FLIGHT_RECORDER";

@@ -55,6 +55,47 @@ pub fn excess_split(doc: &Value) -> Vec<ExcessSplit<'_>> {
         .collect()
 }
 
+/// How the per-call differences spread over every point (mode,
+/// collective, size up to 1 KiB, placement) of the latency jobs in
+/// threads and processes mode: dist − raw at the median point and at the
+/// largest (the latter is `default_minus_raw_small_us_max`, NaN winning
+/// as there), and the same for `raw_probe` − raw, whose own cost is two
+/// driver calls: its largest less its median is how far above a layer's
+/// typical excess the largest of that many noisy paired medians lands.
+/// Medians leave NaN points out. `None` without both layers' points.
+pub struct Spread {
+    pub points: usize,
+    pub dist_median: f64,
+    pub dist_max: f64,
+    pub probe_median: f64,
+    pub probe_max: f64,
+    pub probe_max_at: String,
+}
+
+pub fn spread(docs: &BTreeMap<String, Value>) -> Option<Spread> {
+    let points = |layer: &str| -> Vec<(f64, String)> {
+        TARGET_MODES
+            .iter()
+            .filter_map(|m| docs.get(&format!("latency-{m}")).map(|d| (*m, d)))
+            .flat_map(|(m, d)| small_points(m, d, layer))
+            .collect()
+    };
+    let median = |v: &[(f64, String)]| {
+        upper_median(v.iter().map(|(x, _)| *x).filter(|x| !x.is_nan()).collect())
+    };
+    let (dist, probe) = (points("dist"), points("raw_probe"));
+    let (dist_max, _) = worst(dist.iter().cloned())?;
+    let (probe_max, probe_max_at) = worst(probe.iter().cloned())?;
+    Some(Spread {
+        points: dist.len(),
+        dist_median: median(&dist)?,
+        dist_max,
+        probe_median: median(&probe)?,
+        probe_max,
+        probe_max_at,
+    })
+}
+
 /// Where the step's excess over raw goes, for step jobs run with
 /// `--step-raw-mesh`: the raw calls on the mesh's own communicators and
 /// stream against raw's (NCCL's part) and the default side against them
@@ -160,31 +201,26 @@ At each collective's smallest size, out of place, µs per call. raw and raw issu
         }
     }
     writeln!(md)?;
-    let points = |layer: &str| -> Vec<(f64, String)> {
-        found
-            .iter()
-            .flat_map(|(mode, doc, _)| small_points(mode, doc, layer))
-            .filter(|(v, _)| !v.is_nan())
-            .collect()
-    };
-    let (dist, probe) = (points("dist"), points("raw_probe"));
-    if let (Some(typical), Some((top, _)), Some((floor, floor_at))) = (
-        upper_median(dist.iter().map(|(v, _)| *v).collect()),
-        worst(dist.iter().cloned()),
-        worst(probe.iter().cloned()),
-    ) {
+    if let Some(x) = spread(docs) {
         writeln!(
             md,
-            "Over every point of these jobs ({} points: each mode, collective, size ≤ 1 KiB and placement): dist − raw {typical:+.2} µs at the median point and {top:+.2} at the largest (`default_minus_raw_small_us_max`); `raw_probe` − raw, whose own cost is two driver calls, {floor:+.2} at its largest ({floor_at}): the largest of that many paired medians lands about that far above a layer's true excess on this machine (`default_minus_raw_small_us_median`, `probe_minus_raw_small_us_max` in `summary`, not targets).\n",
-            dist.len()
+            "Over every point of the latency jobs in threads and processes mode ({} points: each mode, collective, size ≤ 1 KiB and placement): dist − raw {:+.2} µs at the median point and {:+.2} at the largest (`default_minus_raw_small_us_max`). `raw_probe` − raw, whose own cost is two driver calls, {:+.2} at the median point and {:+.2} at the largest ({}): on this machine the largest of that many paired medians lands about {:.2} µs above a layer's typical excess (`default_minus_raw_small_us_median`, `probe_minus_raw_small_us_max`, `probe_spread_small_us` in `summary`, not targets).\n",
+            x.points,
+            x.dist_median,
+            x.dist_max,
+            x.probe_median,
+            x.probe_max,
+            x.probe_max_at,
+            x.probe_max - x.probe_median
         )?;
     }
     Ok(())
 }
 
-/// The summary's keys of the split (not targets): medians over the
-/// collectives of the latency jobs in threads and processes mode, put into
-/// `summary` (a flat object); nothing without `raw_probe` rows.
+/// The summary's keys of the split (not targets), put into `summary` (a
+/// flat object): medians over the collectives of the latency jobs in
+/// threads and processes mode (nothing without `raw_probe` rows), and the
+/// keys of [`spread`].
 pub fn add_keys(summary: &mut Value, docs: &BTreeMap<String, Value>) {
     let latency: Vec<(&str, &Value)> = TARGET_MODES
         .iter()
@@ -194,26 +230,20 @@ pub fn add_keys(summary: &mut Value, docs: &BTreeMap<String, Value>) {
     let Some(flat) = summary.as_object_mut() else {
         return;
     };
-    // Beside `default_minus_raw_small_us_max` (the largest of about a
-    // hundred paired medians): the typical point, and the same largest
-    // for `raw_probe`, whose true excess is two driver calls (about
-    // 0.05 µs): how far above its true value the largest of that many
-    // noisy points lands on this machine.
-    let points = |layer: &str| -> Vec<(f64, String)> {
-        latency
-            .iter()
-            .flat_map(|(m, d)| small_points(m, d, layer))
-            .filter(|(v, _)| !v.is_nan())
-            .collect()
-    };
-    let dist = points("dist");
-    if !dist.is_empty() {
-        let typical = upper_median(dist.iter().map(|(v, _)| *v).collect());
-        flat.insert("default_minus_raw_small_us_median".into(), json!(typical));
-    }
-    if let Some((v, at)) = worst(points("raw_probe").into_iter()) {
-        flat.insert("probe_minus_raw_small_us_max".into(), json!(v));
-        flat.insert("probe_minus_raw_small_us_max_at".into(), json!(at));
+    if let Some(x) = spread(docs) {
+        flat.insert(
+            "default_minus_raw_small_us_median".into(),
+            json!(x.dist_median),
+        );
+        flat.insert("probe_minus_raw_small_us_max".into(), json!(x.probe_max));
+        flat.insert(
+            "probe_minus_raw_small_us_max_at".into(),
+            json!(x.probe_max_at),
+        );
+        flat.insert(
+            "probe_spread_small_us".into(),
+            json!(x.probe_max - x.probe_median),
+        );
     }
     if splits.is_empty() {
         return;
@@ -287,6 +317,61 @@ mod tests {
         assert!(
             (summary["raw_issue_over_time_small"].as_f64().unwrap() - 10.9 / 11.0).abs() < 1e-9
         );
+    }
+
+    /// The spread over every point: medians leave NaN out, the largest
+    /// lets it win (as the target does), and the probe's spread is its
+    /// largest less its median.
+    #[test]
+    fn the_spread_takes_every_point_and_lets_a_missing_one_win_the_largest() {
+        let doc = json!({ "results": [
+            row("raw", 8, &[10.0, 10.0, 10.0], 10.0),
+            row("dist", 8, &[10.5, 10.5, 10.5], 10.5),
+            row("raw_probe", 8, &[10.1, 10.1, 10.1], 10.1),
+            row("raw", 64, &[20.0, 20.0, 20.0], 20.0),
+            row("dist", 64, &[22.0, 22.0, 22.0], 22.0),
+            row("raw_probe", 64, &[20.7, 20.7, 20.7], 20.7),
+            row("raw", 512, &[30.0, 30.0, 30.0], 30.0),
+            row("dist", 512, &[30.7, 30.7, 30.7], 30.7),
+            row("raw_probe", 512, &[30.0, 30.0, 30.0], 30.0),
+        ]});
+        let mut docs = BTreeMap::new();
+        docs.insert("latency-threads".to_string(), doc);
+        let x = spread(&docs).unwrap();
+        assert_eq!(x.points, 3);
+        assert!((x.dist_median - 0.7).abs() < 1e-9, "{}", x.dist_median);
+        assert!((x.dist_max - 2.0).abs() < 1e-9, "{}", x.dist_max);
+        assert!((x.probe_median - 0.1).abs() < 1e-9, "{}", x.probe_median);
+        assert!((x.probe_max - 0.7).abs() < 1e-9, "{}", x.probe_max);
+        assert_eq!(x.probe_max_at, "threads all_reduce 64 B out of place");
+        let mut summary = json!({});
+        add_keys(&mut summary, &docs);
+        assert!((summary["probe_spread_small_us"].as_f64().unwrap() - 0.6).abs() < 1e-9);
+        assert!(
+            (summary["default_minus_raw_small_us_median"]
+                .as_f64()
+                .unwrap()
+                - 0.7)
+                .abs()
+                < 1e-9
+        );
+        // The largest agrees with the target's figure.
+        let (flat, _) = crate::bench::summary::summary(&docs);
+        assert_eq!(
+            flat["default_minus_raw_small_us_max"].as_f64(),
+            Some(x.dist_max)
+        );
+
+        // A probe point without raw's record is NaN: it wins the largest.
+        let mut docs = docs.clone();
+        let doc = docs.get_mut("latency-threads").unwrap();
+        doc["results"]
+            .as_array_mut()
+            .unwrap()
+            .push(row("raw_probe", 1024, &[1.0, 1.0, 1.0], 1.0));
+        let x = spread(&docs).unwrap();
+        assert!(x.probe_max.is_nan());
+        assert!((x.probe_median - 0.1).abs() < 1e-9);
     }
 
     #[test]

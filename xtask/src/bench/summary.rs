@@ -148,8 +148,9 @@ pub const TARGET_MODES: &[&str] = &["threads", "processes"];
 ///   default step over PyTorch's same step (`torch-step`), same run.
 /// - `busbw_large_over_raw_min`: from the sweep (a thread per GPU), the
 ///   least busbw of the safe and dist layers over raw's at the same size
-///   and placement, over every collective and size from 128 MiB up; a
-///   floor (≥ 0.99), unlike the others.
+///   and placement (each paired by round: the median of raw's time over
+///   the layer's, round by round), over every collective and size from
+///   128 MiB up; a floor (≥ 0.99), unlike the others.
 /// - `allocs_per_call_max`: the most heap allocations per call, counted
 ///   on every thread of the process during the timed calls, in any
 ///   measurement of any phase, and per NCCL call of the default step.

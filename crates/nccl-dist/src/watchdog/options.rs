@@ -51,9 +51,12 @@ impl WatchdogOptions {
         self
     }
 
-    /// How often the watchdog thread looks (at least 100 µs).
+    /// How often the watchdog thread looks: from 100 µs to 1 s (a value
+    /// outside is brought to the nearer end). A timeout is noticed up to
+    /// one poll late, and a communicator's drop waits for the watch in
+    /// steps of a few polls, so a longer poll would only slow those.
     pub fn poll_interval(mut self, poll: Duration) -> Self {
-        self.poll = poll.max(Duration::from_micros(100));
+        self.poll = poll.clamp(Duration::from_micros(100), Duration::from_secs(1));
         self
     }
 
@@ -80,7 +83,7 @@ impl WatchdogOptions {
     /// Reads `NCCL_RS_WATCHDOG` (`1`/`on`/`true` or `0`/`off`/`false`;
     /// on when unset), the timeout from `NCCL_RS_WATCHDOG_TIMEOUT`, else
     /// `NCCL_RS_TIMEOUT` (seconds, fractional, at least 0.001), else 300 s,
-    /// `NCCL_RS_WATCHDOG_POLL_MS` (milliseconds, fractional, at least 0.1;
+    /// `NCCL_RS_WATCHDOG_POLL_MS` (milliseconds, fractional, 0.1 to 1000;
     /// 2 when unset), `NCCL_RS_FLIGHT_RECORDER` (entries) and `NCCL_RS_CHECK_CALLS`
     /// (`1` turns the call check on; off when unset). `Ok(None)` only when the
     /// watchdog is turned off; a value that does not parse is an error,
@@ -111,11 +114,11 @@ impl WatchdogOptions {
                 .trim()
                 .parse()
                 .ok()
-                .filter(|ms: &f64| ms.is_finite() && (0.1..1e9).contains(ms))
+                .filter(|ms: &f64| (0.1..=1000.0).contains(ms))
                 .ok_or_else(|| {
                     bad(
                         WATCHDOG_POLL_ENV,
-                        format!("{v:?} is not a number of milliseconds from 0.1 on"),
+                        format!("{v:?} is not a number of milliseconds from 0.1 to 1000"),
                     )
                 })?;
             options = options.poll_interval(Duration::from_secs_f64(ms / 1000.0));
@@ -180,7 +183,18 @@ mod tests {
         );
         let fine = WatchdogOptions::from_lookup(env(&[("NCCL_RS_WATCHDOG_POLL_MS", " 0.25 ")]));
         assert_eq!(fine.unwrap().unwrap().poll, Duration::from_micros(250));
-        for bad in ["0.05", "0", "-2", "nan", "inf", "often", ""] {
+        let slowest = WatchdogOptions::from_lookup(env(&[("NCCL_RS_WATCHDOG_POLL_MS", "1000")]));
+        assert_eq!(slowest.unwrap().unwrap().poll, Duration::from_secs(1));
+        assert_eq!(
+            WatchdogOptions::new()
+                .poll_interval(Duration::from_secs(60))
+                .poll,
+            Duration::from_secs(1),
+            "brought to the longest poll"
+        );
+        for bad in [
+            "0.05", "0", "-2", "1000.5", "60000", "nan", "inf", "often", "",
+        ] {
             let pairs: &'static [(&'static str, &'static str)] =
                 Box::leak(vec![("NCCL_RS_WATCHDOG_POLL_MS", bad)].into_boxed_slice());
             assert!(WatchdogOptions::from_lookup(env(pairs)).is_err(), "{bad:?}");

@@ -120,8 +120,11 @@ impl Resolved {
             })();
             if done.is_err() {
                 // A kernel cut short may still touch them: 4 bytes each
-                // are left to the process rather than freed.
-                std::mem::forget(bufs);
+                // are left to the process rather than freed (their stream
+                // and events are released).
+                for buf in bufs {
+                    let _ = buf.leak();
+                }
             }
             done
         })();

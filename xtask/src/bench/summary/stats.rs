@@ -45,9 +45,11 @@ pub fn upper_median(mut v: Vec<f64>) -> Option<f64> {
 }
 
 /// The least busbw of `layer` over raw's at the same point (size,
-/// placement; paired by round, see [`paired_busbw_ratio`]), over every size of `coll` from 128 MiB up, in a sweep's
-/// records; `None` where there is no such size. A record without its busbw
-/// or without raw's at the same point gives NaN, which wins (a miss).
+/// placement; paired by round, see [`paired_busbw_ratio`]), over every
+/// size of `coll` from 128 MiB up, in a sweep's records; `None` where
+/// there is no such size. A point without raw's record, or whose records
+/// have neither rounds that line up nor busbw, gives NaN, which wins (a
+/// miss).
 pub fn large_busbw_ratio(rs: &[&Value], coll: &str, layer: &str) -> Option<(f64, String)> {
     fn of<'r, 'v>(
         rs: &'r [&'v Value],

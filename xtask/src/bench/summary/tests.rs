@@ -424,6 +424,37 @@ fn busbw_large_over_raw_is_a_floor_over_large_sizes() {
     assert!(flat["busbw_large_over_raw_min"].is_null());
 }
 
+/// The busbw ratio pairs the layers by round (raw's time over the
+/// layer's, the median over rounds); rounds that do not line up give the
+/// ratio of the busbw medians.
+#[test]
+fn busbw_ratio_is_paired_by_round() {
+    let row = |layer: &str, bw: f64, rounds: &[f64]| {
+        json!({"coll": "all_to_all", "layer": layer, "bytes": 128u64 << 20, "in_place": false,
+               "dtype": "f32", "redop": "none", "root": -1, "busbw_gbs": bw, "rounds_us": rounds})
+    };
+    let sweep = |rows: Vec<Value>| {
+        let mut docs = BTreeMap::new();
+        docs.insert("sweep-threads".to_string(), json!({ "results": rows }));
+        summary(&docs).0["busbw_large_over_raw_min"]
+            .as_f64()
+            .unwrap()
+    };
+    // Round ratios 263/265 = 0.9925, 270/270 = 1 and 265/263 = 1.0076:
+    // the median is 1, where the medians' busbw (set apart on purpose)
+    // would give 0.9.
+    let paired = sweep(vec![
+        row("raw", 100.0, &[263.0, 270.0, 265.0]),
+        row("safe", 90.0, &[265.0, 270.0, 263.0]),
+    ]);
+    assert!((paired - 1.0).abs() < 1e-12, "{paired}");
+    let unpaired = sweep(vec![
+        row("raw", 100.0, &[263.0, 270.0, 265.0]),
+        row("safe", 90.0, &[265.0, 270.0]),
+    ]);
+    assert!((unpaired - 0.9).abs() < 1e-12, "{unpaired}");
+}
+
 /// The step's ratio pairs the sides by round: a round in which the
 /// machine ran slow for both sides moves nothing, while the ratio of the
 /// medians can take one side's fast stretch against the other's slow
