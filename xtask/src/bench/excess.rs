@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use crate::Result;
 use crate::bench::json::{f, results, s, same};
 use crate::bench::summary::{
-    TARGET_MODES, human, paired_excess, small_points, smallest, upper_median, worst,
+    TARGET_MODES, human, paired_excess, point_label, small_points, smallest, upper_median, worst,
 };
 
 /// Where one collective's per-call excess goes, at its smallest size, out
@@ -77,7 +77,11 @@ pub fn spread(docs: &BTreeMap<String, Value>) -> Option<Spread> {
         TARGET_MODES
             .iter()
             .filter_map(|m| docs.get(&format!("latency-{m}")).map(|d| (*m, d)))
-            .flat_map(|(m, d)| small_points(m, d, layer))
+            .flat_map(|(m, d)| {
+                small_points(d, layer)
+                    .into_iter()
+                    .map(move |(v, r)| (v, point_label(m, r)))
+            })
             .collect()
     };
     let median = |v: &[(f64, String)]| {

@@ -14,7 +14,7 @@ use crate::bench::excess::excess_section;
 use crate::bench::json::{f, load, results, s, same};
 use crate::bench::summary::{
     TARGET_MODES, at_least, at_most, human, large_busbw_ratio, paired_excess, paired_step_ratio,
-    signed, smallest, summary, targets_section, worst,
+    signed, small_points, smallest, summary, targets_section, worst,
 };
 
 /// Writes report.md, bench.json and busbw.svg from the JSON in `dir`;
@@ -327,7 +327,9 @@ pub fn latency_section(
             "| collective | size | raw | safe | dist | safe − raw | dist − raw | dist − raw, most ≤ 1 KiB |"
         )?;
         writeln!(md, "|---|---|---|---|---|---|---|---|")?;
-        let every: Vec<&Value> = results(doc).collect();
+        // dist − raw at every point up to 1 KiB, for each collective's
+        // largest below.
+        let points = small_points(doc, "dist");
         let rs: Vec<&Value> = results(doc).filter(|r| r["in_place"] == false).collect();
         let mut colls: Vec<&str> = rs.iter().map(|r| s(r, "coll")).collect();
         colls.dedup();
@@ -364,30 +366,19 @@ pub fn latency_section(
                     None => deltas.push("-".into()),
                 }
             }
-            let most = worst(
-                every
-                    .iter()
-                    .filter(|r| {
-                        s(r, "coll") == coll
-                            && s(r, "layer") == "dist"
-                            && r["bytes"].as_u64().is_some_and(|b| b <= 1024)
-                    })
-                    .map(|r| {
-                        let over = every
-                            .iter()
-                            .find(|q| s(q, "layer") == "raw" && same(q, r))
-                            .map_or(f64::NAN, |q| paired_excess(r, q));
-                        let place = if r["in_place"] == true {
-                            " in place"
-                        } else {
-                            ""
-                        };
-                        (
-                            over,
-                            format!("{}{place}", human(r["bytes"].as_u64().unwrap_or(0))),
-                        )
-                    }),
-            )
+            let most = worst(points.iter().filter(|(_, r)| s(r, "coll") == coll).map(
+                |&(over, r)| {
+                    let place = if r["in_place"] == true {
+                        " in place"
+                    } else {
+                        ""
+                    };
+                    (
+                        over,
+                        format!("{}{place}", human(r["bytes"].as_u64().unwrap_or(0))),
+                    )
+                },
+            ))
             .map_or("-".to_string(), |(d, at)| {
                 format!("{} ({at})", signed(d, 0.5))
             });

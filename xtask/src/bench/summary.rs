@@ -12,7 +12,7 @@ use crate::bench::json::{f, results, s, same};
 mod stats;
 pub use stats::{
     at_least, at_most, human, large_busbw_ratio, least, paired_excess, paired_step_ratio,
-    small_points, smallest, upper_median, worst,
+    point_label, small_points, smallest, upper_median, worst,
 };
 
 /// The median over a set-up document's warm reps of `key`, and how many.
@@ -168,11 +168,11 @@ pub fn summary(docs: &BTreeMap<String, Value>) -> (Value, Vec<Target>) {
         }
     };
 
-    let small = worst(
-        latency
-            .iter()
-            .flat_map(|(mode, doc)| small_points(mode, doc, "dist")),
-    );
+    let small = worst(latency.iter().flat_map(|(mode, doc)| {
+        small_points(doc, "dist")
+            .into_iter()
+            .map(|(v, r)| (v, point_label(mode, r)))
+    }));
 
     let watchdog = worst(latency.iter().flat_map(|(mode, doc)| {
         smallest(doc, "safe_wd")

@@ -167,9 +167,9 @@ pub fn paired_step_ratio(step: &Value) -> f64 {
 }
 
 /// `layer` minus raw (µs per call, paired by round) at every size up to
-/// 1 KiB and both placements of one latency job (`mode`'s), each with
-/// where it was; NaN where raw has no record at that point.
-pub fn small_points(mode: &str, doc: &Value, layer: &str) -> Vec<(f64, String)> {
+/// 1 KiB and both placements of one latency job, each with `layer`'s
+/// record; NaN where raw has no record at that point.
+pub fn small_points<'d>(doc: &'d Value, layer: &str) -> Vec<(f64, &'d Value)> {
     let rs: Vec<&Value> = results(doc).collect();
     rs.iter()
         .filter(|r| s(r, "layer") == layer && r["bytes"].as_u64().is_some_and(|b| b <= 1024))
@@ -178,15 +178,21 @@ pub fn small_points(mode: &str, doc: &Value, layer: &str) -> Vec<(f64, String)> 
                 .iter()
                 .find(|q| s(q, "layer") == "raw" && same(q, r))
                 .map_or(f64::NAN, |raw| paired_excess(r, raw));
-            let place = if r["in_place"] == true {
-                "in place"
-            } else {
-                "out of place"
-            };
-            let bytes = human(r["bytes"].as_u64().unwrap_or(0));
-            (over, format!("{mode} {} {bytes} {place}", s(r, "coll")))
+            (over, *r)
         })
         .collect()
+}
+
+/// Where a point of [`small_points`] was, in `mode`'s job:
+/// `threads all_reduce 8 B out of place`.
+pub fn point_label(mode: &str, r: &Value) -> String {
+    let place = if r["in_place"] == true {
+        "in place"
+    } else {
+        "out of place"
+    };
+    let bytes = human(r["bytes"].as_u64().unwrap_or(0));
+    format!("{mode} {} {bytes} {place}", s(r, "coll"))
 }
 
 /// A size in bytes as the report shows it (`8 B`, `1 KiB`, `2 GiB`).
