@@ -10,6 +10,7 @@
 //! answers with the signal's cause.
 
 use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::{Duration, Instant};
 
 /// Why a communicator was aborted.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -71,6 +72,9 @@ pub(crate) trait Abortable: Send + Sync {
     /// Asks for an abort with `cause` without waiting for the lock (the
     /// abort itself, `ncclCommAbort`, may wait inside NCCL).
     fn request_abort(&self, cause: AbortCause) -> bool;
+    /// Whether NCCL is done with it: aborted (or closed), and no
+    /// `ncclCommAbort` of it still running. Never waits.
+    fn is_settled(&self) -> bool;
 }
 
 struct SignalInner {
@@ -171,6 +175,53 @@ impl AbortSignal {
         self.inner.cause.get().cloned()
     }
 
+    /// Waits, at most until `until`, until NCCL is done with every
+    /// communicator that carries the signal and still exists: each one
+    /// aborted (or closed) with no `ncclCommAbort` of it running. Returns
+    /// whether that came in time. Never triggers; call it after
+    /// [`AbortSignal::trigger`]. A communicator dropped while live is torn
+    /// down on a thread of its own: [`crate::Comm::wait_for_teardowns`]
+    /// waits for those.
+    ///
+    /// For a job that makes new communicators on the same GPUs after giving
+    /// up these (a recovery): NCCL does not allow calls on independent
+    /// communicators of one device from several threads at once, and the
+    /// aborts run on whichever thread made them (a watchdog's, a liveness
+    /// hook's), where the last `ncclCommAbort` of a communicator's ranks in
+    /// one process frees the resources of all of them.
+    ///
+    /// ```
+    /// use std::time::{Duration, Instant};
+    /// use nccl_safe::{AbortCause, AbortSignal};
+    ///
+    /// let signal = AbortSignal::new();
+    /// signal.trigger(AbortCause::Requested);
+    /// // No communicator carries it: nothing to wait for.
+    /// assert!(signal.wait_settled(Instant::now() + Duration::from_secs(1)));
+    /// ```
+    pub fn wait_settled(&self, until: Instant) -> bool {
+        let mut pause = Duration::from_micros(50);
+        loop {
+            let settled = self
+                .inner
+                .members
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .filter_map(Weak::upgrade)
+                .all(|m| m.is_settled());
+            if settled {
+                return true;
+            }
+            let now = Instant::now();
+            if now >= until {
+                return false;
+            }
+            std::thread::sleep(pause.min(until - now));
+            pause = (pause * 2).min(Duration::from_millis(5));
+        }
+    }
+
     /// Adds a communicator (at its creation).
     pub(crate) fn enroll(&self, member: Weak<dyn Abortable>) {
         let mut members = self.inner.members.lock().unwrap_or_else(|p| p.into_inner());
@@ -221,6 +272,10 @@ mod tests {
                 .unwrap()
                 .push(format!("abort {}", self.name));
             true
+        }
+
+        fn is_settled(&self) -> bool {
+            self.noted.load(Ordering::SeqCst)
         }
     }
 
@@ -279,5 +334,49 @@ mod tests {
             ["note late abort requested", "abort late"],
             "the first cause wins"
         );
+    }
+
+    /// A member whose `ncclCommAbort` runs on another thread until `done`.
+    struct Aborting {
+        done: AtomicBool,
+    }
+
+    impl Abortable for Aborting {
+        fn note_cause(&self, _cause: AbortCause) {}
+
+        fn request_abort(&self, _cause: AbortCause) -> bool {
+            false
+        }
+
+        fn is_settled(&self) -> bool {
+            self.done.load(Ordering::SeqCst)
+        }
+    }
+
+    #[test]
+    fn wait_settled_waits_for_every_member_still_there_and_ends_at_its_deadline() {
+        let signal = AbortSignal::new();
+        let slow = Arc::new(Aborting {
+            done: AtomicBool::new(false),
+        });
+        signal.enroll(Arc::downgrade(&(Arc::clone(&slow) as Arc<dyn Abortable>)));
+        // A member already dropped does not count.
+        let gone: Arc<dyn Abortable> = Arc::new(Aborting {
+            done: AtomicBool::new(false),
+        });
+        signal.enroll(Arc::downgrade(&gone));
+        drop(gone);
+        let started = Instant::now();
+        assert!(!signal.wait_settled(Instant::now() + Duration::from_millis(30)));
+        assert!(started.elapsed() >= Duration::from_millis(30));
+        let other = Arc::clone(&slow);
+        let finisher = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            other.done.store(true, Ordering::SeqCst);
+        });
+        let started = Instant::now();
+        assert!(signal.wait_settled(Instant::now() + Duration::from_secs(10)));
+        assert!(started.elapsed() >= Duration::from_millis(15));
+        finisher.join().unwrap();
     }
 }

@@ -95,6 +95,10 @@ impl World {
         )
         .entered();
         let n = survivors.ranks.len();
+        let (old_rank, device) = (self.launch.rank, self.comm.device());
+        // NCCL done with every thread's old communicators before anyone
+        // makes new ones on the same GPUs (see `World::give_up`).
+        let old = self.give_up(options)?;
         let post = tracing::debug_span!("nccl.recover_post").entered();
         let posted = if survivors.me == 0 {
             let made = Team::new(survivors.ranks.clone(), options);
@@ -123,7 +127,7 @@ impl World {
             // for it in their init: it tells them it will not come.
             if let (Some(l), Some(at)) = (
                 &team.liveness,
-                team.survivors.iter().position(|&r| r == self.launch.rank),
+                team.survivors.iter().position(|&r| r == old_rank),
             ) {
                 l.report(PeerLoss {
                     rank: at,
@@ -139,7 +143,6 @@ impl World {
             )));
         }
         let me = survivors.me;
-        let device = self.comm.device();
         let (comm, control, child_config) = thread_comms(
             &team.resolved,
             &team.id,
@@ -160,9 +163,10 @@ impl World {
             signal: team.resolved.signal.clone(),
             local: Some(Arc::clone(&team.next)),
         };
-        // The old world (its aborted communicators) goes only now.
+        // The rest of the old world (its channel membership, its
+        // watchdog) goes only now.
         let _old = tracing::debug_span!("nccl.recover_drop_old").entered();
-        drop(self);
+        drop(old);
         Ok(world)
     }
 }

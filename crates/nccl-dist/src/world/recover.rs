@@ -28,6 +28,58 @@ const SETTLE_IN_PROCESS: Duration = Duration::from_millis(20);
 /// that nothing was lost (the channel names a dead rank within 2 s).
 const FIRST_LOSS: Duration = Duration::from_secs(2);
 
+/// What a world given up for a new one keeps until the new one is made:
+/// its channel membership (its goodbye must not read as a loss to anyone)
+/// and its watchdog. Its communicators are gone ([`World::give_up`]).
+pub(super) struct GivenUp {
+    _presence: super::Presence,
+    _watchdog: Option<crate::watchdog::Watchdog>,
+}
+
+impl World {
+    /// Gives this world's communicators up before the survivors make new
+    /// ones on the same GPUs: the signal asks every one of them, on every
+    /// thread, to abort (done already where a loss fired it), this rank's
+    /// handles go, and this waits, at most `options.timeout`, until NCCL is
+    /// done with all of them ([`nccl_safe::AbortSignal::wait_settled`],
+    /// [`nccl_safe::Comm::wait_for_teardowns`] for the ones dropped live).
+    /// NCCL allows no calls on independent communicators of one GPU from
+    /// several threads at once, and those aborts run on the threads that
+    /// made them (a liveness hook's, a watchdog's). With a thread per GPU
+    /// the last abort of the world's ranks frees the resources of all of
+    /// them. Without this wait, three survivors of four H100s saw one
+    /// survivor's first all-reduce on the new world done without its peers
+    /// (a third of the data right) and theirs hung: the overlap is the
+    /// likely cause (not yet confirmed on a GPU).
+    pub(super) fn give_up(self, options: &WorldOptions) -> Result<GivenUp> {
+        let _span = tracing::debug_span!("nccl.recover_give_up").entered();
+        let World {
+            presence,
+            comm,
+            control,
+            watchdog,
+            signal,
+            ..
+        } = self;
+        signal.trigger(nccl_safe::AbortCause::Other(
+            "World::recover: the world was given up for the survivors' new one".into(),
+        ));
+        drop(comm);
+        drop(control);
+        let until = Instant::now() + options.timeout;
+        if !(signal.wait_settled(until) && nccl_safe::Comm::wait_for_teardowns(until)) {
+            return Err(Error::Nccl(nccl_safe::Error::Timeout {
+                op: "World::recover: NCCL's teardown of the old world's communicators",
+                waited: options.timeout,
+            }));
+        }
+        Ok(GivenUp {
+            _presence: presence,
+            _watchdog: watchdog,
+        })
+    }
+}
+
 /// Who takes part in a recovery, as this rank sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Survivors {
@@ -263,6 +315,7 @@ impl World {
         };
         let device = self.comm.device();
         let secret = options.job_secret()?;
+        let old = self.give_up(options)?;
         let (id, new_liveness) = if survivors.ranks.len() == 1 {
             (UniqueId::new()?, None)
         } else if survivors.me == 0 {
@@ -301,10 +354,10 @@ impl World {
             (id.into(), Some(live))
         };
         let world = World::form(&id, launch, device, resolved, new_liveness, Shape::Split)?;
-        // The old world (its aborted communicators, its channel) goes
-        // only now: its goodbye is not a loss to anyone.
+        // The rest of the old world (its channel, its watchdog) goes only
+        // now: its goodbye is not a loss to anyone.
         let _old = tracing::debug_span!("nccl.recover_drop_old").entered();
-        drop(self);
+        drop(old);
         Ok(world)
     }
 }

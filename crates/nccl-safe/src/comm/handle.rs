@@ -523,6 +523,14 @@ impl Abortable for Shared {
     fn request_abort(&self, cause: AbortCause) -> bool {
         Shared::request_abort(self, cause)
     }
+
+    fn is_settled(&self) -> bool {
+        // `abort_locked` holds the lock through `ncclCommAbort`: a free
+        // lock on a communicator that is no longer live means NCCL's abort
+        // (and the reclaim of the process's ranks it may run) returned.
+        self.try_lock()
+            .is_some_and(|state| !matches!(*state, State::Live(_)))
+    }
 }
 
 impl crate::group::Member for Shared {
