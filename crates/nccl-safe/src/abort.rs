@@ -9,6 +9,7 @@
 //! nonblocking init or split is still in progress, and every later call
 //! answers with the signal's cause.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -81,6 +82,20 @@ struct SignalInner {
     /// Set once, when triggered: whether and why.
     cause: OnceLock<AbortCause>,
     members: Mutex<Vec<Weak<dyn Abortable>>>,
+    /// Teardowns of members dropped while live, not yet done
+    /// ([`PendingTeardown`]).
+    teardowns: AtomicUsize,
+}
+
+/// A teardown of a communicator that carried the signal and was dropped
+/// while live (its finalize or `ncclCommAbort`, on a thread of its own):
+/// counted by the signal while this lives.
+pub(crate) struct PendingTeardown(Arc<SignalInner>);
+
+impl Drop for PendingTeardown {
+    fn drop(&mut self) {
+        self.0.teardowns.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// Aborts every communicator that carries it, once. Cheap to clone; all
@@ -132,6 +147,7 @@ impl AbortSignal {
             inner: Arc::new(SignalInner {
                 cause: OnceLock::new(),
                 members: Mutex::new(Vec::new()),
+                teardowns: AtomicUsize::new(0),
             }),
         }
     }
@@ -176,12 +192,15 @@ impl AbortSignal {
     }
 
     /// Waits, at most until `until`, until NCCL is done with every
-    /// communicator that carries the signal and still exists: each one
-    /// aborted (or closed) with no `ncclCommAbort` of it running. Returns
-    /// whether that came in time. Never triggers; call it after
-    /// [`AbortSignal::trigger`]. A communicator dropped while live is torn
-    /// down on a thread of its own: [`crate::Comm::wait_for_teardowns`]
-    /// waits for those.
+    /// communicator that carried the signal: each one that still exists
+    /// aborted (or closed) with no `ncclCommAbort` of it running, and the
+    /// teardown of each one dropped while live (on a thread of its own)
+    /// done. Returns whether that came in time. After a
+    /// [`AbortSignal::trigger`], it asks again at each look for the abort
+    /// of a communicator still live (one that a thread held at the
+    /// trigger); before one, it only waits. A communicator that an open
+    /// group on the calling thread refers to aborts at that group's end,
+    /// so it runs to `until`.
     ///
     /// For a job that makes new communicators on the same GPUs after giving
     /// up these (a recovery): NCCL does not allow calls on independent
@@ -202,15 +221,29 @@ impl AbortSignal {
     pub fn wait_settled(&self, until: Instant) -> bool {
         let mut pause = Duration::from_micros(50);
         loop {
-            let settled = self
+            let members: Vec<Arc<dyn Abortable>> = self
                 .inner
                 .members
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .iter()
                 .filter_map(Weak::upgrade)
-                .all(|m| m.is_settled());
-            if settled {
+                .collect();
+            let cause = self.cause();
+            let mut settled = true;
+            for m in &members {
+                if m.is_settled() {
+                    continue;
+                }
+                // The trigger's own attempt may have found the lock taken
+                // (by a thread that then let go without aborting).
+                if let Some(cause) = &cause {
+                    m.request_abort(cause.clone());
+                }
+                settled &= m.is_settled();
+            }
+            drop(members);
+            if settled && self.inner.teardowns.load(Ordering::Acquire) == 0 {
                 return true;
             }
             let now = Instant::now();
@@ -220,6 +253,13 @@ impl AbortSignal {
             std::thread::sleep(pause.min(until - now));
             pause = (pause * 2).min(Duration::from_millis(5));
         }
+    }
+
+    /// Counts a teardown of one of its communicators until the returned
+    /// value drops.
+    pub(crate) fn pending_teardown(&self) -> PendingTeardown {
+        self.inner.teardowns.fetch_add(1, Ordering::AcqRel);
+        PendingTeardown(Arc::clone(&self.inner))
     }
 
     /// Adds a communicator (at its creation).
@@ -378,5 +418,27 @@ mod tests {
         assert!(signal.wait_settled(Instant::now() + Duration::from_secs(10)));
         assert!(started.elapsed() >= Duration::from_millis(15));
         finisher.join().unwrap();
+        // A teardown of a member dropped live is waited for too.
+        let pending = signal.pending_teardown();
+        assert!(!signal.wait_settled(Instant::now() + Duration::from_millis(20)));
+        let ender = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            drop(pending);
+        });
+        assert!(signal.wait_settled(Instant::now() + Duration::from_secs(10)));
+        ender.join().unwrap();
+    }
+
+    #[test]
+    fn wait_settled_asks_again_for_the_abort_of_a_member_still_live() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let signal = AbortSignal::new();
+        let m = member("m", &log, None);
+        signal.enroll(Arc::downgrade(&(Arc::clone(&m) as Arc<dyn Abortable>)));
+        // Not triggered: nothing is asked, and a live member is waited for.
+        assert!(!signal.wait_settled(Instant::now() + Duration::from_millis(10)));
+        assert!(log.lock().unwrap().is_empty());
+        signal.trigger(AbortCause::Requested);
+        assert!(signal.wait_settled(Instant::now() + Duration::from_secs(10)));
     }
 }

@@ -98,7 +98,21 @@ impl World {
         let (old_rank, device) = (self.launch.rank, self.comm.device());
         // NCCL done with every thread's old communicators before anyone
         // makes new ones on the same GPUs (see `World::give_up`).
-        let old = self.give_up(options)?;
+        let old = match self.give_up() {
+            Ok(old) => old,
+            Err(e) => {
+                // The others must not wait blind: the first survivor posts
+                // why there is no new world; another takes the posting and
+                // tells the new world's ranks that it will not come.
+                if survivors.me == 0 {
+                    let _ =
+                        board.post(Err(format!("its old world was not torn down in time: {e}")));
+                } else if let Some(Ok(team)) = board.take(Instant::now() + options.timeout) {
+                    team.decline(old_rank, "its old world was not torn down in time");
+                }
+                return Err(e);
+            }
+        };
         let post = tracing::debug_span!("nccl.recover_post").entered();
         let posted = if survivors.me == 0 {
             let made = Team::new(survivors.ranks.clone(), options);
@@ -123,20 +137,7 @@ impl World {
             }
         };
         if team.survivors != survivors.ranks {
-            // Where the new world counts this rank, its ranks would wait
-            // for it in their init: it tells them it will not come.
-            if let (Some(l), Some(at)) = (
-                &team.liveness,
-                team.survivors.iter().position(|&r| r == old_rank),
-            ) {
-                l.report(PeerLoss {
-                    rank: at,
-                    cause: LossCause::Exited {
-                        reason: "it counted the survivors differently".into(),
-                    },
-                    seen_by: at,
-                });
-            }
+            team.decline(old_rank, "it counted the survivors differently");
             return Err(refuse(format!(
                 "the survivors were counted differently: ranks {:?} here, {:?} by the first survivor",
                 survivors.ranks, team.survivors
@@ -172,6 +173,23 @@ impl World {
 }
 
 impl Team {
+    /// Where the new world counts old rank `old_rank`, its ranks would wait
+    /// for it in their init: it tells them that it will not come.
+    fn decline(&self, old_rank: usize, reason: &str) {
+        if let (Some(l), Some(at)) = (
+            &self.liveness,
+            self.survivors.iter().position(|&r| r == old_rank),
+        ) {
+            l.report(PeerLoss {
+                rank: at,
+                cause: LossCause::Exited {
+                    reason: reason.into(),
+                },
+                seen_by: at,
+            });
+        }
+    }
+
     fn new(survivors: Vec<usize>, options: &WorldOptions) -> Result<Arc<Team>> {
         let resolved = Resolved::new(options)?;
         let id = UniqueId::new()?;

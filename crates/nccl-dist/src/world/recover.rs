@@ -40,9 +40,10 @@ impl World {
     /// Gives this world's communicators up before the survivors make new
     /// ones on the same GPUs: the signal asks every one of them, on every
     /// thread, to abort (done already where a loss fired it), this rank's
-    /// handles go, and this waits, at most `options.timeout`, until NCCL is
-    /// done with all of them ([`nccl_safe::AbortSignal::wait_settled`],
-    /// [`nccl_safe::Comm::wait_for_teardowns`] for the ones dropped live).
+    /// handles go, and this waits until NCCL is done with all of them
+    /// ([`nccl_safe::AbortSignal::wait_settled`]), at most the operation
+    /// timeout plus [`ABORT_ALLOWANCE`] (a drop's bounded wait, then
+    /// NCCL's abort), else [`nccl_safe::Error::Timeout`].
     /// NCCL allows no calls on independent communicators of one GPU from
     /// several threads at once, and those aborts run on the threads that
     /// made them (a liveness hook's, a watchdog's). With a thread per GPU
@@ -51,7 +52,7 @@ impl World {
     /// survivor's first all-reduce on the new world done without its peers
     /// (a third of the data right) and theirs hung: the overlap is the
     /// likely cause (not yet confirmed on a GPU).
-    pub(super) fn give_up(self, options: &WorldOptions) -> Result<GivenUp> {
+    pub(super) fn give_up(self) -> Result<GivenUp> {
         let _span = tracing::debug_span!("nccl.recover_give_up").entered();
         let World {
             presence,
@@ -64,13 +65,17 @@ impl World {
         signal.trigger(nccl_safe::AbortCause::Other(
             "World::recover: the world was given up for the survivors' new one".into(),
         ));
+        let limit = comm.timeout().saturating_add(ABORT_ALLOWANCE);
         drop(comm);
         drop(control);
-        let until = Instant::now() + options.timeout;
-        if !(signal.wait_settled(until) && nccl_safe::Comm::wait_for_teardowns(until)) {
+        let started = Instant::now();
+        let until = started
+            .checked_add(limit)
+            .unwrap_or(started + ABORT_ALLOWANCE);
+        if !signal.wait_settled(until) {
             return Err(Error::Nccl(nccl_safe::Error::Timeout {
                 op: "World::recover: NCCL's teardown of the old world's communicators",
-                waited: options.timeout,
+                waited: started.elapsed(),
             }));
         }
         Ok(GivenUp {
@@ -79,6 +84,11 @@ impl World {
         })
     }
 }
+
+/// What [`World::give_up`] allows beyond the operation timeout: NCCL's
+/// abort joins its proxy threads and frees device memory, which took
+/// seconds behind a held stream on 2 H200s.
+const ABORT_ALLOWANCE: Duration = Duration::from_secs(10);
 
 /// Who takes part in a recovery, as this rank sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -128,6 +138,11 @@ impl World {
     /// id, not by `ncclCommShrink`: the communicator of a world that lost
     /// a peer was aborted (the only way to free a GPU whose kernels wait
     /// for a dead peer), and an aborted communicator cannot be shrunk.
+    /// It is made only after NCCL is done with every communicator of this
+    /// world, on every thread (their aborts run on the threads that made
+    /// them, and NCCL allows no calls on independent communicators of one
+    /// GPU from several threads at once): a teardown that outlasts the
+    /// operation timeout by 10 s is [`nccl_safe::Error::Timeout`].
     ///
     /// Each survivor counts the survivors from the losses its liveness
     /// channel knows, once they stopped changing for a moment; ranks that
@@ -315,7 +330,7 @@ impl World {
         };
         let device = self.comm.device();
         let secret = options.job_secret()?;
-        let old = self.give_up(options)?;
+        let old = self.give_up()?;
         let (id, new_liveness) = if survivors.ranks.len() == 1 {
             (UniqueId::new()?, None)
         } else if survivors.me == 0 {

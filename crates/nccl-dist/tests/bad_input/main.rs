@@ -186,6 +186,10 @@ const NOTHING_TO_REFUSE: &[(&str, &str)] = &[
         "AbortSignal::new trigger is_triggered cause",
         "every cause is valid; triggering twice keeps the first",
     ),
+    (
+        "AbortSignal::wait_settled",
+        "every deadline is valid (a past one answers at once)",
+    ),
     ("AbortCause::lost_rank", "accessor"),
     (
         "Liveness::in_process world losses first_loss is_lost on_loss leave",

@@ -331,27 +331,6 @@ impl Comm {
         wrapped
     }
 
-    /// Waits, at most until `until`, until no teardown of a dropped
-    /// communicator (finalize or `ncclCommAbort`, on a thread of its own)
-    /// is still running in this process; returns whether none is. A drop
-    /// waits for its own teardown only up to the communicator's timeout,
-    /// and a drop on a watchdog's or liveness hook's thread not at all.
-    ///
-    /// With [`crate::AbortSignal::wait_settled`], for a job that makes new
-    /// communicators on the GPUs of ones it gave up (a recovery): NCCL
-    /// allows no calls on independent communicators of one GPU from
-    /// several threads at once.
-    ///
-    /// ```
-    /// use std::time::{Duration, Instant};
-    ///
-    /// // Nothing was torn down in this program: nothing to wait for.
-    /// assert!(nccl_safe::Comm::wait_for_teardowns(Instant::now() + Duration::from_secs(1)));
-    /// ```
-    pub fn wait_for_teardowns(until: std::time::Instant) -> bool {
-        teardown::wait_teardowns(until)
-    }
-
     /// How long this communicator's own waits (nonblocking polling,
     /// [`Comm::synchronize`], teardown) may take: the [`Config`] timeout.
     pub fn timeout(&self) -> Duration {

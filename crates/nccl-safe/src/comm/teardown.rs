@@ -25,9 +25,6 @@ use crate::observe::OpObserver;
 /// detached, so those threads never stall.
 pub(crate) fn bounded(name: &str, deadline: Duration, job: impl FnOnce() + Send + 'static) {
     let wait = WAITS_FOR_TEARDOWN.try_with(Cell::get).unwrap_or(false);
-    // Counted from here to the job's end (or to the closure's drop when no
-    // thread starts): what `wait_teardowns` waits for.
-    let running = Running::start();
     // The drain's wait and the finalize's, then NCCL's abort: the exit
     // waits for all of it (the dropping thread only for `deadline`).
     let hold = ExitHold::new(deadline.saturating_mul(2).saturating_add(ABORT_ALLOWANCE));
@@ -40,7 +37,6 @@ pub(crate) fn bounded(name: &str, deadline: Duration, job: impl FnOnce() + Send 
         .spawn(move || {
             tracing::debug!("teardown thread: start");
             job();
-            drop(running);
             tracing::debug!("teardown thread: done");
             drop(hold);
             let (flag, cvar) = &*signal;
@@ -66,42 +62,6 @@ pub(crate) fn bounded(name: &str, deadline: Duration, job: impl FnOnce() + Send 
             tracing::warn!(%error, "no thread for the teardown; the communicator leaks");
         }
     }
-}
-
-/// Teardowns started by [`bounded`] and not yet done: NCCL work (finalize,
-/// abort) on threads of their own.
-static RUNNING: Mutex<usize> = Mutex::new(0);
-static RUNNING_ENDED: std::sync::Condvar = std::sync::Condvar::new();
-
-/// One teardown counted in [`RUNNING`] while it lives.
-struct Running(());
-
-impl Running {
-    fn start() -> Running {
-        *RUNNING.lock().unwrap_or_else(|p| p.into_inner()) += 1;
-        Running(())
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let mut n = RUNNING.lock().unwrap_or_else(|p| p.into_inner());
-        *n = n.saturating_sub(1);
-        if *n == 0 {
-            RUNNING_ENDED.notify_all();
-        }
-    }
-}
-
-/// Waits, at most until `until`, until no teardown that [`bounded`]
-/// started is still running (in this process). Returns whether none is.
-pub(crate) fn wait_teardowns(until: Instant) -> bool {
-    let n = RUNNING.lock().unwrap_or_else(|p| p.into_inner());
-    let left = until.saturating_duration_since(Instant::now());
-    let (n, _) = RUNNING_ENDED
-        .wait_timeout_while(n, left, |n| *n > 0)
-        .unwrap_or_else(|p| p.into_inner());
-    *n == 0
 }
 
 /// How long an exit waits for a teardown's or a completion's
@@ -299,6 +259,9 @@ pub(crate) struct Member {
     pub(crate) drain: Option<cudarc::driver::CudaEvent>,
     /// The observer, which may know of unfinished work on other streams.
     pub(crate) observer: Option<Arc<dyn OpObserver>>,
+    /// Counts this teardown with its signal's until it is done (dropped
+    /// with the member, after NCCL let go of it).
+    pub(crate) _pending: Option<crate::abort::PendingTeardown>,
 }
 
 // SAFETY: a member is no longer reachable from any `Comm`; it moves to the
@@ -486,25 +449,5 @@ impl Clique {
             };
             member.release(finalized);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn wait_teardowns_waits_for_a_running_teardown_and_ends_at_its_deadline() {
-        let (tx, rx) = std::sync::mpsc::channel::<()>();
-        // Detached (this thread does not drop a `Comm`): the job goes on
-        // after `bounded` returns, as a watchdog's or a hook's would.
-        bounded("test-teardown", Duration::from_millis(1), move || {
-            let _ = rx.recv_timeout(Duration::from_secs(10));
-        });
-        let started = Instant::now();
-        assert!(!wait_teardowns(Instant::now() + Duration::from_millis(30)));
-        assert!(started.elapsed() >= Duration::from_millis(30));
-        tx.send(()).unwrap();
-        assert!(wait_teardowns(Instant::now() + Duration::from_secs(10)));
     }
 }
