@@ -92,6 +92,13 @@ struct SignalInner {
 /// counted by the signal while this lives.
 pub(crate) struct PendingTeardown(Arc<SignalInner>);
 
+impl PendingTeardown {
+    /// Whether the signal fired.
+    pub(crate) fn fired(&self) -> bool {
+        self.0.cause.get().is_some()
+    }
+}
+
 impl Drop for PendingTeardown {
     fn drop(&mut self) {
         self.0.teardowns.fetch_sub(1, Ordering::AcqRel);

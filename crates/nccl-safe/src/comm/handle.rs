@@ -502,7 +502,7 @@ impl Drop for Shared {
                 .get_mut()
                 .unwrap_or_else(|p| p.into_inner())
                 .take(),
-            _pending: self.signal.as_ref().map(AbortSignal::pending_teardown),
+            pending: self.signal.as_ref().map(AbortSignal::pending_teardown),
         };
         let clique = self.clique.clone();
         // A group open on this thread may still refer to the communicator:

@@ -260,8 +260,9 @@ pub(crate) struct Member {
     /// The observer, which may know of unfinished work on other streams.
     pub(crate) observer: Option<Arc<dyn OpObserver>>,
     /// Counts this teardown with its signal's until it is done (dropped
-    /// with the member, after NCCL let go of it).
-    pub(crate) _pending: Option<crate::abort::PendingTeardown>,
+    /// with the member, after NCCL let go of it); a signal that fires
+    /// meanwhile ends the wait for the work to drain (the abort follows).
+    pub(crate) pending: Option<crate::abort::PendingTeardown>,
 }
 
 // SAFETY: a member is no longer reachable from any `Comm`; it moves to the
@@ -278,7 +279,14 @@ impl Member {
         if self.ctx.bind_to_thread().is_err() {
             return false;
         }
+        let mut fired = false;
         let finished = poll_with_backoff(self.timeout, || {
+            // The job gave its communicators up (a loss, a recovery): the
+            // work will not finish as issued, and a recovery waits for this.
+            if self.pending.as_ref().is_some_and(|p| p.fired()) {
+                fired = true;
+                return Ok(true);
+            }
             let stream_done = self
                 .drain
                 .as_ref()
@@ -286,7 +294,7 @@ impl Member {
             let observed_done = self.observer.as_ref().is_none_or(|o| !o.unfinished());
             Ok(stream_done && observed_done)
         });
-        matches!(finished, Ok(None))
+        !fired && matches!(finished, Ok(None))
     }
 
     fn finalize_call(&self) -> ncclResult_t {
