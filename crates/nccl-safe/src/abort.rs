@@ -161,17 +161,11 @@ impl AbortSignal {
 
     /// Aborts every communicator carrying the signal (now, or as soon as
     /// the thread in a call on it lets go) with `cause`. The first cause
-    /// wins; triggering again does nothing.
+    /// wins; triggering again asks again for the aborts not yet done (of
+    /// communicators enrolled since, or held by a thread at the first).
     pub fn trigger(&self, cause: AbortCause) {
         let _ = self.inner.cause.set(cause);
-        let members: Vec<Arc<dyn Abortable>> = self
-            .inner
-            .members
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .filter_map(Weak::upgrade)
-            .collect();
+        let members = self.live_members();
         let cause = self.cause().unwrap_or(AbortCause::Requested);
         // Every member learns of it first: a thread waiting on one aborts
         // it itself at its next look, whatever an abort below waits for.
@@ -228,14 +222,7 @@ impl AbortSignal {
     pub fn wait_settled(&self, until: Instant) -> bool {
         let mut pause = Duration::from_micros(50);
         loop {
-            let members: Vec<Arc<dyn Abortable>> = self
-                .inner
-                .members
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .iter()
-                .filter_map(Weak::upgrade)
-                .collect();
+            let members = self.live_members();
             let cause = self.cause();
             let mut settled = true;
             for m in &members {
@@ -260,6 +247,17 @@ impl AbortSignal {
             std::thread::sleep(pause.min(until - now));
             pause = (pause * 2).min(Duration::from_millis(5));
         }
+    }
+
+    /// The communicators that carry it and still exist.
+    fn live_members(&self) -> Vec<Arc<dyn Abortable>> {
+        self.inner
+            .members
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect()
     }
 
     /// Counts a teardown of one of its communicators until the returned
