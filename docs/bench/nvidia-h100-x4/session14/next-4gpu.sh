@@ -16,6 +16,9 @@ done
 # If s1-s4 or h still fail with threads, the other explanations found by reading NCCL 2.28.3 (none confirmed):
 # connection buffers from cuMemCreate that NCCL does not zero (p2p.cc; the legacy path zeroes them: try
 # NCCL_CUMEM_ENABLE=0), or the ranks choosing different algorithms for 2^20 floats (NCCL_DEBUG_SUBSYS=TUNING).
-# Run s3 alone with NCCL's init log, to time the old world's aborts against the new world's init:
-#   NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,ALLOC,TUNING bundle/xtask gpu-test --from-bundle bundle --faults --worlds 4 \
+# A third is not ruled out: the early survivor's call never reached NCCL (its watch had no record of it, and in
+# one process its peers' kernels can read its input and write its output directly, which would leave a third of
+# its elements right); NCCL's COLL log shows whether each rank issued the all-reduce.
+# Run s3 alone with NCCL's logs, to time the old world's aborts against the new world's init:
+#   NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,ALLOC,TUNING,COLL bundle/xtask gpu-test --from-bundle bundle --faults --worlds 4 \
 #     --modes threads --filter s3_silent_at_the_first_send_recv --faults-report $OUT/s3
