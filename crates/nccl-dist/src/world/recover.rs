@@ -5,7 +5,7 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
 use std::time::{Duration, Instant};
 
-use nccl_safe::UniqueId;
+use nccl_safe::{ABORT_ALLOWANCE, UniqueId};
 
 use super::World;
 use super::options::WorldOptions;
@@ -42,7 +42,7 @@ impl World {
     /// thread, to abort (done already where a loss fired it), this rank's
     /// handles go, and this waits until NCCL is done with all of them
     /// ([`nccl_safe::AbortSignal::wait_settled`]), at most the operation
-    /// timeout plus [`ABORT_ALLOWANCE`] (a drop's bounded wait, then
+    /// timeout plus [`nccl_safe::ABORT_ALLOWANCE`] (a drop's bounded wait, then
     /// NCCL's abort), else [`nccl_safe::Error::Timeout`].
     /// NCCL allows no calls on independent communicators of one GPU from
     /// several threads at once, and those aborts run on the threads that
@@ -84,11 +84,6 @@ impl World {
         })
     }
 }
-
-/// What [`World::give_up`] allows beyond the operation timeout: NCCL's
-/// abort joins its proxy threads and frees device memory, which took
-/// seconds behind a held stream on 2 H200s.
-const ABORT_ALLOWANCE: Duration = Duration::from_secs(10);
 
 /// Who takes part in a recovery, as this rank sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -36,7 +36,7 @@ mod init;
 pub(crate) mod poll;
 mod split;
 pub(crate) mod teardown;
-pub(crate) use teardown::ABORT_ALLOWANCE;
+pub use teardown::ABORT_ALLOWANCE;
 pub use teardown::{ExitHold, drop_together};
 
 use std::cell::{Cell, RefCell};

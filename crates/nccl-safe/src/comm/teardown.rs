@@ -64,11 +64,12 @@ pub(crate) fn bounded(name: &str, deadline: Duration, job: impl FnOnce() + Send 
     }
 }
 
-/// How long an exit waits for a teardown's or a completion's
-/// `ncclCommAbort` beyond the communicator's own waits: NCCL's abort does
-/// not wait for peers, but it joins its proxy threads and frees device
-/// memory, which took seconds behind a held stream on 2 H200s.
-pub(crate) const ABORT_ALLOWANCE: Duration = Duration::from_secs(10);
+/// How long a wait for a teardown's or a completion's `ncclCommAbort`
+/// (an exit's, a recovery's) allows beyond the communicator's own waits:
+/// NCCL's abort does not wait for peers, but it joins its proxy threads
+/// and frees device memory, which took seconds behind a held stream on 2
+/// H200s.
+pub const ABORT_ALLOWANCE: Duration = Duration::from_secs(10);
 
 /// Holds the process's exit back while NCCL work runs on a thread of its
 /// own (a detached teardown or abort), at most for the hold's limit.
