@@ -59,6 +59,11 @@ pub(crate) const OP_TIMEOUT: Duration = Duration::from_secs(10);
 /// it.
 pub(crate) const LOSS_BOUND: Duration = Duration::from_secs(2);
 
+/// How long the survivors' fresh world ([`Rank::survivors_world`]) waits at
+/// its rendezvous for every survivor: they all arrive within a second or
+/// two when the case goes well.
+const SURVIVORS_RENDEZVOUS: Duration = Duration::from_secs(30);
+
 /// The suite's world options: the defaults, with the operation timeout
 /// above and nothing else.
 pub(crate) fn options() -> WorldOptions {
@@ -271,7 +276,14 @@ impl Rank {
             self.rank
         };
         let launch = Launch::explicit(rank, self.size - 1, rank, self.size - 1, "127.0.0.1", port)?;
-        Ok(World::init_with(launch, &options().device(self.device))?)
+        // A survivor that failed its own check exits instead of joining:
+        // the others' rendezvous ends within SURVIVORS_RENDEZVOUS, so the
+        // case reports that failure rather than hanging into the
+        // harness's limit.
+        let options = options()
+            .device(self.device)
+            .timeout(SURVIVORS_RENDEZVOUS);
+        Ok(World::init_with(launch, &options)?)
     }
 }
 

@@ -41,12 +41,13 @@ impl Comm {
     }
 
     /// Wraps a freshly created raw communicator; finishes a nonblocking
-    /// init by polling, then reads rank, size and device.
+    /// creation by polling (its errors name `op`, the call that made it),
+    /// then reads rank, size and device.
     pub(super) fn adopt(
         raw: ncclComm_t,
         parts: Parts,
         clique: Option<Arc<Clique>>,
-        wait: bool,
+        op: &'static str,
     ) -> Result<Comm> {
         let Parts {
             lib,
@@ -81,8 +82,8 @@ impl Comm {
             signal.enroll(Arc::downgrade(&shared) as std::sync::Weak<dyn crate::abort::Abortable>);
         }
         // From here on, `shared`'s Drop owns the handle.
-        if wait && !blocking {
-            shared.wait_ready("ncclCommInitRankConfig")?;
+        if !blocking {
+            shared.wait_ready(op)?;
         }
         let (stream, compute_capability) = (stream?, compute_capability?);
         let query = |op: &'static str,
@@ -165,7 +166,7 @@ impl Comm {
                 reason: "init failed",
             }));
         }
-        Comm::adopt(raw, parts, None, true)
+        Comm::adopt(raw, parts, None, OP)
     }
 
     /// A handle NCCL gave back with an error: abort it so nothing leaks.
@@ -238,7 +239,7 @@ impl Comm {
                 reason: "NCCL returned no communicator",
             }));
         }
-        Comm::adopt(raw, parts, None, true)
+        Comm::adopt(raw, parts, None, OP)
     }
 
     /// One communicator per device of `devices`, all in this process and
@@ -349,7 +350,7 @@ impl Comm {
         // Members that will hand themselves in: the live handles only.
         let live = created.iter().filter(|(raw, _)| !raw.is_null()).count();
         let clique = Clique::new(live);
-        Comm::adopt_together(created, Some(clique))?
+        Comm::adopt_together(created, Some(clique), OP)?
             .into_iter()
             .map(|c| {
                 c.ok_or(Error::InvalidArgument {
@@ -368,6 +369,7 @@ impl Comm {
     pub(super) fn adopt_together(
         created: Vec<(ncclComm_t, Parts)>,
         clique: Option<Arc<Clique>>,
+        op: &'static str,
     ) -> Result<Vec<Option<Comm>>> {
         let mut out: Vec<Option<Comm>> = Vec::with_capacity(created.len());
         let mut rest = created.into_iter();
@@ -376,7 +378,7 @@ impl Comm {
                 out.push(None);
                 continue;
             }
-            match Comm::adopt(raw, parts, clique.clone(), true) {
+            match Comm::adopt(raw, parts, clique.clone(), op) {
                 Ok(comm) => out.push(Some(comm)),
                 Err(e) => {
                     for comm in out.into_iter().flatten() {

@@ -175,7 +175,7 @@ impl Comm {
         }
         let live = children.iter().filter(|(raw, _)| !raw.is_null()).count();
         let clique = (comms.len() > 1 && live > 0).then(|| Clique::new(live));
-        Comm::adopt_together(children, clique)
+        Comm::adopt_together(children, clique, op)
     }
 
     /// Waits (up to `timeout`) until every expected slot holds a handle.
@@ -345,6 +345,6 @@ impl Comm {
                 reason: "NCCL returned no communicator",
             });
         }
-        Comm::adopt(child, parts, None, true)
+        Comm::adopt(child, parts, None, OP)
     }
 }
