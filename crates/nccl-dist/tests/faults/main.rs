@@ -280,9 +280,7 @@ impl Rank {
         // the others' rendezvous ends within SURVIVORS_RENDEZVOUS, so the
         // case reports that failure rather than hanging into the
         // harness's limit.
-        let options = options()
-            .device(self.device)
-            .timeout(SURVIVORS_RENDEZVOUS);
+        let options = options().device(self.device).timeout(SURVIVORS_RENDEZVOUS);
         Ok(World::init_with(launch, &options)?)
     }
 }
