@@ -130,6 +130,9 @@ pub const TARGET_MODES: &[&str] = &["threads", "processes"];
 ///   rank lost on purpose), the median over reps of the slowest
 ///   survivor's time from the loss known to the first all-reduce done on
 ///   the world `World::recover` made.
+/// - `recover_give_up_ms` (not a target): of that, the median over reps
+///   of the slowest survivor's span `nccl.recover_give_up`, the wait
+///   until NCCL's aborts of the old world's communicators are done.
 /// - `mesh_over_torch`, `world_over_torch` (with `--python`): processes
 ///   mode's warm median of mesh + first call per axis, and of the world's
 ///   init (the median of the `setup-processes-fresh-*` jobs' first world
@@ -459,6 +462,16 @@ pub fn summary(docs: &BTreeMap<String, Value>) -> (Value, Vec<Target>) {
             format!("recover-threads, median of {reps} reps"),
         ))
     });
+    // Of it, giving the old world up (NCCL's aborts of its communicators,
+    // waited for): the median over reps of the slowest survivor's span.
+    let recover_give_up = recover_doc.and_then(|d| {
+        let all: Vec<f64> = d["recover"]
+            .as_array()?
+            .iter()
+            .filter_map(|r| r["spans"]["nccl.recover_give_up"].as_f64())
+            .collect();
+        upper_median(all)
+    });
 
     // Bandwidth at 128 MiB and above (a thread per GPU): the least of the
     // safe and dist layers' busbw over raw's, over every collective.
@@ -610,6 +623,9 @@ pub fn summary(docs: &BTreeMap<String, Value>) -> (Value, Vec<Target>) {
     if let Some((ratio, at)) = &step_medians {
         flat.insert("default_step_over_raw_medians".into(), json!(ratio));
         flat.insert("default_step_over_raw_medians_at".into(), json!(at));
+    }
+    if let Some(ms) = recover_give_up {
+        flat.insert("recover_give_up_ms".into(), json!(ms));
     }
     if let Some((ratio, at)) = &ready_over_torch {
         flat.insert("ready_over_torch".into(), json!(ratio));
