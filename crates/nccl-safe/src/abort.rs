@@ -76,6 +76,89 @@ pub(crate) trait Abortable: Send + Sync {
     /// Whether NCCL is done with it: aborted (or closed), and no
     /// `ncclCommAbort` of it still running. Never waits.
     fn is_settled(&self) -> bool;
+    /// Takes its lock for an abort grouped with others on this thread
+    /// ([`HeldForAbort`]): `None` where the lock is taken, it is not live,
+    /// no abort is due, or an open group refers to it (then
+    /// [`Abortable::request_abort`] does what it can). Never waits.
+    fn hold_for_abort(&self) -> Option<Box<dyn HeldForAbort + '_>> {
+        None
+    }
+    /// Whether its abort can join others in one NCCL group opened by the
+    /// calling thread now: NCCL 2.22 and later queue an abort's reclaim to
+    /// the group's end, and the thread has no group open (NCCL would join
+    /// the aborts to it).
+    fn aborts_together(&self) -> bool {
+        false
+    }
+}
+
+/// A communicator whose lock the calling thread holds for an abort
+/// ([`Abortable::hold_for_abort`]): it stays unsettled to
+/// [`AbortSignal::wait_settled`] until [`HeldForAbort::release`].
+pub(crate) trait HeldForAbort {
+    /// What brackets the aborts of several held communicators with
+    /// `ncclGroupStart`/`ncclGroupEnd` of their library; `None` for
+    /// nothing (they abort one after another).
+    fn group(&self) -> Option<GroupCalls>;
+    /// `ncclCommAbort` (once; later calls do nothing).
+    fn abort(&mut self);
+    /// Lets go of the lock, then does what follows an abort.
+    fn release(self: Box<Self>);
+}
+
+/// Runs the calls it is given inside one NCCL group of the calling thread
+/// (this file sits below the library and the groups: the communicator
+/// hands it in). `false`, with the calls not run, where no group opened.
+pub(crate) type GroupCalls = fn(&mut dyn FnMut()) -> bool;
+
+/// Aborts the communicators held by this thread, in the order given.
+/// Several go in one NCCL group: each `ncclCommAbort` sets its flags at
+/// once (every kernel of theirs stops before any reclaim waits on a
+/// stream), and NCCL runs the reclaims, which each join the
+/// communicator's proxy threads (up to 500 ms: they poll with that
+/// timeout), side by side on threads of its own at the group's end,
+/// instead of one after another. It is NCCL's grouping, from one thread:
+/// no two threads of ours call NCCL on these communicators at once. The
+/// locks are held until the group's end, so nobody sees one settled
+/// early. Where no group can be opened, each aborts and lets go in turn.
+fn abort_held(mut held: Vec<Box<dyn HeldForAbort + '_>>) {
+    let group = held.first().and_then(|h| h.group());
+    let grouped = held.len() > 1
+        && group.is_some_and(|group| {
+            group(&mut || {
+                for h in held.iter_mut() {
+                    h.abort();
+                }
+            })
+        });
+    for mut h in held {
+        if !grouped {
+            h.abort();
+        }
+        h.release();
+    }
+}
+
+/// Asks every member for its abort, newest first (`members` in the order
+/// they were made): where two or more can abort together
+/// ([`Abortable::aborts_together`]), those this thread can hold now
+/// together ([`abort_held`]); then each of the rest on its own ([`Abortable::request_abort`]: a thread in a call on
+/// one aborts it when it lets go).
+fn abort_members(members: &[Arc<dyn Abortable>], cause: &AbortCause) {
+    let together = members.iter().filter(|m| m.aborts_together()).count() > 1;
+    if together {
+        abort_held(
+            members
+                .iter()
+                .rev()
+                .filter(|m| m.aborts_together())
+                .filter_map(|m| m.hold_for_abort())
+                .collect(),
+        );
+    }
+    for member in members.iter().rev() {
+        member.request_abort(cause.clone());
+    }
 }
 
 struct SignalInner {
@@ -163,6 +246,11 @@ impl AbortSignal {
     /// the thread in a call on it lets go) with `cause`. The first cause
     /// wins; triggering again asks again for the aborts not yet done (of
     /// communicators enrolled since, or held by a thread at the first).
+    ///
+    /// With NCCL 2.22 or later, the communicators no thread is in a call
+    /// on abort in one NCCL group on the calling thread (unless it has a
+    /// group open): NCCL then joins their proxy threads side by side (up
+    /// to 500 ms each in NCCL 2.28) instead of one after another.
     pub fn trigger(&self, cause: AbortCause) {
         let _ = self.inner.cause.set(cause);
         let members = self.live_members();
@@ -177,9 +265,7 @@ impl AbortSignal {
         }
         // Then the newest first: the communicators that run the kernels
         // (a world's own, its splits) before the ones they were made from.
-        for member in members.iter().rev() {
-            member.request_abort(cause.clone());
-        }
+        abort_members(&members, &cause);
     }
 
     /// Whether it was triggered.
@@ -223,19 +309,14 @@ impl AbortSignal {
         let mut pause = Duration::from_micros(50);
         loop {
             let members = self.live_members();
-            let cause = self.cause();
-            let mut settled = true;
-            for m in &members {
-                if m.is_settled() {
-                    continue;
-                }
-                // The trigger's own attempt may have found the lock taken
-                // (by a thread that then let go without aborting).
-                if let Some(cause) = &cause {
-                    m.request_abort(cause.clone());
-                }
-                settled &= m.is_settled();
+            // The trigger's own attempt may have found a lock taken (by a
+            // thread that then let go without aborting).
+            if let Some(cause) = self.cause()
+                && members.iter().any(|m| !m.is_settled())
+            {
+                abort_members(&members, &cause);
             }
+            let settled = members.iter().all(|m| m.is_settled());
             drop(members);
             if settled && self.inner.teardowns.load(Ordering::Acquire) == 0 {
                 return true;
@@ -445,5 +526,130 @@ mod tests {
         assert!(log.lock().unwrap().is_empty());
         signal.trigger(AbortCause::Requested);
         assert!(signal.wait_settled(Instant::now() + Duration::from_secs(10)));
+    }
+
+    /// A member that can be held for a grouped abort, as a live
+    /// communicator whose lock is free can.
+    struct Holdable {
+        name: &'static str,
+        log: Arc<Mutex<Vec<String>>>,
+        lock: Mutex<()>,
+        aborted: AtomicBool,
+    }
+
+    impl Holdable {
+        fn new(name: &'static str, log: &Arc<Mutex<Vec<String>>>) -> Arc<Holdable> {
+            Arc::new(Holdable {
+                name,
+                log: Arc::clone(log),
+                lock: Mutex::new(()),
+                aborted: AtomicBool::new(false),
+            })
+        }
+
+        fn say(&self, what: &str) {
+            self.log
+                .lock()
+                .unwrap()
+                .push(format!("{what} {}", self.name));
+        }
+    }
+
+    impl Abortable for Holdable {
+        fn note_cause(&self, _cause: AbortCause) {
+            self.say("note");
+        }
+
+        fn request_abort(&self, _cause: AbortCause) -> bool {
+            match self.lock.try_lock() {
+                Ok(_) if !self.aborted.swap(true, Ordering::SeqCst) => self.say("abort alone"),
+                Ok(_) => {}
+                // The thread in a call on it aborts it when it lets go.
+                Err(_) => self.say("asked"),
+            }
+            self.aborted.load(Ordering::SeqCst)
+        }
+
+        fn is_settled(&self) -> bool {
+            self.aborted.load(Ordering::SeqCst) && self.lock.try_lock().is_ok()
+        }
+
+        fn aborts_together(&self) -> bool {
+            true
+        }
+
+        fn hold_for_abort(&self) -> Option<Box<dyn HeldForAbort + '_>> {
+            let guard = self.lock.try_lock().ok()?;
+            if self.aborted.load(Ordering::SeqCst) {
+                return None;
+            }
+            self.say("hold");
+            Some(Box::new(HeldHoldable {
+                member: self,
+                _guard: guard,
+            }))
+        }
+    }
+
+    struct HeldHoldable<'a> {
+        member: &'a Holdable,
+        _guard: std::sync::MutexGuard<'a, ()>,
+    }
+
+    impl HeldForAbort for HeldHoldable<'_> {
+        fn group(&self) -> Option<GroupCalls> {
+            None
+        }
+
+        fn abort(&mut self) {
+            self.member.aborted.store(true, Ordering::SeqCst);
+            self.member.say("abort");
+        }
+
+        fn release(self: Box<Self>) {
+            self.member.say("release");
+        }
+    }
+
+    #[test]
+    fn the_members_this_thread_can_hold_are_held_first_then_aborted_newest_first_and_a_busy_one_later()
+     {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let control = Holdable::new("control", &log);
+        let data = Holdable::new("data", &log);
+        let busy = Holdable::new("busy", &log);
+        let signal = AbortSignal::new();
+        for m in [&control, &data, &busy] {
+            signal.enroll(Arc::downgrade(&(Arc::clone(m) as Arc<dyn Abortable>)));
+        }
+        // Another thread is in a call on `busy`.
+        let in_call = busy.lock.lock().unwrap();
+        signal.trigger(AbortCause::Requested);
+        assert_eq!(
+            *log.lock().unwrap(),
+            [
+                "note control",
+                "note data",
+                "note busy",
+                "hold data",
+                "hold control",
+                // No library to group them with: in turn, newest first.
+                "abort data",
+                "release data",
+                "abort control",
+                "release control",
+                "asked busy",
+            ]
+        );
+        // Not settled while that thread holds it; once it let go without
+        // aborting, `wait_settled` holds and aborts it.
+        assert!(!signal.wait_settled(Instant::now() + Duration::from_millis(10)));
+        drop(in_call);
+        assert!(signal.wait_settled(Instant::now() + Duration::from_secs(10)));
+        let log = log.lock().unwrap();
+        assert_eq!(
+            log[log.len() - 3..],
+            ["hold busy", "abort busy", "release busy"]
+        );
     }
 }

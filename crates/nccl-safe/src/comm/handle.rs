@@ -8,7 +8,7 @@ use std::time::Duration;
 use cudarc::driver::CudaContext;
 use nccl_sys::{ncclComm_t, ncclResult_t};
 
-use crate::abort::{AbortCause, AbortSignal, Abortable};
+use crate::abort::{AbortCause, AbortSignal, Abortable, GroupCalls, HeldForAbort};
 use crate::comm::poll::{async_status, poll_with_backoff};
 use crate::comm::teardown::{Clique, Member, bounded};
 use crate::library::Library;
@@ -526,11 +526,65 @@ impl Abortable for Shared {
     }
 
     fn is_settled(&self) -> bool {
-        // `abort_locked` holds the lock through `ncclCommAbort`: a free
-        // lock on a communicator that is no longer live means NCCL's abort
-        // (and the reclaim of the process's ranks it may run) returned.
+        // `abort_locked` holds the lock through `ncclCommAbort` (a grouped
+        // abort through its group's end): a free lock on a communicator
+        // that is no longer live means NCCL's abort (and the reclaim of
+        // the process's ranks it may run) returned.
         self.try_lock()
             .is_some_and(|state| !matches!(*state, State::Live(_)))
+    }
+
+    fn aborts_together(&self) -> bool {
+        self.lib.version() >= nccl_sys::Version::new(2, 22, 0) && !crate::group::state::in_group()
+    }
+
+    fn hold_for_abort(&self) -> Option<Box<dyn HeldForAbort + '_>> {
+        let state = self.try_lock()?;
+        // As `settle_abort`: live, due, and no open group refers to it.
+        if !matches!(*state, State::Live(_))
+            || !self.abort_due()
+            || self.in_open_group.load(Ordering::Acquire)
+        {
+            return None;
+        }
+        Some(Box::new(Held {
+            shared: self,
+            state,
+        }))
+    }
+}
+
+/// Runs `calls` in one NCCL group of the process's library (every
+/// communicator's: there is one, [`Library::get`]).
+fn in_one_group(calls: &mut dyn FnMut()) -> bool {
+    Library::get().is_ok_and(|lib| crate::group::raw::bracket(lib, calls))
+}
+
+/// A communicator's lock, held for an abort grouped with others
+/// ([`crate::abort::AbortSignal::trigger`]).
+struct Held<'a> {
+    shared: &'a Shared,
+    state: MutexGuard<'a, State>,
+}
+
+impl HeldForAbort for Held<'_> {
+    fn group(&self) -> Option<GroupCalls> {
+        Some(in_one_group)
+    }
+
+    fn abort(&mut self) {
+        // Its error, like a lone abort's where nobody waits for it, has
+        // nobody to go to; the communicator is aborted either way.
+        let _ = self.shared.abort_locked(&mut self.state);
+    }
+
+    fn release(self: Box<Self>) {
+        let Held { shared, state } = *self;
+        let aborted = matches!(*state, State::Aborted);
+        drop(state);
+        if aborted {
+            shared.after_abort();
+        }
     }
 }
 

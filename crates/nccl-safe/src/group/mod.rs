@@ -11,7 +11,7 @@
 //! `GroupGuard::on` lives with the operations (`ops/`), which import the
 //! group, not the reverse.
 
-mod raw;
+pub(crate) mod raw;
 pub(crate) mod state;
 
 use std::cell::RefCell;

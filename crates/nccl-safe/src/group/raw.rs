@@ -57,6 +57,27 @@ pub(crate) fn start(lib: &'static Library) -> Result<()> {
     lib.check("ncclGroupStart", code, std::ptr::null_mut())
 }
 
+/// Runs `calls` between an `ncclGroupStart` and an `ncclGroupEnd` that
+/// no guard tracks (a signal's aborts, grouped on the thread that holds
+/// their communicators, with no group of this thread open). `false`, with
+/// `calls` not run, where NCCL lacks either call or the start fails. The
+/// end's error is NCCL's to keep: the calls it joined (aborts) are done
+/// whatever it says.
+pub(crate) fn bracket(lib: &'static Library, calls: impl FnOnce()) -> bool {
+    let (Ok(start), Ok(end)) = (lib.raw().ncclGroupStart(), lib.raw().ncclGroupEnd()) else {
+        return false;
+    };
+    // SAFETY: `ncclGroupStart` has no arguments and no preconditions.
+    if unsafe { start() } != ncclResult_t::ncclSuccess {
+        return false;
+    }
+    calls();
+    // SAFETY: no arguments; this thread opened the group just above, and
+    // `calls` left it as it found it (it makes no group calls of its own).
+    let _ = unsafe { end() };
+    true
+}
+
 /// Decrements the depth; at depth 0 returns the communicators to poll
 /// (give the vector back with [`recycle_touched`]).
 fn leave_group() -> Vec<Arc<dyn Member>> {
@@ -128,4 +149,28 @@ fn recycle_touched(mut touched: Vec<Arc<dyn Member>>) {
             *t = touched;
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bracket_runs_the_calls_once_and_closes_nccls_group() {
+        // The real libnccl, as `cargo xtask test` points `NCCL_LIBRARY` at
+        // it (no GPU needed for a group with nothing in it).
+        if std::env::var_os("NCCL_LIBRARY").is_none() {
+            eprintln!("skipped: NCCL_LIBRARY is not set (`cargo xtask test` sets it)");
+            return;
+        }
+        let lib = Library::get().expect("NCCL_LIBRARY names a loadable libnccl");
+        let mut ran = 0;
+        assert!(bracket(lib, || ran += 1));
+        assert_eq!(ran, 1);
+        // Closed: one more `ncclGroupEnd` has no group to end.
+        let end = lib.raw().ncclGroupEnd().expect("ncclGroupEnd");
+        // SAFETY: no arguments; NCCL answers an end without a group with
+        // an error.
+        assert_ne!(unsafe { end() }, ncclResult_t::ncclSuccess);
+    }
 }
