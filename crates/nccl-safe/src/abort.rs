@@ -84,9 +84,12 @@ pub(crate) trait Abortable: Send + Sync {
         None
     }
     /// Whether its abort can join others in one NCCL group opened by the
-    /// calling thread now: NCCL 2.22 and later queue an abort's reclaim to
-    /// the group's end, and the thread has no group open (NCCL would join
-    /// the aborts to it).
+    /// calling thread now: NCCL queues an abort's reclaim to the group's
+    /// end (2.22+; safely with a failed one among them, 2.24+), the thread
+    /// has no group open (NCCL would join the aborts to it), and no CUDA
+    /// graph may refer to it (its reclaim would wait for the graph's
+    /// owner, who may wait for the lock of another one held through the
+    /// group).
     fn aborts_together(&self) -> bool {
         false
     }
@@ -247,10 +250,11 @@ impl AbortSignal {
     /// wins; triggering again asks again for the aborts not yet done (of
     /// communicators enrolled since, or held by a thread at the first).
     ///
-    /// With NCCL 2.22 or later, the communicators no thread is in a call
+    /// With NCCL 2.24 or later, the communicators no thread is in a call
     /// on abort in one NCCL group on the calling thread (unless it has a
-    /// group open): NCCL then joins their proxy threads side by side (up
-    /// to 500 ms each in NCCL 2.28) instead of one after another.
+    /// group open, or a CUDA graph may refer to one): NCCL then joins
+    /// their proxy threads side by side (up to 500 ms each in NCCL 2.28)
+    /// instead of one after another.
     pub fn trigger(&self, cause: AbortCause) {
         let _ = self.inner.cause.set(cause);
         let members = self.live_members();
@@ -651,5 +655,129 @@ mod tests {
             log[log.len() - 3..],
             ["hold busy", "abort busy", "release busy"]
         );
+    }
+
+    thread_local! {
+        /// What the grouped members and their fake group calls did, on
+        /// this test's thread.
+        static GROUP_LOG: std::cell::RefCell<Vec<String>> =
+            const { std::cell::RefCell::new(Vec::new()) };
+    }
+
+    fn group_say(what: String) {
+        GROUP_LOG.with(|l| l.borrow_mut().push(what));
+    }
+
+    /// Stands for `ncclGroupStart`/`ncclGroupEnd` around the calls.
+    fn fake_group(calls: &mut dyn FnMut()) -> bool {
+        group_say("group start".into());
+        calls();
+        group_say("group end".into());
+        true
+    }
+
+    /// A member that aborts together with others through `fake_group`.
+    struct Groupable {
+        name: &'static str,
+        lock: Mutex<()>,
+        aborted: AtomicBool,
+    }
+
+    impl Abortable for Groupable {
+        fn note_cause(&self, _cause: AbortCause) {}
+
+        fn request_abort(&self, _cause: AbortCause) -> bool {
+            if self.lock.try_lock().is_ok() && !self.aborted.swap(true, Ordering::SeqCst) {
+                group_say(format!("abort alone {}", self.name));
+            }
+            self.aborted.load(Ordering::SeqCst)
+        }
+
+        fn is_settled(&self) -> bool {
+            self.aborted.load(Ordering::SeqCst) && self.lock.try_lock().is_ok()
+        }
+
+        fn aborts_together(&self) -> bool {
+            true
+        }
+
+        fn hold_for_abort(&self) -> Option<Box<dyn HeldForAbort + '_>> {
+            let guard = self.lock.try_lock().ok()?;
+            if self.aborted.load(Ordering::SeqCst) {
+                return None;
+            }
+            Some(Box::new(HeldGroupable {
+                member: self,
+                _guard: guard,
+            }))
+        }
+    }
+
+    struct HeldGroupable<'a> {
+        member: &'a Groupable,
+        _guard: std::sync::MutexGuard<'a, ()>,
+    }
+
+    impl HeldForAbort for HeldGroupable<'_> {
+        fn group(&self) -> Option<GroupCalls> {
+            Some(fake_group)
+        }
+
+        fn abort(&mut self) {
+            self.member.aborted.store(true, Ordering::SeqCst);
+            group_say(format!("abort {}", self.member.name));
+        }
+
+        fn release(self: Box<Self>) {
+            // Still held here: nobody could have seen it settled during
+            // the group.
+            assert!(self.member.lock.try_lock().is_err());
+            group_say(format!("release {}", self.member.name));
+        }
+    }
+
+    fn groupable(name: &'static str) -> Arc<Groupable> {
+        Arc::new(Groupable {
+            name,
+            lock: Mutex::new(()),
+            aborted: AtomicBool::new(false),
+        })
+    }
+
+    #[test]
+    fn members_held_together_abort_inside_one_group_newest_first_and_are_released_after_its_end() {
+        let signal = AbortSignal::new();
+        let (a, b, c) = (groupable("a"), groupable("b"), groupable("c"));
+        for m in [&a, &b, &c] {
+            signal.enroll(Arc::downgrade(&(Arc::clone(m) as Arc<dyn Abortable>)));
+        }
+        signal.trigger(AbortCause::Requested);
+        let log = GROUP_LOG.with(|l| l.borrow().clone());
+        assert_eq!(
+            log,
+            [
+                "group start",
+                "abort c",
+                "abort b",
+                "abort a",
+                "group end",
+                "release c",
+                "release b",
+                "release a"
+            ]
+        );
+        assert!(signal.wait_settled(Instant::now() + Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn a_lone_member_that_could_group_aborts_without_a_group() {
+        let signal = AbortSignal::new();
+        let a = groupable("a");
+        let other = member("other", &Arc::new(Mutex::new(Vec::new())), None);
+        signal.enroll(Arc::downgrade(&(Arc::clone(&a) as Arc<dyn Abortable>)));
+        signal.enroll(Arc::downgrade(&(Arc::clone(&other) as Arc<dyn Abortable>)));
+        signal.trigger(AbortCause::Requested);
+        // Only one member aborts together: the one-at-a-time path.
+        assert_eq!(GROUP_LOG.with(|l| l.borrow().clone()), ["abort alone a"]);
     }
 }

@@ -3,6 +3,7 @@
 //! asks. Imports nothing above it.
 
 use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use cudarc::driver::CudaStream;
 use cudarc::driver::sys::CUstreamCaptureStatus;
@@ -12,6 +13,36 @@ use crate::{Error, Result};
 thread_local! {
     /// How many [`allow_capture`] scopes are open on this thread.
     static ALLOWED: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Graphs of collectives alive in the process through the capture API,
+/// counted from the capture's start to the graph's drop ([`GraphAlive`]).
+static GRAPHS: AtomicUsize = AtomicUsize::new(0);
+/// Whether an [`allow_capture`] scope ever opened: graphs of the caller's
+/// own may refer to communicators from then on.
+static RAW_CAPTURES: AtomicBool = AtomicBool::new(false);
+
+/// One graph of the capture API alive (see [`graphs_may_exist`]).
+pub(crate) struct GraphAlive(());
+
+impl GraphAlive {
+    pub(crate) fn new() -> GraphAlive {
+        GRAPHS.fetch_add(1, Ordering::AcqRel);
+        GraphAlive(())
+    }
+}
+
+impl Drop for GraphAlive {
+    fn drop(&mut self) {
+        GRAPHS.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Whether a CUDA graph may refer to a communicator of this process: NCCL's
+/// reclaim of an aborted communicator waits until no graph does, which
+/// only the graph's owner (another thread, maybe) can end.
+pub(crate) fn graphs_may_exist() -> bool {
+    GRAPHS.load(Ordering::Acquire) > 0 || RAW_CAPTURES.load(Ordering::Acquire)
 }
 
 /// Runs `f` with enqueueing on capturing streams allowed on this thread.
@@ -31,6 +62,7 @@ pub unsafe fn allow_capture<R>(f: impl FnOnce() -> R) -> R {
             ALLOWED.with(|a| a.set(a.get().saturating_sub(1)));
         }
     }
+    RAW_CAPTURES.store(true, Ordering::Release);
     ALLOWED.with(|a| a.set(a.get() + 1));
     let _scope = Scope;
     f()
@@ -137,5 +169,17 @@ mod tests {
         });
         assert!(caught.is_err());
         assert_eq!(depth(), 0, "a panic closes the scope");
+    }
+}
+
+#[cfg(test)]
+mod graph_tests {
+    use super::*;
+
+    #[test]
+    fn a_graph_alive_is_seen_by_every_thread() {
+        let alive = GraphAlive::new();
+        assert!(std::thread::spawn(graphs_may_exist).join().unwrap());
+        drop(alive);
     }
 }

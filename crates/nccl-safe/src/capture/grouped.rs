@@ -245,6 +245,8 @@ pub struct CapturedGroup<'c, B: Captured> {
     launched: bool,
     /// Whether the capture recorded work (any node but an empty one).
     recorded: bool,
+    /// Counted until the graph is gone (declared after it, it drops after).
+    _alive: crate::capture_state::GraphAlive,
     _comms: PhantomData<&'c Comm>,
 }
 
@@ -308,6 +310,8 @@ pub fn capture_group<'c, B: Captured>(
 ) -> Result<CapturedGroup<'c, B>> {
     const OP: &str = "capture_group";
     let cuda = |source| Error::Cuda { op: OP, source };
+    // Counted until the graph is gone, as in `capture`.
+    let alive = crate::capture_state::GraphAlive::new();
     let facts: Vec<LaneFacts> = lanes
         .iter()
         .map(|(comm, stream)| LaneFacts {
@@ -401,6 +405,7 @@ pub fn capture_group<'c, B: Captured>(
         comms,
         launched: false,
         recorded,
+        _alive: alive,
         _comms: PhantomData,
     };
     // `f` had the buffers mutably: one it replaced was captured at an

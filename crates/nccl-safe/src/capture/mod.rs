@@ -233,6 +233,8 @@ pub struct CapturedGraph<'c, B: Captured> {
     launched: bool,
     /// Whether the capture recorded work (any node but an empty one).
     recorded: bool,
+    /// Counted until the graph is gone (declared after it, it drops after).
+    _alive: crate::capture_state::GraphAlive,
     _comms: PhantomData<&'c Comm>,
 }
 
@@ -298,6 +300,10 @@ pub fn capture<'c, B: Captured>(
     const OP: &str = "capture";
     let cuda = |source| Error::Cuda { op: OP, source };
     refuse_capture(OP, stream)?;
+    // Counted from before the capture (NCCL counts the graph's references
+    // from its calls in it) until the graph is gone: declared first, it
+    // drops last on every way out.
+    let alive = crate::capture_state::GraphAlive::new();
     // A stream of our own (after `stream`'s work so far), which the
     // closure cannot name.
     let private = stream.fork().map_err(cuda)?;
@@ -347,6 +353,7 @@ pub fn capture<'c, B: Captured>(
         comms,
         launched: false,
         recorded,
+        _alive: alive,
         _comms: PhantomData,
     };
     // `f` had the buffers mutably: one it replaced was captured at an

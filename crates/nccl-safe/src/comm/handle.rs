@@ -444,8 +444,10 @@ impl Shared {
         match self.lib.raw().ncclCommAbort() {
             Ok(abort) => {
                 // SAFETY: `raw` was live and the state now says Aborted,
-                // so nobody else uses or frees it; no open group refers to
-                // it (checked by the callers); aborted exactly once.
+                // so nobody else uses or frees it; no open group of the
+                // caller's refers to it (checked by the callers: the one
+                // group a signal may open around it holds only aborts);
+                // aborted exactly once.
                 let code = unsafe { abort(raw) };
                 self.lib.check("ncclCommAbort", code, std::ptr::null_mut())
             }
@@ -535,7 +537,14 @@ impl Abortable for Shared {
     }
 
     fn aborts_together(&self) -> bool {
-        self.lib.version() >= nccl_sys::Version::new(2, 22, 0) && !crate::group::state::in_group()
+        // 2.24: from 2.22 NCCL queues an abort's reclaim to the group's
+        // end, but until 2.24 one failed reclaim made that end read the
+        // other, freed communicators. No CUDA graph may refer to one: its
+        // reclaim waits for the graph's owner, who may wait for the lock
+        // of another communicator held through the group.
+        self.lib.version() >= nccl_sys::Version::new(2, 24, 0)
+            && !crate::group::state::in_group()
+            && !crate::capture_state::graphs_may_exist()
     }
 
     fn hold_for_abort(&self) -> Option<Box<dyn HeldForAbort + '_>> {

@@ -61,9 +61,24 @@ pub(crate) fn start(lib: &'static Library) -> Result<()> {
 /// no guard tracks (a signal's aborts, grouped on the thread that holds
 /// their communicators, with no group of this thread open). `false`, with
 /// `calls` not run, where NCCL lacks either call or the start fails. The
-/// end's error is NCCL's to keep: the calls it joined (aborts) are done
-/// whatever it says.
+/// group ends even if `calls` unwinds. An error of the end is logged:
+/// NCCL may then have dropped work the group queued, which nobody here
+/// can take back.
 pub(crate) fn bracket(lib: &'static Library, calls: impl FnOnce()) -> bool {
+    type End = unsafe extern "C" fn() -> ncclResult_t;
+    /// Ends the group on every way out of `calls`.
+    struct EndGroup(End);
+    impl Drop for EndGroup {
+        fn drop(&mut self) {
+            // SAFETY: no arguments; this thread opened the group in
+            // `bracket`, and what ran inside left NCCL's depth as it found
+            // it (an abort opens and closes a group of its own).
+            let code = unsafe { (self.0)() };
+            if code != ncclResult_t::ncclSuccess {
+                tracing::warn!(?code, "ncclGroupEnd of a group of aborts failed");
+            }
+        }
+    }
     let (Ok(start), Ok(end)) = (lib.raw().ncclGroupStart(), lib.raw().ncclGroupEnd()) else {
         return false;
     };
@@ -71,10 +86,8 @@ pub(crate) fn bracket(lib: &'static Library, calls: impl FnOnce()) -> bool {
     if unsafe { start() } != ncclResult_t::ncclSuccess {
         return false;
     }
+    let _end = EndGroup(end);
     calls();
-    // SAFETY: no arguments; this thread opened the group just above, and
-    // `calls` left it as it found it (it makes no group calls of its own).
-    let _ = unsafe { end() };
     true
 }
 
