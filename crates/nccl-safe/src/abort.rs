@@ -97,16 +97,18 @@ pub(crate) trait Abortable: Send + Sync {
 
 /// A communicator whose lock the calling thread holds for an abort
 /// ([`Abortable::hold_for_abort`]): it stays unsettled to
-/// [`AbortSignal::wait_settled`] until [`HeldForAbort::release`].
+/// [`AbortSignal::wait_settled`] until [`HeldForAbort::unlock`]; what
+/// follows an abort done through it runs at its drop (also on unwinding).
 pub(crate) trait HeldForAbort {
     /// What brackets the aborts of several held communicators with
-    /// `ncclGroupStart`/`ncclGroupEnd` of their library; `None` for
-    /// nothing (they abort one after another).
+    /// `ncclGroupStart`/`ncclGroupEnd` of their library, asked once every
+    /// lock is held; `None` where they must not abort together after all
+    /// (they are then let go unaborted, for [`Abortable::request_abort`]).
     fn group(&self) -> Option<GroupCalls>;
     /// `ncclCommAbort` (once; later calls do nothing).
     fn abort(&mut self);
-    /// Lets go of the lock, then does what follows an abort.
-    fn release(self: Box<Self>);
+    /// Lets go of the lock.
+    fn unlock(&mut self);
 }
 
 /// Runs the calls it is given inside one NCCL group of the calling thread
@@ -114,31 +116,31 @@ pub(crate) trait HeldForAbort {
 /// hands it in). `false`, with the calls not run, where no group opened.
 pub(crate) type GroupCalls = fn(&mut dyn FnMut()) -> bool;
 
-/// Aborts the communicators held by this thread, in the order given.
-/// Several go in one NCCL group: each `ncclCommAbort` sets its flags at
-/// once (every kernel of theirs stops before any reclaim waits on a
-/// stream), and NCCL runs the reclaims, which each join the
-/// communicator's proxy threads (up to 500 ms: they poll with that
-/// timeout), side by side on threads of its own at the group's end,
-/// instead of one after another. It is NCCL's grouping, from one thread:
-/// no two threads of ours call NCCL on these communicators at once. The
-/// locks are held until the group's end, so nobody sees one settled
-/// early. Where no group can be opened, each aborts and lets go in turn.
+/// Aborts the communicators held by this thread, in the order given, in
+/// one NCCL group: each `ncclCommAbort` sets its flags at once (every
+/// kernel of theirs stops before any reclaim waits on a stream), and NCCL
+/// runs the reclaims, which each join the communicator's proxy threads
+/// (up to 500 ms: they poll with that timeout), side by side on threads of
+/// its own at the group's end, instead of one after another. It is NCCL's
+/// grouping, from one thread: no two threads of ours call NCCL on these
+/// communicators at once. The locks are held until the group's end, so
+/// nobody sees one settled early, then all let go before what follows the
+/// aborts runs. Where no group opens, none is aborted here: they are let
+/// go for the one-at-a-time path (holding one while aborting another
+/// could keep a thread from aborting a communicator the other's abort
+/// waits behind).
 fn abort_held(mut held: Vec<Box<dyn HeldForAbort + '_>>) {
-    let group = held.first().and_then(|h| h.group());
-    let grouped = held.len() > 1
-        && group.is_some_and(|group| {
-            group(&mut || {
-                for h in held.iter_mut() {
-                    h.abort();
-                }
-            })
+    if held.len() > 1
+        && let Some(group) = held.first().and_then(|h| h.group())
+    {
+        group(&mut || {
+            for h in held.iter_mut() {
+                h.abort();
+            }
         });
-    for mut h in held {
-        if !grouped {
-            h.abort();
-        }
-        h.release();
+    }
+    for h in held.iter_mut() {
+        h.unlock();
     }
 }
 
@@ -590,14 +592,14 @@ mod tests {
             self.say("hold");
             Some(Box::new(HeldHoldable {
                 member: self,
-                _guard: guard,
+                guard: Some(guard),
             }))
         }
     }
 
     struct HeldHoldable<'a> {
         member: &'a Holdable,
-        _guard: std::sync::MutexGuard<'a, ()>,
+        guard: Option<std::sync::MutexGuard<'a, ()>>,
     }
 
     impl HeldForAbort for HeldHoldable<'_> {
@@ -610,14 +612,14 @@ mod tests {
             self.member.say("abort");
         }
 
-        fn release(self: Box<Self>) {
-            self.member.say("release");
+        fn unlock(&mut self) {
+            self.guard = None;
+            self.member.say("unlock");
         }
     }
 
     #[test]
-    fn the_members_this_thread_can_hold_are_held_first_then_aborted_newest_first_and_a_busy_one_later()
-     {
+    fn without_a_group_the_held_members_are_let_go_unaborted_and_abort_one_at_a_time() {
         let log = Arc::new(Mutex::new(Vec::new()));
         let control = Holdable::new("control", &log);
         let data = Holdable::new("data", &log);
@@ -637,23 +639,24 @@ mod tests {
                 "note busy",
                 "hold data",
                 "hold control",
-                // No library to group them with: in turn, newest first.
-                "abort data",
-                "release data",
-                "abort control",
-                "release control",
+                // No group: let go unaborted, then one at a time, newest
+                // first.
+                "unlock data",
+                "unlock control",
                 "asked busy",
+                "abort alone data",
+                "abort alone control",
             ]
         );
         // Not settled while that thread holds it; once it let go without
-        // aborting, `wait_settled` holds and aborts it.
+        // aborting, `wait_settled` aborts it.
         assert!(!signal.wait_settled(Instant::now() + Duration::from_millis(10)));
         drop(in_call);
         assert!(signal.wait_settled(Instant::now() + Duration::from_secs(10)));
         let log = log.lock().unwrap();
         assert_eq!(
             log[log.len() - 3..],
-            ["hold busy", "abort busy", "release busy"]
+            ["hold busy", "unlock busy", "abort alone busy"]
         );
     }
 
@@ -708,14 +711,14 @@ mod tests {
             }
             Some(Box::new(HeldGroupable {
                 member: self,
-                _guard: guard,
+                guard: Some(guard),
             }))
         }
     }
 
     struct HeldGroupable<'a> {
         member: &'a Groupable,
-        _guard: std::sync::MutexGuard<'a, ()>,
+        guard: Option<std::sync::MutexGuard<'a, ()>>,
     }
 
     impl HeldForAbort for HeldGroupable<'_> {
@@ -728,11 +731,9 @@ mod tests {
             group_say(format!("abort {}", self.member.name));
         }
 
-        fn release(self: Box<Self>) {
-            // Still held here: nobody could have seen it settled during
-            // the group.
-            assert!(self.member.lock.try_lock().is_err());
-            group_say(format!("release {}", self.member.name));
+        fn unlock(&mut self) {
+            self.guard = None;
+            group_say(format!("unlock {}", self.member.name));
         }
     }
 
@@ -745,7 +746,7 @@ mod tests {
     }
 
     #[test]
-    fn members_held_together_abort_inside_one_group_newest_first_and_are_released_after_its_end() {
+    fn members_held_together_abort_inside_one_group_newest_first_and_are_let_go_after_its_end() {
         let signal = AbortSignal::new();
         let (a, b, c) = (groupable("a"), groupable("b"), groupable("c"));
         for m in [&a, &b, &c] {
@@ -761,9 +762,9 @@ mod tests {
                 "abort b",
                 "abort a",
                 "group end",
-                "release c",
-                "release b",
-                "release a"
+                "unlock c",
+                "unlock b",
+                "unlock a"
             ]
         );
         assert!(signal.wait_settled(Instant::now() + Duration::from_secs(1)));

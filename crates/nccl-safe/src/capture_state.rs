@@ -177,9 +177,13 @@ mod graph_tests {
     use super::*;
 
     #[test]
-    fn a_graph_alive_is_seen_by_every_thread() {
+    fn a_graph_alive_is_counted_until_it_drops_and_seen_by_every_thread() {
+        // No other unit test of this crate makes a graph (that needs a GPU).
+        let before = GRAPHS.load(Ordering::Acquire);
         let alive = GraphAlive::new();
+        assert_eq!(GRAPHS.load(Ordering::Acquire), before + 1);
         assert!(std::thread::spawn(graphs_may_exist).join().unwrap());
         drop(alive);
+        assert_eq!(GRAPHS.load(Ordering::Acquire), before);
     }
 }

@@ -537,14 +537,11 @@ impl Abortable for Shared {
     }
 
     fn aborts_together(&self) -> bool {
-        // 2.24: from 2.22 NCCL queues an abort's reclaim to the group's
-        // end, but until 2.24 one failed reclaim made that end read the
-        // other, freed communicators. No CUDA graph may refer to one: its
-        // reclaim waits for the graph's owner, who may wait for the lock
-        // of another communicator held through the group.
-        self.lib.version() >= nccl_sys::Version::new(2, 24, 0)
-            && !crate::group::state::in_group()
-            && !crate::capture_state::graphs_may_exist()
+        aborts_together(
+            self.lib.version(),
+            crate::group::state::in_group(),
+            crate::capture_state::graphs_may_exist(),
+        )
     }
 
     fn hold_for_abort(&self) -> Option<Box<dyn HeldForAbort + '_>> {
@@ -558,7 +555,8 @@ impl Abortable for Shared {
         }
         Some(Box::new(Held {
             shared: self,
-            state,
+            state: Some(state),
+            aborted: false,
         }))
     }
 }
@@ -573,28 +571,55 @@ fn in_one_group(calls: &mut dyn FnMut()) -> bool {
 /// ([`crate::abort::AbortSignal::trigger`]).
 struct Held<'a> {
     shared: &'a Shared,
-    state: MutexGuard<'a, State>,
+    /// `None` once let go.
+    state: Option<MutexGuard<'a, State>>,
+    /// Whether the abort was done through it (live to aborted).
+    aborted: bool,
 }
 
 impl HeldForAbort for Held<'_> {
     fn group(&self) -> Option<GroupCalls> {
-        Some(in_one_group)
+        // Asked again with every lock held: a graph begun after the first
+        // look, on a communicator that was free then, is counted by now
+        // (before its capture's first call on it let go of the lock).
+        (!crate::capture_state::graphs_may_exist()).then_some(in_one_group as GroupCalls)
     }
 
     fn abort(&mut self) {
-        // Its error, like a lone abort's where nobody waits for it, has
-        // nobody to go to; the communicator is aborted either way.
-        let _ = self.shared.abort_locked(&mut self.state);
-    }
-
-    fn release(self: Box<Self>) {
-        let Held { shared, state } = *self;
-        let aborted = matches!(*state, State::Aborted);
-        drop(state);
-        if aborted {
-            shared.after_abort();
+        if let Some(state) = &mut self.state
+            && matches!(**state, State::Live(_))
+        {
+            // Its error, like a lone abort's where nobody waits for it,
+            // has nobody to go to; the communicator is aborted either way.
+            let _ = self.shared.abort_locked(state);
+            self.aborted = true;
         }
     }
+
+    fn unlock(&mut self) {
+        self.state = None;
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.state = None;
+        if self.aborted {
+            self.shared.after_abort();
+        }
+    }
+}
+
+/// Whether a communicator's abort may join others in one NCCL group of the
+/// calling thread ([`Abortable::aborts_together`]): NCCL 2.22 queues an
+/// abort's reclaim to the group's end, and from 2.24 a failed one among
+/// them no longer makes the end read the others' freed communicators; no
+/// group of the thread open (NCCL would join the aborts to it); no CUDA
+/// graph that may refer to a communicator (its reclaim waits until the
+/// graph is gone, and the graph's owner may wait for the lock of another
+/// communicator held through the group).
+fn aborts_together(version: nccl_sys::Version, in_group: bool, graphs: bool) -> bool {
+    version >= nccl_sys::Version::new(2, 24, 0) && !in_group && !graphs
 }
 
 impl crate::group::Member for Shared {
@@ -624,5 +649,35 @@ fn make_current(ctx: &CudaContext) -> std::result::Result<(), cudarc::driver::Dr
         // SAFETY: `ctx` is a live context (the handle keeps it); making it
         // current changes only this thread's binding.
         _ => unsafe { ctx::set_current(ctx.cu_ctx()) },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use nccl_sys::Version;
+
+    use super::aborts_together;
+
+    #[test]
+    fn aborts_go_together_only_from_nccl_2_24_outside_groups_and_without_graphs() {
+        let v = |minor| Version::new(2, minor, 0);
+        assert!(aborts_together(v(24), false, false));
+        assert!(aborts_together(v(28), false, false));
+        assert!(
+            !aborts_together(v(23), false, false),
+            "2.22 and 2.23: unsafe group cleanup"
+        );
+        assert!(
+            !aborts_together(v(21), false, false),
+            "reclaims inside each abort"
+        );
+        assert!(
+            !aborts_together(v(28), true, false),
+            "a group of the thread is open"
+        );
+        assert!(
+            !aborts_together(v(28), false, true),
+            "a graph may refer to one"
+        );
     }
 }

@@ -65,9 +65,8 @@ pub(crate) fn start(lib: &'static Library) -> Result<()> {
 /// NCCL may then have dropped work the group queued, which nobody here
 /// can take back.
 pub(crate) fn bracket(lib: &'static Library, calls: impl FnOnce()) -> bool {
-    type End = unsafe extern "C" fn() -> ncclResult_t;
     /// Ends the group on every way out of `calls`.
-    struct EndGroup(End);
+    struct EndGroup(nccl_sys::pfn::ncclGroupEnd);
     impl Drop for EndGroup {
         fn drop(&mut self) {
             // SAFETY: no arguments; this thread opened the group in
@@ -184,6 +183,11 @@ mod tests {
         let end = lib.raw().ncclGroupEnd().expect("ncclGroupEnd");
         // SAFETY: no arguments; NCCL answers an end without a group with
         // an error.
+        assert_ne!(unsafe { end() }, ncclResult_t::ncclSuccess);
+        // Calls that unwind still leave NCCL's group closed.
+        let unwound = std::panic::catch_unwind(|| bracket(lib, || panic!("calls unwind")));
+        assert!(unwound.is_err());
+        // SAFETY: as above.
         assert_ne!(unsafe { end() }, ncclResult_t::ncclSuccess);
     }
 }
