@@ -147,8 +147,9 @@ fn abort_held(mut held: Vec<Box<dyn HeldForAbort + '_>>) {
 /// Asks every member for its abort, newest first (`members` in the order
 /// they were made): where two or more can abort together
 /// ([`Abortable::aborts_together`]), those this thread can hold now
-/// together ([`abort_held`]); then each of the rest on its own ([`Abortable::request_abort`]: a thread in a call on
-/// one aborts it when it lets go).
+/// together ([`abort_held`]); then each of the rest on its own
+/// ([`Abortable::request_abort`]: a thread in a call on one aborts it
+/// when it lets go).
 fn abort_members(members: &[Arc<dyn Abortable>], cause: &AbortCause) {
     let together = members.iter().filter(|m| m.aborts_together()).count() > 1;
     if together {
