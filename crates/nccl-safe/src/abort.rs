@@ -535,44 +535,52 @@ mod tests {
         assert!(signal.wait_settled(Instant::now() + Duration::from_secs(10)));
     }
 
-    /// A member that can be held for a grouped abort, as a live
-    /// communicator whose lock is free can.
-    struct Holdable {
-        name: &'static str,
-        log: Arc<Mutex<Vec<String>>>,
-        lock: Mutex<()>,
-        aborted: AtomicBool,
+    thread_local! {
+        /// What the holdable members and their fake group calls did, on
+        /// this test's thread.
+        static HELD_LOG: std::cell::RefCell<Vec<String>> =
+            const { std::cell::RefCell::new(Vec::new()) };
     }
 
-    impl Holdable {
-        fn new(name: &'static str, log: &Arc<Mutex<Vec<String>>>) -> Arc<Holdable> {
-            Arc::new(Holdable {
-                name,
-                log: Arc::clone(log),
-                lock: Mutex::new(()),
-                aborted: AtomicBool::new(false),
-            })
-        }
+    fn say(what: String) {
+        HELD_LOG.with(|l| l.borrow_mut().push(what));
+    }
 
-        fn say(&self, what: &str) {
-            self.log
-                .lock()
-                .unwrap()
-                .push(format!("{what} {}", self.name));
-        }
+    fn said() -> Vec<String> {
+        HELD_LOG.with(|l| l.borrow().clone())
+    }
+
+    /// Stands for `ncclGroupStart`/`ncclGroupEnd` around the calls.
+    fn fake_group(calls: &mut dyn FnMut()) -> bool {
+        say("group start".into());
+        calls();
+        say("group end".into());
+        true
+    }
+
+    /// A member that can be held for an abort with others, as a live
+    /// communicator whose lock is free can; `group`: what its holds offer
+    /// to bracket the aborts with.
+    struct Holdable {
+        name: &'static str,
+        lock: Mutex<()>,
+        aborted: AtomicBool,
+        group: Option<GroupCalls>,
     }
 
     impl Abortable for Holdable {
         fn note_cause(&self, _cause: AbortCause) {
-            self.say("note");
+            say(format!("note {}", self.name));
         }
 
         fn request_abort(&self, _cause: AbortCause) -> bool {
             match self.lock.try_lock() {
-                Ok(_) if !self.aborted.swap(true, Ordering::SeqCst) => self.say("abort alone"),
+                Ok(_) if !self.aborted.swap(true, Ordering::SeqCst) => {
+                    say(format!("abort alone {}", self.name));
+                }
                 Ok(_) => {}
                 // The thread in a call on it aborts it when it lets go.
-                Err(_) => self.say("asked"),
+                Err(_) => say(format!("asked {}", self.name)),
             }
             self.aborted.load(Ordering::SeqCst)
         }
@@ -590,7 +598,7 @@ mod tests {
             if self.aborted.load(Ordering::SeqCst) {
                 return None;
             }
-            self.say("hold");
+            say(format!("hold {}", self.name));
             Some(Box::new(HeldHoldable {
                 member: self,
                 guard: Some(guard),
@@ -605,35 +613,52 @@ mod tests {
 
     impl HeldForAbort for HeldHoldable<'_> {
         fn group(&self) -> Option<GroupCalls> {
-            None
+            self.member.group
         }
 
         fn abort(&mut self) {
             self.member.aborted.store(true, Ordering::SeqCst);
-            self.member.say("abort");
+            say(format!("abort {}", self.member.name));
         }
 
         fn unlock(&mut self) {
             self.guard = None;
-            self.member.say("unlock");
+            say(format!("unlock {}", self.member.name));
         }
+    }
+
+    /// Members named `names`, enrolled in that order (oldest first).
+    fn holdables(
+        signal: &AbortSignal,
+        names: &[&'static str],
+        group: Option<GroupCalls>,
+    ) -> Vec<Arc<Holdable>> {
+        let members: Vec<Arc<Holdable>> = names
+            .iter()
+            .map(|&name| {
+                Arc::new(Holdable {
+                    name,
+                    lock: Mutex::new(()),
+                    aborted: AtomicBool::new(false),
+                    group,
+                })
+            })
+            .collect();
+        for m in &members {
+            signal.enroll(Arc::downgrade(&(Arc::clone(m) as Arc<dyn Abortable>)));
+        }
+        members
     }
 
     #[test]
     fn without_a_group_the_held_members_are_let_go_unaborted_and_abort_one_at_a_time() {
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let control = Holdable::new("control", &log);
-        let data = Holdable::new("data", &log);
-        let busy = Holdable::new("busy", &log);
         let signal = AbortSignal::new();
-        for m in [&control, &data, &busy] {
-            signal.enroll(Arc::downgrade(&(Arc::clone(m) as Arc<dyn Abortable>)));
-        }
+        let members = holdables(&signal, &["control", "data", "busy"], None);
         // Another thread is in a call on `busy`.
-        let in_call = busy.lock.lock().unwrap();
+        let in_call = members[2].lock.lock().unwrap();
         signal.trigger(AbortCause::Requested);
         assert_eq!(
-            *log.lock().unwrap(),
+            said(),
             [
                 "note control",
                 "note data",
@@ -654,110 +679,24 @@ mod tests {
         assert!(!signal.wait_settled(Instant::now() + Duration::from_millis(10)));
         drop(in_call);
         assert!(signal.wait_settled(Instant::now() + Duration::from_secs(10)));
-        let log = log.lock().unwrap();
+        let log = said();
         assert_eq!(
             log[log.len() - 3..],
             ["hold busy", "unlock busy", "abort alone busy"]
         );
     }
 
-    thread_local! {
-        /// What the grouped members and their fake group calls did, on
-        /// this test's thread.
-        static GROUP_LOG: std::cell::RefCell<Vec<String>> =
-            const { std::cell::RefCell::new(Vec::new()) };
-    }
-
-    fn group_say(what: String) {
-        GROUP_LOG.with(|l| l.borrow_mut().push(what));
-    }
-
-    /// Stands for `ncclGroupStart`/`ncclGroupEnd` around the calls.
-    fn fake_group(calls: &mut dyn FnMut()) -> bool {
-        group_say("group start".into());
-        calls();
-        group_say("group end".into());
-        true
-    }
-
-    /// A member that aborts together with others through `fake_group`.
-    struct Groupable {
-        name: &'static str,
-        lock: Mutex<()>,
-        aborted: AtomicBool,
-    }
-
-    impl Abortable for Groupable {
-        fn note_cause(&self, _cause: AbortCause) {}
-
-        fn request_abort(&self, _cause: AbortCause) -> bool {
-            if self.lock.try_lock().is_ok() && !self.aborted.swap(true, Ordering::SeqCst) {
-                group_say(format!("abort alone {}", self.name));
-            }
-            self.aborted.load(Ordering::SeqCst)
-        }
-
-        fn is_settled(&self) -> bool {
-            self.aborted.load(Ordering::SeqCst) && self.lock.try_lock().is_ok()
-        }
-
-        fn aborts_together(&self) -> bool {
-            true
-        }
-
-        fn hold_for_abort(&self) -> Option<Box<dyn HeldForAbort + '_>> {
-            let guard = self.lock.try_lock().ok()?;
-            if self.aborted.load(Ordering::SeqCst) {
-                return None;
-            }
-            Some(Box::new(HeldGroupable {
-                member: self,
-                guard: Some(guard),
-            }))
-        }
-    }
-
-    struct HeldGroupable<'a> {
-        member: &'a Groupable,
-        guard: Option<std::sync::MutexGuard<'a, ()>>,
-    }
-
-    impl HeldForAbort for HeldGroupable<'_> {
-        fn group(&self) -> Option<GroupCalls> {
-            Some(fake_group)
-        }
-
-        fn abort(&mut self) {
-            self.member.aborted.store(true, Ordering::SeqCst);
-            group_say(format!("abort {}", self.member.name));
-        }
-
-        fn unlock(&mut self) {
-            self.guard = None;
-            group_say(format!("unlock {}", self.member.name));
-        }
-    }
-
-    fn groupable(name: &'static str) -> Arc<Groupable> {
-        Arc::new(Groupable {
-            name,
-            lock: Mutex::new(()),
-            aborted: AtomicBool::new(false),
-        })
-    }
-
     #[test]
     fn members_held_together_abort_inside_one_group_newest_first_and_are_let_go_after_its_end() {
         let signal = AbortSignal::new();
-        let (a, b, c) = (groupable("a"), groupable("b"), groupable("c"));
-        for m in [&a, &b, &c] {
-            signal.enroll(Arc::downgrade(&(Arc::clone(m) as Arc<dyn Abortable>)));
-        }
+        let _members = holdables(&signal, &["a", "b", "c"], Some(fake_group));
         signal.trigger(AbortCause::Requested);
-        let log = GROUP_LOG.with(|l| l.borrow().clone());
         assert_eq!(
-            log,
+            said()[3..],
             [
+                "hold c",
+                "hold b",
+                "hold a",
                 "group start",
                 "abort c",
                 "abort b",
@@ -774,12 +713,11 @@ mod tests {
     #[test]
     fn a_lone_member_that_could_group_aborts_without_a_group() {
         let signal = AbortSignal::new();
-        let a = groupable("a");
+        let _members = holdables(&signal, &["a"], Some(fake_group));
         let other = member("other", &Arc::new(Mutex::new(Vec::new())), None);
-        signal.enroll(Arc::downgrade(&(Arc::clone(&a) as Arc<dyn Abortable>)));
         signal.enroll(Arc::downgrade(&(Arc::clone(&other) as Arc<dyn Abortable>)));
         signal.trigger(AbortCause::Requested);
         // Only one member aborts together: the one-at-a-time path.
-        assert_eq!(GROUP_LOG.with(|l| l.borrow().clone()), ["abort alone a"]);
+        assert_eq!(said(), ["note a", "abort alone a"]);
     }
 }
