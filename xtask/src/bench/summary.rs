@@ -447,31 +447,23 @@ pub fn summary(docs: &BTreeMap<String, Value>) -> (Value, Vec<Target>) {
             "small-threads, small-processes and small-torch, every row".to_string(),
         )
     });
-    // From a loss known to the first all-reduce done on the recovered
-    // world: the median over reps of the slowest survivor.
+    // The median over the recover phase's reps of one figure of the
+    // slowest survivor's, and how many reps gave it.
     let recover_doc = docs.get("recover-threads");
-    let recover = recover_doc.and_then(|d| {
-        let all: Vec<f64> = d["recover"]
-            .as_array()?
-            .iter()
-            .map(|r| f(r, "recover_and_first_all_reduce_ms"))
-            .collect();
+    let recover_reps = recover_doc.and_then(|d| d["recover"].as_array());
+    let over_reps = |value: &dyn Fn(&Value) -> Option<f64>| {
+        let all: Vec<f64> = recover_reps?.iter().filter_map(value).collect();
         let reps = all.len();
-        Some((
-            upper_median(all)?,
-            format!("recover-threads, median of {reps} reps"),
-        ))
-    });
+        upper_median(all).map(|median| (median, reps))
+    };
+    // From a loss known to the first all-reduce done on the recovered
+    // world (a rep without it counts, as a NaN).
+    let recover = over_reps(&|r| Some(f(r, "recover_and_first_all_reduce_ms")))
+        .map(|(ms, reps)| (ms, format!("recover-threads, median of {reps} reps")));
     // Of it, giving the old world up (NCCL's aborts of its communicators,
-    // waited for): the median over reps of the slowest survivor's span.
-    let recover_give_up = recover_doc.and_then(|d| {
-        let all: Vec<f64> = d["recover"]
-            .as_array()?
-            .iter()
-            .filter_map(|r| r["spans"]["nccl.recover_give_up"].as_f64())
-            .collect();
-        upper_median(all)
-    });
+    // waited for): the span, where a rep has it.
+    let recover_give_up =
+        over_reps(&|r| r["spans"]["nccl.recover_give_up"].as_f64()).map(|(ms, _)| ms);
 
     // Bandwidth at 128 MiB and above (a thread per GPU): the least of the
     // safe and dist layers' busbw over raw's, over every collective.
