@@ -151,16 +151,13 @@ fn abort_held(mut held: Vec<Box<dyn HeldForAbort + '_>>) {
 /// ([`Abortable::request_abort`]: a thread in a call on one aborts it
 /// when it lets go).
 fn abort_members(members: &[Arc<dyn Abortable>], cause: &AbortCause) {
-    let together = members.iter().filter(|m| m.aborts_together()).count() > 1;
-    if together {
-        abort_held(
-            members
-                .iter()
-                .rev()
-                .filter(|m| m.aborts_together())
-                .filter_map(|m| m.hold_for_abort())
-                .collect(),
-        );
+    let together: Vec<&Arc<dyn Abortable>> = members
+        .iter()
+        .rev()
+        .filter(|m| m.aborts_together())
+        .collect();
+    if together.len() > 1 {
+        abort_held(together.iter().filter_map(|m| m.hold_for_abort()).collect());
     }
     for member in members.iter().rev() {
         member.request_abort(cause.clone());

@@ -50,8 +50,8 @@ impl World {
     /// the last abort of the world's ranks frees the resources of all of
     /// them. Without this wait, three survivors of four H100s saw one
     /// survivor's first all-reduce on the new world done without its peers
-    /// (a third of the data right) and theirs hung: the overlap is the
-    /// likely cause (not yet confirmed on a GPU).
+    /// (a third of the data right) and theirs hung; with it, the same
+    /// cases pass there.
     pub(super) fn give_up(self) -> Result<GivenUp> {
         let _span = tracing::debug_span!("nccl.recover_give_up").entered();
         let World {

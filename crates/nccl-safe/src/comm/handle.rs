@@ -199,14 +199,19 @@ impl Shared {
     /// `true` only for the transition from live to aborted made here, so
     /// [`Shared::after_abort`] runs once per communicator.
     fn settle_abort(&self, state: &mut MutexGuard<'_, State>) -> bool {
-        if !matches!(**state, State::Live(_)) {
-            return false;
-        }
-        if !self.abort_due() || self.in_open_group.load(Ordering::Acquire) {
+        if !self.abort_ready(state) {
             return false;
         }
         let _ = self.abort_locked(state);
         true
+    }
+
+    /// Whether an abort can happen now (the caller holds the lock): live,
+    /// due, and no open group refers to it.
+    fn abort_ready(&self, state: &State) -> bool {
+        matches!(state, State::Live(_))
+            && self.abort_due()
+            && !self.in_open_group.load(Ordering::Acquire)
     }
 
     /// Runs `f` on the live handle with the device's context current. An
@@ -546,11 +551,7 @@ impl Abortable for Shared {
 
     fn hold_for_abort(&self) -> Option<Box<dyn HeldForAbort + '_>> {
         let state = self.try_lock()?;
-        // As `settle_abort`: live, due, and no open group refers to it.
-        if !matches!(*state, State::Live(_))
-            || !self.abort_due()
-            || self.in_open_group.load(Ordering::Acquire)
-        {
+        if !self.abort_ready(&state) {
             return None;
         }
         Some(Box::new(Held {
