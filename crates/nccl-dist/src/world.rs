@@ -29,6 +29,7 @@ use crate::rendezvous;
 use crate::watchdog::Watchdog;
 
 mod local;
+use local::{local_launch, local_team, thread_comms};
 mod options;
 mod recover;
 mod resolved;
@@ -48,8 +49,16 @@ pub struct World {
     /// before the communicators are torn down.
     presence: Presence,
     comm: Comm,
+    /// Where the world's communicators park on a loss (see
+    /// [`Resolved`]'s configurations): the parent of meshes, split from
+    /// `control` at the first mesh, since `control` shares its resources
+    /// with its splits (`splitShare`, for the recovery's shrink) and
+    /// meshes must not share them (NCCL serialises communicators that
+    /// do). Before `control`, so it drops first.
+    mesh_parent: std::cell::OnceCell<Comm>,
     /// The nonblocking communicator the blocking one was split from: the
-    /// parent of meshes, so that their creation can be cut short too.
+    /// parent of meshes (or of their parent), so that their creation can
+    /// be cut short too.
     control: Option<Comm>,
     /// The configuration of children (meshes, axes): blocking, with the
     /// signal and the operation timeout. `None`: children inherit.
@@ -60,6 +69,10 @@ pub struct World {
     /// A world with a thread per GPU: where its threads meet to rebuild
     /// it after a loss ([`World::recover`]).
     local: Option<Arc<local::Board>>,
+    /// The parked communicators of the worlds this one was shrunk from
+    /// ([`World::recover`]), children before parents: aborted when this
+    /// world drops, after its own, off the recovery's path.
+    retired: Vec<Comm>,
 }
 
 /// This rank's membership in the liveness channel. Dropped normally, it
@@ -69,6 +82,23 @@ pub struct World {
 struct Presence {
     rank: usize,
     liveness: Option<Liveness>,
+}
+
+impl Presence {
+    /// Reports this rank lost on its channel, for `error` (a survivor whose
+    /// part in a recovery failed): the others' waits for it end, a shrink
+    /// of theirs included (any abort asked for during one cuts it short).
+    fn gone(&self, error: &Error) {
+        if let Some(liveness) = &self.liveness {
+            liveness.report(PeerLoss {
+                rank: self.rank,
+                cause: LossCause::Exited {
+                    reason: format!("its part in the recovery failed: {error}"),
+                },
+                seen_by: self.rank,
+            });
+        }
+    }
 }
 
 impl Drop for Presence {
@@ -93,7 +123,7 @@ impl Drop for Presence {
 /// On a loss: every watched communicator fails with it (naming the
 /// operation it was at), and the signal aborts every communicator of the
 /// job, those still being made included. Never waits.
-fn abort_on_loss(liveness: &Liveness, watchdog: Option<Watchdog>, signal: AbortSignal) {
+pub(super) fn abort_on_loss(liveness: &Liveness, watchdog: Option<Watchdog>, signal: AbortSignal) {
     // The hooks abort communicators: an exit waits for those the channel
     // runs on a thread of its own.
     liveness.hold_exit_with(Arc::new(|limit| Box::new(nccl_safe::ExitHold::new(limit))));
@@ -106,21 +136,6 @@ fn abort_on_loss(liveness: &Liveness, watchdog: Option<Watchdog>, signal: AbortS
             detail: loss.to_string(),
         });
     }));
-}
-
-/// What the threads of an in-process world of `n` ranks share: the
-/// watchdog, and (liveness on, more than one rank) the in-process
-/// channel, which gates their calls and aborts them all on a loss.
-fn local_team(resolved: &Resolved, n: usize) -> Result<(Option<Watchdog>, Option<Liveness>)> {
-    let watchdog = resolved.start_watchdog()?;
-    let liveness = (resolved.liveness.is_enabled() && n > 1).then(|| Liveness::in_process(n));
-    if let Some(l) = &liveness {
-        if let Some(w) = &watchdog {
-            w.gate_over(l);
-        }
-        abort_on_loss(l, watchdog.clone(), resolved.signal.clone());
-    }
-    Ok((watchdog, liveness))
 }
 
 /// Tells `spawn_local` that a rank's thread ended, and how, even when it
@@ -141,55 +156,10 @@ impl Drop for EndNotice {
 /// Watches the world's communicator; `gated`: one thread per rank, so
 /// its calls that may connect inside NCCL are gated (the world rank is
 /// the communicator's).
-fn watched(comm: &Comm, watchdog: &Option<Watchdog>, gated: bool) {
+pub(super) fn watched(comm: &Comm, watchdog: &Option<Watchdog>, gated: bool) {
     if let Some(w) = watchdog {
         let members = gated.then(|| (0..comm.size()).collect());
         w.watch_ranks(comm, format!("world[{}]", comm.rank()), members);
-    }
-}
-
-/// This rank's communicators in a world of threads of one process (made
-/// or recovered), watched and connected. A failure that is not a peer's
-/// loss is reported as this rank's own, so the others, who wait for it
-/// inside their init or connection, stop at once.
-fn thread_comms(
-    resolved: &Resolved,
-    id: &UniqueId,
-    (rank, n, device): (usize, usize, usize),
-    liveness: Option<&Liveness>,
-    watchdog: &Option<Watchdog>,
-) -> Result<(Comm, Option<Comm>, Option<Config>)> {
-    let made = resolved
-        .make_comms(id, rank, n, device, Shape::Split)
-        .and_then(|(comm, control, child_config)| {
-            watched(&comm, watchdog, true);
-            resolved.connect(&[&comm])?;
-            Ok((comm, control, child_config))
-        });
-    if let Err(e) = &made
-        && let Some(l) = liveness
-        && e.lost_rank().is_none()
-    {
-        l.report(PeerLoss {
-            rank,
-            cause: LossCause::Exited {
-                reason: e.to_string(),
-            },
-            seen_by: rank,
-        });
-    }
-    made
-}
-
-fn local_launch(rank: usize, size: usize) -> Launch {
-    Launch {
-        rank,
-        world_size: size,
-        local_rank: rank,
-        local_world_size: size,
-        master_addr: "127.0.0.1".into(),
-        master_port: 0,
-        launcher: Launcher::Local,
     }
 }
 
@@ -356,6 +326,21 @@ impl World {
         liveness: Option<Liveness>,
         shape: Shape,
     ) -> Result<World> {
+        let (rank, size) = (launch.rank, launch.world_size);
+        World::form_with(launch, resolved, liveness, shape, |resolved| {
+            resolved.make_comms(id, rank, size, device, shape)
+        })
+    }
+
+    /// [`World::form`], the communicators made by `make` once the
+    /// watchdog runs and a loss on the channel aborts them.
+    fn form_with(
+        launch: Launch,
+        resolved: Resolved,
+        liveness: Option<Liveness>,
+        shape: Shape,
+        make: impl FnOnce(&Resolved) -> Result<(Comm, Option<Comm>, Option<Config>)>,
+    ) -> Result<World> {
         let watchdog = resolved.start_watchdog()?;
         if let Some(l) = &liveness {
             if let Some(w) = &watchdog {
@@ -365,8 +350,7 @@ impl World {
         }
         // Ranks in other languages (an outside id) make no gates.
         let gated = matches!(shape, Shape::Split);
-        let (comm, control, child_config) =
-            resolved.make_comms(id, launch.rank, launch.world_size, device, shape)?;
+        let (comm, control, child_config) = make(&resolved)?;
         watched(&comm, &watchdog, gated);
         // Ranks in other languages would not make the connecting call.
         if shape == Shape::Split {
@@ -378,12 +362,14 @@ impl World {
                 liveness,
             },
             comm,
+            mesh_parent: std::cell::OnceCell::new(),
             control,
             child_config,
             launch,
             watchdog,
             signal: resolved.signal,
             local: None,
+            retired: Vec::new(),
         })
     }
 
@@ -468,12 +454,14 @@ impl World {
                     liveness: None,
                 },
                 comm,
+                mesh_parent: std::cell::OnceCell::new(),
                 control: None,
                 child_config: None,
                 launch: local_launch(rank, n),
                 watchdog: watchdog.clone(),
                 signal: resolved.signal.clone(),
                 local: None,
+                retired: Vec::new(),
             })
             .collect())
     }
@@ -594,26 +582,25 @@ impl World {
                     scope.spawn(move || {
                         let mut ended = ended;
                         let result = (|| {
-                            let (comm, control, child_config) = thread_comms(
-                                resolved,
-                                id,
-                                (rank, n, device),
-                                liveness.as_ref(),
-                                watchdog,
-                            )
-                            .map_err(E::from)?;
+                            let (comm, control, child_config) =
+                                thread_comms(resolved, rank, liveness.as_ref(), watchdog, |r| {
+                                    r.make_comms(id, rank, n, device, Shape::Split)
+                                })
+                                .map_err(E::from)?;
                             f(World {
                                 presence: Presence {
                                     rank,
                                     liveness: liveness.clone(),
                                 },
                                 comm,
+                                mesh_parent: std::cell::OnceCell::new(),
                                 control,
                                 child_config,
                                 launch: local_launch(rank, n),
                                 watchdog: watchdog.clone(),
                                 signal: resolved.signal.clone(),
                                 local: Some(Arc::clone(board)),
+                                retired: Vec::new(),
                             })
                         })();
                         ended.failure = result.as_ref().err().map(|e| e.to_string());
@@ -722,8 +709,35 @@ impl World {
         self.launch.launcher == Launcher::Local && self.local.is_none() && self.size() > 1
     }
 
-    pub(crate) fn split_parent(&self) -> &Comm {
-        self.control.as_ref().unwrap_or(&self.comm)
+    /// The communicator meshes are split from: the nonblocking one, or
+    /// where that one shares its resources with its splits (it parks on
+    /// a loss), a nonblocking split of it that does not (made here, at the
+    /// first mesh: every rank makes its meshes in the same order); the
+    /// world's own without a nonblocking one.
+    pub(crate) fn split_parent(&self) -> Result<&Comm> {
+        let Some(control) = &self.control else {
+            return Ok(&self.comm);
+        };
+        if !control.shares_resources() {
+            return Ok(control);
+        }
+        if let Some(parent) = self.mesh_parent.get() {
+            return Ok(parent);
+        }
+        let config = self
+            .child_config
+            .clone()
+            .unwrap_or_default()
+            .blocking(false)
+            .park_on_peer_loss(true);
+        let parent = control
+            .split(Some(0), self.rank() as i32, Some(&config))
+            .map_err(|e| self.explain(e))?
+            .ok_or(Error::InvalidArgument {
+                op: "DeviceMesh::new",
+                reason: "NCCL returned no communicator for the meshes' parent".into(),
+            })?;
+        Ok(self.mesh_parent.get_or_init(|| parent))
     }
 
     /// The configuration for communicators split from this world.

@@ -40,6 +40,7 @@ pub struct Config {
     comm_name: Option<String>,
     timeout: Duration,
     signal: Option<crate::AbortSignal>,
+    park_on_peer_loss: bool,
 }
 
 impl Default for Config {
@@ -125,6 +126,7 @@ impl Config {
             comm_name: None,
             timeout: DEFAULT_TIMEOUT,
             signal: None,
+            park_on_peer_loss: false,
         }
     }
 
@@ -215,6 +217,43 @@ impl Config {
     /// The abort signal, if one was set.
     pub fn get_abort_signal(&self) -> Option<&crate::AbortSignal> {
         self.signal.as_ref()
+    }
+
+    /// With `true`, a communicator made with this configuration is
+    /// *parked* instead of aborted when an abort is asked for because a
+    /// peer was lost ([`crate::AbortCause::PeerLost`]) and no thread is in
+    /// a call on it: every later call fails as after an abort
+    /// ([`crate::Error::Aborted`] with the loss), but `ncclCommAbort` is put
+    /// off, so that the survivors can make their new communicator with
+    /// [`crate::Comm::shrink_parked`] at once instead of waiting for NCCL's
+    /// teardown (which joins proxy threads that poll every 500 ms). Any
+    /// other cause, [`crate::AbortHandle::abort`], the drop and
+    /// [`crate::AbortSignal::end_parking`] abort a parked communicator.
+    /// Only where the library has `ncclCommShrink` (NCCL 2.27+), no CUDA
+    /// graph of this process may refer to a communicator, and NCCL reports
+    /// no error on it; elsewhere the abort happens as without it. Children
+    /// do not inherit it. Not an NCCL field.
+    ///
+    /// ```
+    /// use nccl_safe::Config;
+    /// assert!(Config::new().park_on_peer_loss(true).parks_on_peer_loss());
+    /// assert!(!Config::new().parks_on_peer_loss());
+    /// ```
+    #[must_use]
+    pub fn park_on_peer_loss(mut self, park: bool) -> Self {
+        self.park_on_peer_loss = park;
+        self
+    }
+
+    /// Whether `splitShare` is set: communicators split from one made with
+    /// this configuration share its resources.
+    pub fn shares_resources(&self) -> bool {
+        self.ints.get("splitShare").is_some_and(|v| *v != 0)
+    }
+
+    /// Whether [`Config::park_on_peer_loss`] is set.
+    pub fn parks_on_peer_loss(&self) -> bool {
+        self.park_on_peer_loss
     }
 
     /// Whether the communicator will be blocking (NCCL's default: yes).

@@ -651,7 +651,7 @@ fn small_row(
 /// The recover phase: per rep, the slowest survivor's `World::recover`
 /// and recover + first all-reduce, from the loss known.
 pub fn recover_section(md: &mut String, docs: &BTreeMap<String, Value>) -> Result<()> {
-    let heading = "## Recovery\n\nms from a survivor knowing of the loss (a thread per GPU, the last rank's thread panics on purpose), slowest survivor: `World::recover`, then with the first all-reduce on the recovered world done (`recover_ms`: the median of the last column). The span columns split the recovery by the crates' `tracing` spans on the slowest survivor's thread: waiting for the losses to settle, the old world's communicators given up (aborted, and NCCL done with every one of them on every thread; in earlier runs this was part of the old world's drop), the new world's id and watchdog posted or taken, communicator init and splits, the rest of the old world dropped.\n\n| mode | rep | recover | recover + first all-reduce | settle | give up | post | init | splits | drop old |\n|---|---|---|---|---|---|---|---|---|---|\n";
+    let heading = "## Recovery\n\nms from a survivor knowing of the loss (a thread per GPU, the last rank's thread panics on purpose), slowest survivor: `World::recover`, then with the first all-reduce on the recovered world done (`recover_ms`: the median of the last column). The span columns split the recovery by the crates' `tracing` spans on the slowest survivor's thread: waiting for the losses to settle, the old world's communicators given up (aborted, and NCCL done with every one of them on every thread; in earlier runs this was part of the old world's drop), the new world's id and watchdog posted or taken, communicator init and splits, the rest of the old world dropped. Where the old world's communicators were parked instead of aborted (NCCL 2.27+), there is no give-up: the survivors wait until NCCL is done with the old world's other communicators (quiet), then shrink the parked one (`ncclCommShrink` with `NCCL_SHRINK_ABORT`) and split the world's from it.\n\n| mode | rep | recover | recover + first all-reduce | settle | give up | quiet | post | init | shrink | splits | drop old |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n";
     let found = phase(md, docs, "recover-", heading);
     for &(mode, doc) in &found {
         for r in doc["recover"].as_array().into_iter().flatten() {
@@ -662,14 +662,16 @@ pub fn recover_section(md: &mut String, docs: &BTreeMap<String, Value>) -> Resul
             };
             writeln!(
                 md,
-                "| {mode} | {} | {:.1} | {:.1} | {} | {} | {} | {} | {} | {} |",
+                "| {mode} | {} | {:.1} | {:.1} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 r["rep"],
                 f(r, "recover_ms"),
                 f(r, "recover_and_first_all_reduce_ms"),
                 span("nccl.recover_settle"),
                 span("nccl.recover_give_up"),
+                span("nccl.recover_quiet"),
                 span("nccl.recover_post"),
                 span("nccl.init_rank"),
+                span("nccl.shrink"),
                 span("nccl.split"),
                 span("nccl.recover_drop_old"),
             )?;

@@ -21,8 +21,9 @@ use nccl_safe::UniqueId;
 
 use super::options::WorldOptions;
 use super::recover::Survivors;
-use super::resolved::Resolved;
-use super::{Presence, World, local_launch, local_team, thread_comms};
+use super::resolved::{Resolved, Shape};
+use super::{Presence, World, abort_on_loss, watched};
+use crate::launch::{Launch, Launcher};
 use crate::error::{Error, Result};
 use crate::liveness::{Liveness, LossCause, PeerLoss};
 use crate::watchdog::Watchdog;
@@ -43,6 +44,10 @@ impl std::fmt::Debug for Board {
     }
 }
 
+/// A rank's communicators: the world's, the nonblocking one it was split
+/// from, the configuration of children.
+pub(super) type Parts = (nccl_safe::Comm, Option<nccl_safe::Comm>, Option<nccl_safe::Config>);
+
 /// What the first survivor posted: the new world's shared parts, or why
 /// it could not make them.
 type Posted = std::result::Result<Arc<Team>, String>;
@@ -51,7 +56,11 @@ type Posted = std::result::Result<Arc<Team>, String>;
 struct Team {
     /// The old ranks that make the new world, in new-rank order.
     survivors: Vec<usize>,
-    id: UniqueId,
+    /// The survivors shrink their parked communicators (the first one
+    /// could), instead of making new ones from `id`.
+    shrink: bool,
+    /// The new world's id (`None` where the survivors shrink).
+    id: Option<UniqueId>,
     resolved: Resolved,
     watchdog: Option<Watchdog>,
     liveness: Option<Liveness>,
@@ -96,26 +105,13 @@ impl World {
         .entered();
         let n = survivors.ranks.len();
         let (old_rank, device) = (self.launch.rank, self.comm.device());
-        // NCCL done with every thread's old communicators before anyone
-        // makes new ones on the same GPUs (see `World::give_up`).
-        let old = match self.give_up() {
-            Ok(old) => old,
-            Err(e) => {
-                // The others must not wait blind: the first survivor posts
-                // why there is no new world; another takes the posting and
-                // tells the new world's ranks that it will not come.
-                if survivors.me == 0 {
-                    let _ =
-                        board.post(Err(format!("its old world was not torn down in time: {e}")));
-                } else if let Some(Ok(team)) = board.take(Instant::now() + options.timeout) {
-                    team.decline(old_rank, "its old world was not torn down in time");
-                }
-                return Err(e);
-            }
-        };
+        let shrinkable = self.can_shrink(&survivors.ranks);
+        // The posting first (no NCCL call in it): it says whether the
+        // survivors shrink their parked communicators (the first survivor
+        // decides) or give them up for new ones.
         let post = tracing::debug_span!("nccl.recover_post").entered();
         let posted = if survivors.me == 0 {
-            let made = Team::new(survivors.ranks.clone(), options);
+            let made = Team::new(survivors.ranks.clone(), shrinkable, options);
             Some(board.post(made.map_err(|e| e.to_string())))
         } else {
             board.take(Instant::now() + options.timeout)
@@ -143,27 +139,61 @@ impl World {
                 survivors.ranks, team.survivors
             )));
         }
+        if team.shrink && !shrinkable {
+            let error = refuse(
+                "the survivors shrink their parked communicators, but this rank's were aborted, not parked"
+                    .into(),
+            );
+            // The others' shrinks end at any abort asked for meanwhile: a
+            // loss on the old world's channel asks for one.
+            self.presence.gone(&error);
+            team.decline(old_rank, "its communicators were aborted, not parked");
+            return Err(error);
+        }
         let me = survivors.me;
-        let (comm, control, child_config) = thread_comms(
+        if team.shrink {
+            let shrinking = match self.park_for_shrink(&survivors.ranks) {
+                Ok(s) => s,
+                Err(e) => {
+                    team.decline(old_rank, "its old world's other communicators were not aborted in time");
+                    return Err(e);
+                }
+            };
+            let made = thread_comms(
+                &team.resolved,
+                me,
+                team.liveness.as_ref(),
+                &team.watchdog,
+                |r| r.shrink_comms(&shrinking.parked, &shrinking.excluded, me, n),
+            )
+            .map(|parts| team.world(me, parts));
+            return shrinking.finish(made);
+        }
+        // NCCL done with every thread's old communicators before anyone
+        // makes new ones on the same GPUs (see `World::give_up`).
+        let old = match self.give_up() {
+            Ok(old) => old,
+            Err(e) => {
+                // The others must not wait blind for this rank in their
+                // init: it tells the new world that it will not come.
+                team.decline(old_rank, "its old world was not torn down in time");
+                return Err(e);
+            }
+        };
+        let parts = thread_comms(
             &team.resolved,
-            &team.id,
-            (me, n, device),
+            me,
             team.liveness.as_ref(),
             &team.watchdog,
-        )?;
-        let world = World {
-            presence: Presence {
-                rank: me,
-                liveness: team.liveness.clone(),
+            |r| match &team.id {
+                Some(id) => r.make_comms(id, me, n, device, Shape::Split),
+                None => Err(Error::InvalidArgument {
+                    op: OP,
+                    reason: "the first survivor posted no id".into(),
+                }),
             },
-            comm,
-            control,
-            child_config,
-            launch: local_launch(me, n),
-            watchdog: team.watchdog.clone(),
-            signal: team.resolved.signal.clone(),
-            local: Some(Arc::clone(&team.next)),
-        };
+        )?;
+        let world = team.world(me, parts);
         // The rest of the old world (its channel membership, its
         // watchdog) goes only now.
         let _old = tracing::debug_span!("nccl.recover_drop_old").entered();
@@ -190,18 +220,98 @@ impl Team {
         }
     }
 
-    fn new(survivors: Vec<usize>, options: &WorldOptions) -> Result<Arc<Team>> {
+    /// Rank `me`'s world of this team, of its communicators `parts`.
+    fn world(&self, me: usize, (comm, control, child_config): Parts) -> World {
+        World {
+            presence: Presence {
+                rank: me,
+                liveness: self.liveness.clone(),
+            },
+            comm,
+            mesh_parent: std::cell::OnceCell::new(),
+            control,
+            child_config,
+            launch: local_launch(me, self.survivors.len()),
+            watchdog: self.watchdog.clone(),
+            signal: self.resolved.signal.clone(),
+            local: Some(Arc::clone(&self.next)),
+            retired: Vec::new(),
+        }
+    }
+
+    fn new(survivors: Vec<usize>, shrink: bool, options: &WorldOptions) -> Result<Arc<Team>> {
         let resolved = Resolved::new(options)?;
-        let id = UniqueId::new()?;
+        // `ncclGetUniqueId` starts a bootstrap root: only for new ones.
+        let id = if shrink { None } else { Some(UniqueId::new()?) };
         let (watchdog, liveness) = local_team(&resolved, survivors.len())?;
         Ok(Arc::new(Team {
             survivors,
+            shrink,
             id,
             resolved,
             watchdog,
             liveness,
             next: Arc::default(),
         }))
+    }
+}
+
+/// What the threads of an in-process world of `n` ranks share: the
+/// watchdog, and (liveness on, more than one rank) the in-process
+/// channel, which gates their calls and aborts them all on a loss.
+pub(super) fn local_team(resolved: &Resolved, n: usize) -> Result<(Option<Watchdog>, Option<Liveness>)> {
+    let watchdog = resolved.start_watchdog()?;
+    let liveness = (resolved.liveness.is_enabled() && n > 1).then(|| Liveness::in_process(n));
+    if let Some(l) = &liveness {
+        if let Some(w) = &watchdog {
+            w.gate_over(l);
+        }
+        abort_on_loss(l, watchdog.clone(), resolved.signal.clone());
+    }
+    Ok((watchdog, liveness))
+}
+
+/// This rank's communicators in a world of threads of one process (made
+/// or recovered), watched and connected. A failure that is not a peer's
+/// loss is reported as this rank's own, so the others, who wait for it
+/// inside their init or connection, stop at once.
+pub(super) fn thread_comms(
+    resolved: &Resolved,
+    rank: usize,
+    liveness: Option<&Liveness>,
+    watchdog: &Option<Watchdog>,
+    make: impl FnOnce(&Resolved) -> Result<Parts>,
+) -> Result<Parts> {
+    let made = make(resolved)
+        .and_then(|(comm, control, child_config)| {
+            watched(&comm, watchdog, true);
+            resolved.connect(&[&comm])?;
+            Ok((comm, control, child_config))
+        });
+    if let Err(e) = &made
+        && let Some(l) = liveness
+        && e.lost_rank().is_none()
+    {
+        l.report(PeerLoss {
+            rank,
+            cause: LossCause::Exited {
+                reason: e.to_string(),
+            },
+            seen_by: rank,
+        });
+    }
+    made
+}
+
+pub(super) fn local_launch(rank: usize, size: usize) -> Launch {
+    Launch {
+        rank,
+        world_size: size,
+        local_rank: rank,
+        local_world_size: size,
+        master_addr: "127.0.0.1".into(),
+        master_port: 0,
+        launcher: Launcher::Local,
     }
 }
 

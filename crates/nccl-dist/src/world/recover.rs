@@ -5,7 +5,7 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
 use std::time::{Duration, Instant};
 
-use nccl_safe::{ABORT_ALLOWANCE, UniqueId};
+use nccl_safe::{ABORT_ALLOWANCE, Comm, UniqueId};
 
 use super::World;
 use super::options::WorldOptions;
@@ -32,7 +32,7 @@ const FIRST_LOSS: Duration = Duration::from_secs(2);
 /// its channel membership (its goodbye must not read as a loss to anyone)
 /// and its watchdog. Its communicators are gone ([`World::give_up`]).
 pub(super) struct GivenUp {
-    _presence: super::Presence,
+    presence: super::Presence,
     _watchdog: Option<crate::watchdog::Watchdog>,
 }
 
@@ -60,14 +60,20 @@ impl World {
             control,
             watchdog,
             signal,
+            retired,
             ..
         } = self;
+        // Nothing is shrunk: the parked ones are aborted too.
+        signal.end_parking();
         signal.trigger(nccl_safe::AbortCause::Other(
             "World::recover: the world was given up for the survivors' new one".into(),
         ));
         let limit = comm.timeout().saturating_add(ABORT_ALLOWANCE);
         drop(comm);
         drop(control);
+        // Those of earlier worlds carry their own signals: their drops
+        // wait for their aborts.
+        drop(retired);
         let started = Instant::now();
         let until = started
             .checked_add(limit)
@@ -79,9 +85,163 @@ impl World {
             }));
         }
         Ok(GivenUp {
-            _presence: presence,
+            presence,
             _watchdog: watchdog,
         })
+    }
+}
+
+/// What a recovery's leader hands out instead of a unique id when the
+/// survivors shrink their parked communicators: `ncclGetUniqueId` never
+/// makes it (its id starts with a random magic, then a socket address).
+const SHRINK_MARK: UniqueId = UniqueId::from_bytes(shrink_mark());
+
+const fn shrink_mark() -> [u8; UniqueId::BYTES] {
+    let tag = b"nccl-rs recovery: the survivors shrink their parked communicators";
+    let mut bytes = [0u8; UniqueId::BYTES];
+    let mut i = 0;
+    while i < tag.len() {
+        bytes[i] = tag[i];
+        i += 1;
+    }
+    bytes
+}
+
+/// The ranks of a world of `size` that are not in `keep`.
+fn excluded(size: usize, keep: &[usize]) -> Vec<usize> {
+    (0..size).filter(|r| !keep.contains(r)).collect()
+}
+
+impl World {
+    /// Whether this rank can make the new world of `keep` (old ranks, in
+    /// new-rank order) by shrinking its parked communicators: both are
+    /// parked ([`nccl_safe::Config::park_on_peer_loss`]; NCCL 2.27+, no
+    /// graph, no NCCL error), and `keep` is in the old order, which a
+    /// shrink keeps.
+    pub(super) fn can_shrink(&self, keep: &[usize]) -> bool {
+        keep.windows(2).all(|w| w[0] < w[1])
+            && self.control.as_ref().is_some_and(Comm::is_parked)
+            && self.comm.is_parked()
+            && self.mesh_parent.get().is_none_or(Comm::is_parked)
+    }
+
+    /// A survivor told to shrink whose communicators are not parked (NCCL
+    /// reported an error on one before the loss was named, say): it tells
+    /// the old world's channel that it is gone, which cuts the others'
+    /// shrinks short (any abort asked for during one ends it), and gives
+    /// its world up.
+    fn decline_shrink(self) -> Error {
+        let error = Error::InvalidArgument {
+            op: "World::recover",
+            reason: "the survivors shrink their parked communicators, but this rank's were aborted, not parked".into(),
+        };
+        self.presence.gone(&error);
+        match self.give_up() {
+            Ok(_) => error,
+            Err(e) => e,
+        }
+    }
+
+    /// The survivors' world from this one's parked communicators
+    /// ([`Resolved::shrink_comms`]); `keep`: the old ranks that make it.
+    pub(super) fn shrink_into(
+        self,
+        launch: Launch,
+        resolved: Resolved,
+        liveness: Option<Liveness>,
+        keep: &[usize],
+    ) -> Result<World> {
+        let shrinking = self.park_for_shrink(keep)?;
+        let (rank, size) = (launch.rank, launch.world_size);
+        let world = World::form_with(launch, resolved, liveness, Shape::Split, |r| {
+            r.shrink_comms(&shrinking.parked, &shrinking.excluded, rank, size)
+        });
+        shrinking.finish(world)
+    }
+
+    /// Takes this world apart for a shrink to the ranks in `keep`, once
+    /// NCCL is done with every communicator of it that is not parked (its
+    /// splits, aborted for the loss; see [`World::give_up`]).
+    pub(super) fn park_for_shrink(self, keep: &[usize]) -> Result<Shrinking> {
+        let _span = tracing::debug_span!("nccl.recover_quiet").entered();
+        let excluded = excluded(self.launch.world_size, keep);
+        let World {
+            presence,
+            comm,
+            mesh_parent,
+            control,
+            watchdog,
+            signal,
+            mut retired,
+            ..
+        } = self;
+        let parked = control.ok_or(Error::InvalidArgument {
+            op: "World::recover",
+            reason: "no parked communicator to shrink".into(),
+        })?;
+        let limit = comm.timeout().saturating_add(ABORT_ALLOWANCE);
+        // Children before parents: they share the parked one's resources.
+        retired.push(comm);
+        retired.extend(mesh_parent.into_inner());
+        let started = Instant::now();
+        let until = started
+            .checked_add(limit)
+            .unwrap_or(started + ABORT_ALLOWANCE);
+        if !signal.wait_quiet(until) {
+            let error = Error::Nccl(nccl_safe::Error::Timeout {
+                op: "World::recover: NCCL's aborts of the old world's other communicators",
+                waited: started.elapsed(),
+            });
+            presence.gone(&error);
+            return Err(error);
+        }
+        Ok(Shrinking {
+            parked,
+            excluded,
+            retired,
+            old: GivenUp {
+                presence,
+                _watchdog: watchdog,
+            },
+        })
+    }
+}
+
+/// A world taken apart for a shrink ([`World::park_for_shrink`]).
+pub(super) struct Shrinking {
+    /// The parked communicator the new ones are shrunk from.
+    pub(super) parked: Comm,
+    /// The old ranks that are not in the new world.
+    pub(super) excluded: Vec<usize>,
+    /// The parked communicators the new world keeps: the old world's own
+    /// and those it kept.
+    retired: Vec<Comm>,
+    old: GivenUp,
+}
+
+impl Shrinking {
+    /// The new world keeps the old communicators; the rest of the old
+    /// world (its channel, its watchdog) goes only now: its goodbye is not
+    /// a loss to anyone.
+    pub(super) fn finish(self, world: Result<World>) -> Result<World> {
+        let Shrinking {
+            parked,
+            mut retired,
+            old,
+            ..
+        } = self;
+        retired.push(parked);
+        let mut world = match world {
+            Ok(world) => world,
+            Err(error) => {
+                old.presence.gone(&error);
+                return Err(error);
+            }
+        };
+        world.retired = retired;
+        let _old = tracing::debug_span!("nccl.recover_drop_old").entered();
+        drop(old);
+        Ok(world)
     }
 }
 
@@ -325,9 +485,12 @@ impl World {
         };
         let device = self.comm.device();
         let secret = options.job_secret()?;
-        let old = self.give_up()?;
+        // The leader says whether the survivors shrink their parked
+        // communicators: it hands out the mark instead of an id.
+        let shrinkable = self.can_shrink(&survivors.ranks);
+        let new_id = || if shrinkable { Ok(SHRINK_MARK) } else { UniqueId::new() };
         let (id, new_liveness) = if survivors.ranks.len() == 1 {
-            (UniqueId::new()?, None)
+            (new_id()?, None)
         } else if survivors.me == 0 {
             // Rank 0 binds its launch address as at the start; another
             // leader binds every interface: the address in the roster is
@@ -339,7 +502,7 @@ impl World {
                 ""
             };
             let listener = bind(at, port).map_err(rendezvous::RendezvousError::Io)?;
-            let id = UniqueId::new()?;
+            let id = new_id()?;
             let (live, refused) = rendezvous::serve_live(
                 &listener,
                 launch.world_size,
@@ -363,6 +526,13 @@ impl World {
             )?;
             (id.into(), Some(live))
         };
+        if id == SHRINK_MARK {
+            if !shrinkable {
+                return Err(self.decline_shrink());
+            }
+            return self.shrink_into(launch, resolved, new_liveness, &survivors.ranks);
+        }
+        let old = self.give_up()?;
         let world = World::form(&id, launch, device, resolved, new_liveness, Shape::Split)?;
         // The rest of the old world (its channel, its watchdog) goes only
         // now: its goodbye is not a loss to anyone.

@@ -82,8 +82,23 @@ impl Resolved {
 
     /// The configuration of the init that the blocking communicator is
     /// split from: nonblocking, so that a peer lost mid-init aborts it.
+    /// Where the library can shrink ([`parks`]), it parks on a loss, for
+    /// [`World::recover`](super::World::recover), and its splits share its
+    /// resources (`splitShare`): shrinking it with `NCCL_SHRINK_ABORT` then
+    /// also stops the world communicator's kernels (one abort flag, one
+    /// internal stream), and that one's later abort joins no proxy thread
+    /// of its own. Meshes are split from a split of it that shares nothing
+    /// ([`World::split_parent`](super::World::split_parent)).
     fn init_config(&self) -> Config {
-        self.data_config().blocking(false)
+        let park = parks();
+        let config = self.data_config().blocking(false).park_on_peer_loss(park);
+        if park { config.split_share(true) } else { config }
+    }
+
+    /// The configuration of the world's blocking communicator: it parks
+    /// with the one it is split from.
+    fn world_config(&self) -> Config {
+        self.data_config().park_on_peer_loss(parks())
     }
 
     /// Makes the connections of a world's communicators now, unless lazy
@@ -158,23 +173,64 @@ impl Resolved {
             }
             let data = self.data_config();
             if shape == Shape::One && size > 1 {
-                let comm = Comm::init_rank(id, rank, size, device, &self.init_config())?;
+                // Nothing is split from it but meshes, and it is not
+                // shrunk (no channel names a loss): a plain nonblocking one.
+                let config = self.data_config().blocking(false);
+                let comm = Comm::init_rank(id, rank, size, device, &config)?;
                 return Ok((comm, None, Some(data)));
             }
             if size == 1 {
                 return Ok((Comm::init_rank(id, rank, size, device, &data)?, None, None));
             }
             let control = Comm::init_rank(id, rank, size, device, &self.init_config())?;
-            let comm = control.split(Some(0), rank as i32, Some(&data))?.ok_or(
-                nccl_safe::Error::InvalidArgument {
-                    op: "ncclCommSplit",
-                    reason: "NCCL returned no communicator",
-                },
-            )?;
+            let comm = self.split_world(&control, rank)?;
             Ok((comm, Some(control), Some(data)))
         })();
         made.map_err(|e| lost_or(&self.signal, e))
     }
+
+    /// The world's blocking communicator, split from `control`.
+    fn split_world(&self, control: &Comm, rank: usize) -> nccl_safe::Result<Comm> {
+        control
+            .split(Some(0), rank as i32, Some(&self.world_config()))?
+            .ok_or(nccl_safe::Error::InvalidArgument {
+                op: "ncclCommSplit",
+                reason: "NCCL returned no communicator",
+            })
+    }
+
+    /// [`Resolved::make_comms`] for survivors whose old world's nonblocking
+    /// communicator `parked` is parked after a loss: the new nonblocking
+    /// one shrunk from it without the ranks in `excluded`
+    /// ([`Comm::shrink_parked`]: NCCL stops the old world's kernels and
+    /// talks to the survivors only, joining no proxy thread), then the
+    /// blocking one split from it; a world of one rank is the shrunk
+    /// communicator alone, blocking.
+    pub(super) fn shrink_comms(
+        &self,
+        parked: &Comm,
+        excluded: &[usize],
+        rank: usize,
+        size: usize,
+    ) -> Result<(Comm, Option<Comm>, Option<Config>)> {
+        let made = (|| {
+            let data = self.data_config();
+            if size == 1 {
+                return Ok((parked.shrink_parked(excluded, &data)?, None, None));
+            }
+            let control = parked.shrink_parked(excluded, &self.init_config())?;
+            let comm = self.split_world(&control, rank)?;
+            Ok((comm, Some(control), Some(data)))
+        })();
+        made.map_err(|e| lost_or(&self.signal, e))
+    }
+}
+
+/// Whether a world's communicators park on a loss instead of aborting
+/// ([`Config::park_on_peer_loss`]): where the library has
+/// `ncclCommShrink` (NCCL 2.27+), which a recovery then uses.
+fn parks() -> bool {
+    nccl_safe::Library::get().is_ok_and(|l| l.capabilities().has(nccl_safe::Feature::Shrink))
 }
 
 /// How a world's communicators are made from its id.

@@ -42,7 +42,7 @@ use nccl_dist::{
 const NOTHING_TO_REFUSE: &[(&str, &str)] = &[
     // Accessors of values that exist once the object does.
     (
-        "Comm::rank size device stream timeout is_blocking compute_capability library capabilities fp8_reductions observer abort_handle",
+        "Comm::rank size device stream timeout is_blocking compute_capability library capabilities fp8_reductions observer abort_handle is_parked shares_resources",
         "accessor",
     ),
     ("AbortHandle::is_aborted downgrade", "accessor"),
@@ -187,8 +187,16 @@ const NOTHING_TO_REFUSE: &[(&str, &str)] = &[
         "every cause is valid; triggering twice keeps the first",
     ),
     (
-        "AbortSignal::wait_settled",
+        "AbortSignal::wait_settled wait_quiet",
         "every deadline is valid (a past one answers at once)",
+    ),
+    (
+        "AbortSignal::end_parking",
+        "nothing to refuse: ending parking twice, or with nothing parked, does nothing more",
+    ),
+    (
+        "Config::park_on_peer_loss parks_on_peer_loss shares_resources",
+        "every value is valid (parking happens only where a shrink can follow) / accessors",
     ),
     ("AbortCause::lost_rank", "accessor"),
     (

@@ -357,6 +357,12 @@ pub fn rows(n: usize, gpus: usize) {
         },
     );
     case(
+        "Comm::shrink_parked",
+        "state (blocking, and never parked)",
+        c.shrink_parked(&[1], &Config::new()),
+        |e| matches!(e, SafeError::InvalidArgument { .. }),
+    );
+    case(
         "Comm::grow",
         "length (not larger)",
         c.grow(1, None, None),

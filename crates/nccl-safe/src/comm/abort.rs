@@ -183,6 +183,15 @@ impl Comm {
         let State::Live(raw) = *state else {
             return Ok(());
         };
+        if self.shared.abort_due() {
+            // Its work may wait for a lost peer (a parked one's does):
+            // NCCL's destroy would wait for it with no deadline.
+            self.shared.unparked.store(true, std::sync::atomic::Ordering::Release);
+            let aborted = self.shared.abort_locked(&mut state);
+            drop(state);
+            self.shared.after_abort();
+            return aborted;
+        }
         *state = State::Closed;
         drop(state);
         self.shared.ctx.bind_to_thread().map_err(cuda(OP))?;

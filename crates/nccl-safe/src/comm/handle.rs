@@ -12,6 +12,7 @@ use crate::abort::{AbortCause, AbortSignal, Abortable, GroupCalls, HeldForAbort}
 use crate::comm::poll::{async_status, poll_with_backoff};
 use crate::comm::teardown::{Clique, Member, bounded};
 use crate::library::Library;
+use crate::Feature;
 use crate::observe::OpObserver;
 use crate::one_shot::Words;
 use crate::{Error, Result};
@@ -86,6 +87,20 @@ pub(crate) struct Shared {
     /// (`crate::one_shot`), made with the first symmetric buffer that may
     /// use them (`None` inside: they could not be made).
     pub(crate) kernel_words: OnceLock<Option<Words>>,
+    /// Made with [`crate::Config::park_on_peer_loss`].
+    pub(crate) park_on_loss: bool,
+    /// Made with `splitShare` ([`crate::Config::shares_resources`]).
+    pub(crate) split_share: bool,
+    /// An abort for a lost peer was put off ([`Shared::would_park`]): the
+    /// handle is live in NCCL, every call is refused as aborted.
+    pub(crate) parked: AtomicBool,
+    /// No parking any more: an abort was asked for with another cause, by
+    /// [`Shared::abort`], or by [`AbortSignal::end_parking`].
+    pub(crate) unparked: AtomicBool,
+    /// A [`crate::Comm::shrink_parked`] runs on it: the shrink's own calls
+    /// and polls pass although it is parked, and any abort asked for
+    /// meanwhile unparks it (a second loss cuts the shrink short).
+    pub(crate) shrinking: AtomicBool,
 }
 
 // SAFETY: the only non-thread-safe part is the raw `ncclComm_t`, which is
@@ -180,7 +195,7 @@ impl Shared {
     }
 
     /// Whether an abort is due: asked for, or the job's signal fired.
-    fn abort_due(&self) -> bool {
+    pub(crate) fn abort_due(&self) -> bool {
         if self.cause.get().is_some() {
             return true;
         }
@@ -198,8 +213,10 @@ impl Shared {
     ///
     /// `true` only for the transition from live to aborted made here, so
     /// [`Shared::after_abort`] runs once per communicator.
+    /// A due abort for a lost peer parks the communicator instead where it
+    /// may ([`Shared::would_park`]).
     fn settle_abort(&self, state: &mut MutexGuard<'_, State>) -> bool {
-        if !self.abort_ready(state) {
+        if !self.abort_ready(state) || self.park_if_due(state) {
             return false;
         }
         let _ = self.abort_locked(state);
@@ -207,11 +224,38 @@ impl Shared {
     }
 
     /// Whether an abort can happen now (the caller holds the lock): live,
-    /// due, and no open group refers to it.
+    /// due, not parked, and no open group refers to it.
     fn abort_ready(&self, state: &State) -> bool {
         matches!(state, State::Live(_))
             && self.abort_due()
+            && !self.is_parked()
             && !self.in_open_group.load(Ordering::Acquire)
+    }
+
+    /// Parked and not unparked since (a hint without the lock).
+    pub(crate) fn is_parked(&self) -> bool {
+        self.parked.load(Ordering::Acquire) && !self.unparked.load(Ordering::Acquire)
+    }
+
+    /// Parks the communicator (the caller holds the lock, an abort is
+    /// ready) where [`Shared::would_park`] says so; returns whether it did.
+    fn park_if_due(&self, state: &State) -> bool {
+        let State::Live(raw) = *state else {
+            return false;
+        };
+        let park = would_park(
+            self.park_on_loss && !self.unparked.load(Ordering::Acquire),
+            self.cause.get(),
+            self.signal.as_ref().is_some_and(AbortSignal::parking_ended),
+            self.lib.capabilities().has(Feature::Shrink),
+            crate::capture_state::graphs_may_exist(),
+            || async_status(self.lib, raw).is_ok_and(|s| s == ncclResult_t::ncclSuccess),
+        );
+        if park {
+            tracing::debug!("a communicator parked for its shrink instead of aborted");
+            self.parked.store(true, Ordering::Release);
+        }
+        park
     }
 
     /// Runs `f` on the live handle with the device's context current. An
@@ -243,7 +287,7 @@ impl Shared {
         }
         let result = match *state {
             State::Live(raw) => {
-                if self.abort_due() {
+                if self.abort_due() && !self.shrinks_parked() {
                     let aborted = self.settle_abort(&mut state);
                     drop(state);
                     if aborted {
@@ -262,6 +306,12 @@ impl Shared {
             self.after_abort();
         }
         result
+    }
+
+    /// Whether a [`crate::Comm::shrink_parked`] runs on it, parked: its
+    /// calls pass.
+    fn shrinks_parked(&self) -> bool {
+        self.shrinking.load(Ordering::Acquire) && self.is_parked()
     }
 
     /// Whether NCCL calls on it block.
@@ -327,6 +377,10 @@ impl Shared {
     /// the thread that holds it as soon as it lets go (or at the group's
     /// end). Returns whether it is aborted now.
     pub(crate) fn request_abort(&self, cause: AbortCause) -> bool {
+        // Only a loss parks; a parked one's shrink ends at any request.
+        if !matches!(cause, AbortCause::PeerLost { .. }) || self.shrinking.load(Ordering::Acquire) {
+            self.unparked.store(true, Ordering::Release);
+        }
         let _ = self.set_cause(cause);
         let Some(mut state) = self.try_lock() else {
             return false;
@@ -472,6 +526,7 @@ impl Shared {
     /// thread to return. Deferred to the group's end when an open group
     /// refers to the communicator.
     pub(crate) fn abort(&self, cause: AbortCause) -> Result<()> {
+        self.unparked.store(true, Ordering::Release);
         let _ = self.set_cause(cause);
         let mut state = self.lock();
         if !matches!(*state, State::Live(_)) || self.in_open_group.load(Ordering::Acquire) {
@@ -509,7 +564,10 @@ impl Drop for Shared {
                 .get_mut()
                 .unwrap_or_else(|p| p.into_inner())
                 .take(),
-            pending: self.signal.as_ref().map(AbortSignal::pending_teardown),
+            pending: self
+                .signal
+                .as_ref()
+                .map(|s| s.pending_teardown(self.is_parked())),
         };
         let clique = self.clique.clone();
         // A group open on this thread may still refer to the communicator:
@@ -532,6 +590,14 @@ impl Abortable for Shared {
         Shared::request_abort(self, cause)
     }
 
+    fn is_parked(&self) -> bool {
+        Shared::is_parked(self)
+    }
+
+    fn unpark(&self) {
+        self.unparked.store(true, Ordering::Release);
+    }
+
     fn is_settled(&self) -> bool {
         // `abort_locked` holds the lock through `ncclCommAbort` (a grouped
         // abort through its group's end): a free lock on a communicator
@@ -551,7 +617,7 @@ impl Abortable for Shared {
 
     fn hold_for_abort(&self) -> Option<Box<dyn HeldForAbort + '_>> {
         let state = self.try_lock()?;
-        if !self.abort_ready(&state) {
+        if !self.abort_ready(&state) || self.park_if_due(&state) {
             return None;
         }
         Some(Box::new(Held {
@@ -611,6 +677,28 @@ impl Drop for Held<'_> {
     }
 }
 
+/// Whether an abort due now parks the communicator instead
+/// ([`crate::Config::park_on_peer_loss`]): it was made to park and is not
+/// unparked (`may`), the cause is a lost peer, its signal still lets
+/// members park, the library can shrink it, no CUDA graph may refer to it
+/// (a replay could start its kernels again), and NCCL reports no error on
+/// it (`ncclCommShrink` refuses a communicator with one); `healthy` is
+/// asked last, being an NCCL call.
+fn would_park(
+    may: bool,
+    cause: Option<&AbortCause>,
+    parking_ended: bool,
+    can_shrink: bool,
+    graphs: bool,
+    healthy: impl FnOnce() -> bool,
+) -> bool {
+    may && matches!(cause, Some(AbortCause::PeerLost { .. }))
+        && !parking_ended
+        && can_shrink
+        && !graphs
+        && healthy()
+}
+
 /// Whether a communicator's abort may join others in one NCCL group of the
 /// calling thread ([`Abortable::aborts_together`]): NCCL 2.22 queues an
 /// abort's reclaim to the group's end, and from 2.24 a failed one among
@@ -654,31 +742,4 @@ fn make_current(ctx: &CudaContext) -> std::result::Result<(), cudarc::driver::Dr
 }
 
 #[cfg(test)]
-mod tests {
-    use nccl_sys::Version;
-
-    use super::aborts_together;
-
-    #[test]
-    fn aborts_go_together_only_from_nccl_2_24_outside_groups_and_without_graphs() {
-        let v = |minor| Version::new(2, minor, 0);
-        assert!(aborts_together(v(24), false, false));
-        assert!(aborts_together(v(28), false, false));
-        assert!(
-            !aborts_together(v(23), false, false),
-            "2.22 and 2.23: unsafe group cleanup"
-        );
-        assert!(
-            !aborts_together(v(21), false, false),
-            "reclaims inside each abort"
-        );
-        assert!(
-            !aborts_together(v(28), true, false),
-            "a group of the thread is open"
-        );
-        assert!(
-            !aborts_together(v(28), false, true),
-            "a graph may refer to one"
-        );
-    }
-}
+mod tests;

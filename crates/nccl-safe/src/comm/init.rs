@@ -35,6 +35,8 @@ impl Comm {
                 blocking: config.is_blocking(),
                 timeout: config.get_timeout(),
                 signal: config.get_abort_signal().cloned(),
+                park_on_loss: config.parks_on_peer_loss(),
+                split_share: config.shares_resources(),
             },
             raw_config,
         ))
@@ -55,6 +57,8 @@ impl Comm {
             blocking,
             timeout,
             signal,
+            park_on_loss,
+            split_share,
         } = parts;
         let stream = ctx.new_stream().map_err(cuda("new_stream"));
         let compute_capability = ctx.compute_capability().map_err(cuda("compute_capability"));
@@ -75,6 +79,11 @@ impl Comm {
             last_observer: Mutex::new(None),
             spare_events: Mutex::new(Vec::new()),
             kernel_words: OnceLock::new(),
+            park_on_loss,
+            split_share,
+            parked: AtomicBool::new(false),
+            unparked: AtomicBool::new(false),
+            shrinking: AtomicBool::new(false),
         });
         // Enrolled before the wait, so a signal can cut a nonblocking init
         // short.

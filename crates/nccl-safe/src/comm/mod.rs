@@ -182,6 +182,8 @@ struct Parts {
     blocking: bool,
     timeout: Duration,
     signal: Option<AbortSignal>,
+    park_on_loss: bool,
+    split_share: bool,
 }
 
 impl Parts {
@@ -197,6 +199,8 @@ impl Parts {
                 .and_then(Config::get_abort_signal)
                 .or(parent.signal.as_ref())
                 .cloned(),
+            park_on_loss: config.is_some_and(Config::parks_on_peer_loss),
+            split_share: config.map_or(parent.split_share, Config::shares_resources),
         }
     }
 }

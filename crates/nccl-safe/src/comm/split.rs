@@ -6,6 +6,7 @@ use nccl_sys::{NCCL_SPLIT_NOCOLOR, ncclComm_t, ncclResult_t};
 
 use crate::abort::AbortCause;
 use crate::comm::poll::poll_with_backoff;
+use crate::comm::handle::State;
 use crate::comm::teardown::Clique;
 use crate::comm::{Comm, Parts, c_int, refuse_in_group};
 use crate::config::{Config, RawConfig};
@@ -206,6 +207,71 @@ impl Comm {
             op: "ncclCommShrink",
             reason: "NCCL returned no communicator",
         })
+    }
+
+    /// The survivors' new communicator after a loss, from this parked one
+    /// ([`crate::Config::park_on_peer_loss`]): `ncclCommShrink` without the
+    /// ranks in `exclude`, with `NCCL_SHRINK_ABORT` (NCCL stops this
+    /// communicator's kernels, and those of the children that share its
+    /// resources, `splitShare`, then makes the new one with the survivors
+    /// only). No proxy thread is joined, so it takes about as long as a
+    /// split, where an abort and a new init wait up to 500 ms for NCCL's
+    /// teardown. This communicator stays parked (calls refused) and is
+    /// aborted at its drop; keep it until the new one is no longer needed
+    /// soon, as its teardown then takes that long.
+    ///
+    /// Every survivor calls it; the excluded ranks do not. Any abort asked
+    /// for while it runs (a second loss seen on this communicator's signal
+    /// or watchdog) aborts this communicator, which cuts NCCL's creation
+    /// of the new one short; else it is bounded by this communicator's
+    /// timeout. Typed errors, before any NCCL call: a communicator that is
+    /// not parked (aborted, never lost a peer, or made without parking)
+    /// or blocking (NCCL would make the new one inside the call, where no
+    /// abort reaches it: park the nonblocking one a world is made from),
+    /// and the errors of [`Comm::shrink`].
+    pub fn shrink_parked(&self, exclude: &[usize], config: &Config) -> Result<Comm> {
+        const OP: &str = "ncclCommShrink";
+        refuse_in_group(OP)?;
+        if self.shared.blocking {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                reason: "a blocking communicator: its shrink would wait inside NCCL, out of an abort's reach",
+            });
+        }
+        if !self.is_parked() {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                reason: "the communicator is not parked (Config::park_on_peer_loss, a lost peer)",
+            });
+        }
+        /// Clears the mark however the shrink ends.
+        struct Shrinking<'a>(&'a std::sync::atomic::AtomicBool);
+        impl Drop for Shrinking<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, std::sync::atomic::Ordering::Release);
+            }
+        }
+        self.shared
+            .shrinking
+            .store(true, std::sync::atomic::Ordering::Release);
+        let _mark = Shrinking(&self.shared.shrinking);
+        self.shrink(exclude, true, Some(config))
+    }
+
+    /// Whether communicators split from this one share its resources
+    /// (`splitShare` in the configuration it was made with, or inherited
+    /// from its parent's when made without one). NCCL does not allow
+    /// operations on communicators that share resources from several
+    /// threads at once, and orders their work on the GPU.
+    pub fn shares_resources(&self) -> bool {
+        self.shared.split_share
+    }
+
+    /// Whether this communicator is parked: an abort for a lost peer was
+    /// put off ([`crate::Config::park_on_peer_loss`]), calls are refused,
+    /// and [`Comm::shrink_parked`] can make the survivors' communicator.
+    pub fn is_parked(&self) -> bool {
+        self.shared.is_parked() && matches!(*self.shared.lock(), State::Live(_))
     }
 
     /// `ncclCommShrink` on several communicators driven by this thread, in
