@@ -97,6 +97,10 @@ pub(crate) struct Shared {
     /// No parking any more: an abort was asked for with another cause, by
     /// [`Shared::abort`], or by [`AbortSignal::end_parking`].
     pub(crate) unparked: AtomicBool,
+    /// Where parking a blocking communicator stopped its kernels
+    /// ([`Shared::stop_kernels`]): the one-rank communicator NCCL made for
+    /// it, torn down after this one.
+    pub(crate) stopper: Mutex<Option<crate::Comm>>,
     /// A [`crate::Comm::shrink_parked`] runs on it: the shrink's own calls
     /// and polls pass although it is parked, and any abort asked for
     /// meanwhile unparks it (a second loss cuts the shrink short).
@@ -251,11 +255,89 @@ impl Shared {
             crate::capture_state::graphs_may_exist(),
             || async_status(self.lib, raw).is_ok_and(|s| s == ncclResult_t::ncclSuccess),
         );
-        if park {
-            tracing::debug!("a communicator parked for its shrink instead of aborted");
-            self.parked.store(true, Ordering::Release);
+        // A parked blocking one runs the kernels: they stop now, so that
+        // the GPU is free after a loss as after an abort.
+        if !park || (self.blocking && !self.stop_kernels(raw)) {
+            return false;
         }
-        park
+        tracing::debug!("a communicator parked for its shrink instead of aborted");
+        self.parked.store(true, Ordering::Release);
+        true
+    }
+
+    /// Stops the kernels of a communicator being parked (the caller holds
+    /// the lock), and of those sharing its resources: `ncclCommShrink` to
+    /// this rank alone with `NCCL_SHRINK_ABORT`, which sets NCCL's abort
+    /// flag, waits for its kernels to end and clears it, then makes a
+    /// communicator of one rank, which waits for no peer (and so ends
+    /// within the blocking call). That one is kept in `stopper`. Returns
+    /// whether it worked; where not (an open group on this thread, an NCCL
+    /// error), the communicator is aborted instead.
+    fn stop_kernels(&self, raw: ncclComm_t) -> bool {
+        const OP: &str = "ncclCommShrink (stopping a parked communicator's kernels)";
+        if crate::group::state::in_group() {
+            return false;
+        }
+        let stopped = (|| -> Result<Option<crate::Comm>> {
+            make_current(&self.ctx).map_err(|source| Error::Cuda { op: OP, source })?;
+            let query = |get: nccl_sys::pfn::ncclCommCount| -> Result<i32> {
+                let mut value = 0;
+                // SAFETY: `raw` is live (the caller holds the lock); one
+                // int is written.
+                let code = unsafe { get(raw, &mut value) };
+                self.lib.check(OP, code, raw)?;
+                Ok(value)
+            };
+            let size = query(self.lib.raw().ncclCommCount()?)?;
+            let rank = query(self.lib.raw().ncclCommUserRank()?)?;
+            let mut others: Vec<i32> = (0..size).filter(|&r| r != rank).collect();
+            if others.is_empty() {
+                // No peer to wait for: nothing of it spins.
+                return Ok(None);
+            }
+            let config = crate::Config::new().timeout(self.timeout);
+            let mut raw_config = config.to_raw(self.lib.version())?;
+            let shrink = self.lib.raw().ncclCommShrink()?;
+            let mut child: ncclComm_t = std::ptr::null_mut();
+            // SAFETY: `raw` is live and blocking, so NCCL makes the child
+            // inside the call (it has no peer to wait for); the list, the
+            // out-slot and the configuration outlive the call; this thread
+            // has no group open.
+            let code = unsafe {
+                shrink(
+                    raw,
+                    others.as_mut_ptr(),
+                    others.len() as i32,
+                    &mut child,
+                    &mut raw_config.raw,
+                    nccl_sys::NCCL_SHRINK_ABORT,
+                )
+            };
+            self.lib.check(OP, code, raw)?;
+            if child.is_null() {
+                return Ok(None);
+            }
+            let parts = crate::comm::Parts {
+                lib: self.lib,
+                ctx: Arc::clone(&self.ctx),
+                blocking: true,
+                timeout: self.timeout,
+                signal: None,
+                park_on_loss: false,
+                split_share: false,
+            };
+            crate::Comm::adopt(child, parts, None, OP).map(Some)
+        })();
+        match stopped {
+            Ok(child) => {
+                *self.stopper.lock().unwrap_or_else(|p| p.into_inner()) = child;
+                true
+            }
+            Err(error) => {
+                tracing::warn!(%error, "a parked communicator's kernels could not be stopped; it is aborted instead");
+                false
+            }
+        }
     }
 
     /// Runs `f` on the live handle with the device's context current. An

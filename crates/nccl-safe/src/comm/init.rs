@@ -82,6 +82,7 @@ impl Comm {
             park_on_loss,
             split_share,
             parked: AtomicBool::new(false),
+            stopper: Mutex::new(None),
             unparked: AtomicBool::new(false),
             shrinking: AtomicBool::new(false),
         });
