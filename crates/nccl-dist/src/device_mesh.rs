@@ -270,7 +270,7 @@ impl DeviceMesh {
         // nonblocking parent (where it has one), so a peer lost mid-split
         // aborts the split instead of hanging it; the children themselves
         // are blocking, for the hot path.
-        let parent = world.split_parent()?;
+        let parent = world.split_parent();
         let config = world.child_config();
         let split = |color: u32, key: i32| -> Result<Comm> {
             parent

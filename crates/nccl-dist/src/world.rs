@@ -49,16 +49,8 @@ pub struct World {
     /// before the communicators are torn down.
     presence: Presence,
     comm: Comm,
-    /// Where the world's communicators park on a loss (see
-    /// [`Resolved`]'s configurations): the parent of meshes, split from
-    /// `control` at the first mesh, since `control` shares its resources
-    /// with its splits (`splitShare`, for the recovery's shrink) and
-    /// meshes must not share them (NCCL serialises communicators that
-    /// do). Before `control`, so it drops first.
-    mesh_parent: std::cell::OnceCell<Comm>,
     /// The nonblocking communicator the blocking one was split from: the
-    /// parent of meshes (or of their parent), so that their creation can
-    /// be cut short too.
+    /// parent of meshes, so that their creation can be cut short too.
     control: Option<Comm>,
     /// The configuration of children (meshes, axes): blocking, with the
     /// signal and the operation timeout. `None`: children inherit.
@@ -362,7 +354,6 @@ impl World {
                 liveness,
             },
             comm,
-            mesh_parent: std::cell::OnceCell::new(),
             control,
             child_config,
             launch,
@@ -454,7 +445,6 @@ impl World {
                     liveness: None,
                 },
                 comm,
-                mesh_parent: std::cell::OnceCell::new(),
                 control: None,
                 child_config: None,
                 launch: local_launch(rank, n),
@@ -593,7 +583,6 @@ impl World {
                                     liveness: liveness.clone(),
                                 },
                                 comm,
-                                mesh_parent: std::cell::OnceCell::new(),
                                 control,
                                 child_config,
                                 launch: local_launch(rank, n),
@@ -709,35 +698,8 @@ impl World {
         self.launch.launcher == Launcher::Local && self.local.is_none() && self.size() > 1
     }
 
-    /// The communicator meshes are split from: the nonblocking one, or
-    /// where that one shares its resources with its splits (it parks on
-    /// a loss), a nonblocking split of it that does not (made here, at the
-    /// first mesh: every rank makes its meshes in the same order); the
-    /// world's own without a nonblocking one.
-    pub(crate) fn split_parent(&self) -> Result<&Comm> {
-        let Some(control) = &self.control else {
-            return Ok(&self.comm);
-        };
-        if !control.shares_resources() {
-            return Ok(control);
-        }
-        if let Some(parent) = self.mesh_parent.get() {
-            return Ok(parent);
-        }
-        let config = self
-            .child_config
-            .clone()
-            .unwrap_or_default()
-            .blocking(false)
-            .park_on_peer_loss(true);
-        let parent = control
-            .split(Some(0), self.rank() as i32, Some(&config))
-            .map_err(|e| self.explain(e))?
-            .ok_or(Error::InvalidArgument {
-                op: "DeviceMesh::new",
-                reason: "NCCL returned no communicator for the meshes' parent".into(),
-            })?;
-        Ok(self.mesh_parent.get_or_init(|| parent))
+    pub(crate) fn split_parent(&self) -> &Comm {
+        self.control.as_ref().unwrap_or(&self.comm)
     }
 
     /// The configuration for communicators split from this world.

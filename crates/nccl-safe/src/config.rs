@@ -245,12 +245,6 @@ impl Config {
         self
     }
 
-    /// Whether `splitShare` is set: communicators split from one made with
-    /// this configuration share its resources.
-    pub fn shares_resources(&self) -> bool {
-        self.ints.get("splitShare").is_some_and(|v| *v != 0)
-    }
-
     /// Whether [`Config::park_on_peer_loss`] is set.
     pub fn parks_on_peer_loss(&self) -> bool {
         self.park_on_peer_loss

@@ -228,7 +228,6 @@ impl Team {
                 liveness: self.liveness.clone(),
             },
             comm,
-            mesh_parent: std::cell::OnceCell::new(),
             control,
             child_config,
             launch: local_launch(me, self.survivors.len()),

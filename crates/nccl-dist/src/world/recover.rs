@@ -118,11 +118,21 @@ impl World {
     /// parked ([`nccl_safe::Config::park_on_peer_loss`]; NCCL 2.27+, no
     /// graph, no NCCL error), and `keep` is in the old order, which a
     /// shrink keeps.
+    ///
+    /// The loss's hook parks them from the thread that learned of the loss
+    /// (in one process, the lost rank's own, after the watchdog's turn):
+    /// this waits for the signal to fire (at most [`FIRST_LOSS`]; the
+    /// survivors were counted, so a loss is known), then settles here what
+    /// is due.
     pub(super) fn can_shrink(&self, keep: &[usize]) -> bool {
-        keep.windows(2).all(|w| w[0] < w[1])
-            && self.control.as_ref().is_some_and(Comm::is_parked)
-            && self.comm.is_parked()
-            && self.mesh_parent.get().is_none_or(Comm::is_parked)
+        if !keep.windows(2).all(|w| w[0] < w[1]) {
+            return false;
+        }
+        let until = Instant::now() + FIRST_LOSS;
+        while !self.signal.is_triggered() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        self.control.as_ref().is_some_and(Comm::is_parked) && self.comm.is_parked()
     }
 
     /// A survivor told to shrink whose communicators are not parked (NCCL
@@ -168,7 +178,6 @@ impl World {
         let World {
             presence,
             comm,
-            mesh_parent,
             control,
             watchdog,
             signal,
@@ -180,9 +189,8 @@ impl World {
             reason: "no parked communicator to shrink".into(),
         })?;
         let limit = comm.timeout().saturating_add(ABORT_ALLOWANCE);
-        // Children before parents: they share the parked one's resources.
+        // The child before its parent.
         retired.push(comm);
-        retired.extend(mesh_parent.into_inner());
         let started = Instant::now();
         let until = started
             .checked_add(limit)

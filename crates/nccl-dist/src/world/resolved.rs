@@ -82,21 +82,16 @@ impl Resolved {
 
     /// The configuration of the init that the blocking communicator is
     /// split from: nonblocking, so that a peer lost mid-init aborts it.
-    /// Where the library can shrink ([`parks`]), it parks on a loss, for
-    /// [`World::recover`](super::World::recover), and its splits share its
-    /// resources (`splitShare`): shrinking it with `NCCL_SHRINK_ABORT` then
-    /// also stops the world communicator's kernels (one abort flag, one
-    /// internal stream), and that one's later abort joins no proxy thread
-    /// of its own. Meshes are split from a split of it that shares nothing
-    /// ([`World::split_parent`](super::World::split_parent)).
+    /// Where the library can shrink ([`parks`]), it parks on a loss: the
+    /// survivors' [`World::recover`](super::World::recover) shrinks it.
     fn init_config(&self) -> Config {
-        let park = parks();
-        let config = self.data_config().blocking(false).park_on_peer_loss(park);
-        if park { config.split_share(true) } else { config }
+        self.data_config().blocking(false).park_on_peer_loss(parks())
     }
 
     /// The configuration of the world's blocking communicator: it parks
-    /// with the one it is split from.
+    /// with the one it is split from (parking stops its kernels at once,
+    /// [`Config::park_on_peer_loss`]), and is kept until the recovered
+    /// world drops.
     fn world_config(&self) -> Config {
         self.data_config().park_on_peer_loss(parks())
     }

@@ -42,7 +42,7 @@ use nccl_dist::{
 const NOTHING_TO_REFUSE: &[(&str, &str)] = &[
     // Accessors of values that exist once the object does.
     (
-        "Comm::rank size device stream timeout is_blocking compute_capability library capabilities fp8_reductions observer abort_handle is_parked shares_resources",
+        "Comm::rank size device stream timeout is_blocking compute_capability library capabilities fp8_reductions observer abort_handle is_parked",
         "accessor",
     ),
     ("AbortHandle::is_aborted downgrade", "accessor"),
@@ -195,7 +195,7 @@ const NOTHING_TO_REFUSE: &[(&str, &str)] = &[
         "nothing to refuse: ending parking twice, or with nothing parked, does nothing more",
     ),
     (
-        "Config::park_on_peer_loss parks_on_peer_loss shares_resources",
+        "Config::park_on_peer_loss parks_on_peer_loss",
         "every value is valid (parking happens only where a shrink can follow) / accessors",
     ),
     ("AbortCause::lost_rank", "accessor"),

@@ -89,8 +89,6 @@ pub(crate) struct Shared {
     pub(crate) kernel_words: OnceLock<Option<Words>>,
     /// Made with [`crate::Config::park_on_peer_loss`].
     pub(crate) park_on_loss: bool,
-    /// Made with `splitShare` ([`crate::Config::shares_resources`]).
-    pub(crate) split_share: bool,
     /// An abort for a lost peer was put off ([`Shared::would_park`]): the
     /// handle is live in NCCL, every call is refused as aborted.
     pub(crate) parked: AtomicBool,
@@ -236,6 +234,19 @@ impl Shared {
             && !self.in_open_group.load(Ordering::Acquire)
     }
 
+    /// Performs a due abort (or parks) now, waiting for the lock.
+    pub(crate) fn settle_due(&self) {
+        if !self.abort_due() {
+            return;
+        }
+        let mut state = self.lock();
+        let aborted = self.settle_abort(&mut state);
+        drop(state);
+        if aborted {
+            self.after_abort();
+        }
+    }
+
     /// Parked and not unparked since (a hint without the lock).
     pub(crate) fn is_parked(&self) -> bool {
         self.parked.load(Ordering::Acquire) && !self.unparked.load(Ordering::Acquire)
@@ -266,7 +277,7 @@ impl Shared {
     }
 
     /// Stops the kernels of a communicator being parked (the caller holds
-    /// the lock), and of those sharing its resources: `ncclCommShrink` to
+    /// the lock): `ncclCommShrink` to
     /// this rank alone with `NCCL_SHRINK_ABORT`, which sets NCCL's abort
     /// flag, waits for its kernels to end and clears it, then makes a
     /// communicator of one rank, which waits for no peer (and so ends
@@ -324,7 +335,6 @@ impl Shared {
                 timeout: self.timeout,
                 signal: None,
                 park_on_loss: false,
-                split_share: false,
             };
             crate::Comm::adopt(child, parts, None, OP).map(Some)
         })();

@@ -36,7 +36,6 @@ impl Comm {
                 timeout: config.get_timeout(),
                 signal: config.get_abort_signal().cloned(),
                 park_on_loss: config.parks_on_peer_loss(),
-                split_share: config.shares_resources(),
             },
             raw_config,
         ))
@@ -58,7 +57,6 @@ impl Comm {
             timeout,
             signal,
             park_on_loss,
-            split_share,
         } = parts;
         let stream = ctx.new_stream().map_err(cuda("new_stream"));
         let compute_capability = ctx.compute_capability().map_err(cuda("compute_capability"));
@@ -80,7 +78,6 @@ impl Comm {
             spare_events: Mutex::new(Vec::new()),
             kernel_words: OnceLock::new(),
             park_on_loss,
-            split_share,
             parked: AtomicBool::new(false),
             stopper: Mutex::new(None),
             unparked: AtomicBool::new(false),

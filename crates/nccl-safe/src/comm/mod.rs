@@ -183,7 +183,6 @@ struct Parts {
     timeout: Duration,
     signal: Option<AbortSignal>,
     park_on_loss: bool,
-    split_share: bool,
 }
 
 impl Parts {
@@ -200,7 +199,6 @@ impl Parts {
                 .or(parent.signal.as_ref())
                 .cloned(),
             park_on_loss: config.is_some_and(Config::parks_on_peer_loss),
-            split_share: config.map_or(parent.split_share, Config::shares_resources),
         }
     }
 }

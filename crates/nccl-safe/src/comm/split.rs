@@ -212,11 +212,11 @@ impl Comm {
     /// The survivors' new communicator after a loss, from this parked one
     /// ([`crate::Config::park_on_peer_loss`]): `ncclCommShrink` without the
     /// ranks in `exclude`, with `NCCL_SHRINK_ABORT` (NCCL stops this
-    /// communicator's kernels, and those of the children that share its
-    /// resources, `splitShare`, then makes the new one with the survivors
-    /// only). No proxy thread is joined, so it takes about as long as a
-    /// split, where an abort and a new init wait up to 500 ms for NCCL's
-    /// teardown. This communicator stays parked (calls refused) and is
+    /// communicator's kernels, if any still run, then makes the new one
+    /// with the survivors only). No proxy thread is joined, so it takes
+    /// about as long as a split, where an abort and a new init wait up to
+    /// 500 ms for NCCL's teardown. Where a blocking communicator made from
+    /// this one parked too, its kernels stopped when it parked. This communicator stays parked (calls refused) and is
     /// aborted at its drop; keep it until the new one is no longer needed
     /// soon, as its teardown then takes that long.
     ///
@@ -258,19 +258,14 @@ impl Comm {
         self.shrink(exclude, true, Some(config))
     }
 
-    /// Whether communicators split from this one share its resources
-    /// (`splitShare` in the configuration it was made with, or inherited
-    /// from its parent's when made without one). NCCL does not allow
-    /// operations on communicators that share resources from several
-    /// threads at once, and orders their work on the GPU.
-    pub fn shares_resources(&self) -> bool {
-        self.shared.split_share
-    }
-
     /// Whether this communicator is parked: an abort for a lost peer was
     /// put off ([`crate::Config::park_on_peer_loss`]), calls are refused,
     /// and [`Comm::shrink_parked`] can make the survivors' communicator.
+    /// An abort that is due (the signal fired) is settled first, here if
+    /// no other thread is at it: parked or aborted, never still pending.
+    /// Waits for a call in progress on another thread.
     pub fn is_parked(&self) -> bool {
+        self.shared.settle_due();
         self.shared.is_parked() && matches!(*self.shared.lock(), State::Live(_))
     }
 
