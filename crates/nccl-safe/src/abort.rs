@@ -83,6 +83,11 @@ pub(crate) trait Abortable: Send + Sync {
     }
     /// Parks it no more: the next abort asked for happens.
     fn unpark(&self) {}
+    /// Stops a parked one's kernels if that is still to do, unless a
+    /// thread holds it (which then does it). Called once every abort of
+    /// the trigger was asked for: a parked communicator's kernels may be
+    /// queued behind another's that only its abort ends.
+    fn stop_parked(&self) {}
     /// Takes its lock for an abort grouped with others on this thread
     /// ([`HeldForAbort`]): `None` where the lock is taken, it is not live,
     /// no abort is due, or an open group refers to it (then
@@ -291,6 +296,10 @@ impl AbortSignal {
         // Then the newest first: the communicators that run the kernels
         // (a world's own, its splits) before the ones they were made from.
         abort_members(&members, &cause);
+        // Last, the kernels of those that parked instead.
+        for member in &members {
+            member.stop_parked();
+        }
     }
 
     /// Whether it was triggered.

@@ -226,8 +226,11 @@ impl Config {
     /// ([`crate::Error::Aborted`] with the loss), but `ncclCommAbort` is put
     /// off, so that the survivors can make their new communicator with
     /// [`crate::Comm::shrink_parked`] at once instead of waiting for NCCL's
-    /// teardown (which joins proxy threads that poll every 500 ms). Any
-    /// other cause, [`crate::AbortHandle::abort`], the drop and
+    /// teardown (which joins proxy threads that poll every 500 ms). A
+    /// parked blocking communicator's kernels are stopped all the same
+    /// (`ncclCommShrink` to its own rank with `NCCL_SHRINK_ABORT`, once the
+    /// signal's other aborts were asked for, or at the next call on it), so
+    /// the GPU is free after a loss as after an abort. Any other cause, [`crate::AbortHandle::abort`], the drop and
     /// [`crate::AbortSignal::end_parking`] abort a parked communicator.
     /// Only where the library has `ncclCommShrink` (NCCL 2.27+), no CUDA
     /// graph of this process may refer to a communicator, and NCCL reports

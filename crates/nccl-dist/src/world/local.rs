@@ -23,8 +23,8 @@ use super::options::WorldOptions;
 use super::recover::Survivors;
 use super::resolved::{Resolved, Shape};
 use super::{Presence, World, abort_on_loss, watched};
-use crate::launch::{Launch, Launcher};
 use crate::error::{Error, Result};
+use crate::launch::{Launch, Launcher};
 use crate::liveness::{Liveness, LossCause, PeerLoss};
 use crate::watchdog::Watchdog;
 
@@ -46,7 +46,11 @@ impl std::fmt::Debug for Board {
 
 /// A rank's communicators: the world's, the nonblocking one it was split
 /// from, the configuration of children.
-pub(super) type Parts = (nccl_safe::Comm, Option<nccl_safe::Comm>, Option<nccl_safe::Config>);
+pub(super) type Parts = (
+    nccl_safe::Comm,
+    Option<nccl_safe::Comm>,
+    Option<nccl_safe::Config>,
+);
 
 /// What the first survivor posted: the new world's shared parts, or why
 /// it could not make them.
@@ -155,7 +159,10 @@ impl World {
             let shrinking = match self.park_for_shrink(&survivors.ranks) {
                 Ok(s) => s,
                 Err(e) => {
-                    team.decline(old_rank, "its old world's other communicators were not aborted in time");
+                    team.decline(
+                        old_rank,
+                        "its old world's other communicators were not aborted in time",
+                    );
                     return Err(e);
                 }
             };
@@ -258,7 +265,10 @@ impl Team {
 /// What the threads of an in-process world of `n` ranks share: the
 /// watchdog, and (liveness on, more than one rank) the in-process
 /// channel, which gates their calls and aborts them all on a loss.
-pub(super) fn local_team(resolved: &Resolved, n: usize) -> Result<(Option<Watchdog>, Option<Liveness>)> {
+pub(super) fn local_team(
+    resolved: &Resolved,
+    n: usize,
+) -> Result<(Option<Watchdog>, Option<Liveness>)> {
     let watchdog = resolved.start_watchdog()?;
     let liveness = (resolved.liveness.is_enabled() && n > 1).then(|| Liveness::in_process(n));
     if let Some(l) = &liveness {
@@ -281,12 +291,11 @@ pub(super) fn thread_comms(
     watchdog: &Option<Watchdog>,
     make: impl FnOnce(&Resolved) -> Result<Parts>,
 ) -> Result<Parts> {
-    let made = make(resolved)
-        .and_then(|(comm, control, child_config)| {
-            watched(&comm, watchdog, true);
-            resolved.connect(&[&comm])?;
-            Ok((comm, control, child_config))
-        });
+    let made = make(resolved).and_then(|(comm, control, child_config)| {
+        watched(&comm, watchdog, true);
+        resolved.connect(&[&comm])?;
+        Ok((comm, control, child_config))
+    });
     if let Err(e) = &made
         && let Some(l) = liveness
         && e.lost_rank().is_none()

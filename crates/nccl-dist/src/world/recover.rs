@@ -496,7 +496,13 @@ impl World {
         // The leader says whether the survivors shrink their parked
         // communicators: it hands out the mark instead of an id.
         let shrinkable = self.can_shrink(&survivors.ranks);
-        let new_id = || if shrinkable { Ok(SHRINK_MARK) } else { UniqueId::new() };
+        let new_id = || {
+            if shrinkable {
+                Ok(SHRINK_MARK)
+            } else {
+                UniqueId::new()
+            }
+        };
         let (id, new_liveness) = if survivors.ranks.len() == 1 {
             (new_id()?, None)
         } else if survivors.me == 0 {

@@ -85,7 +85,9 @@ impl Resolved {
     /// Where the library can shrink ([`parks`]), it parks on a loss: the
     /// survivors' [`World::recover`](super::World::recover) shrinks it.
     fn init_config(&self) -> Config {
-        self.data_config().blocking(false).park_on_peer_loss(parks())
+        self.data_config()
+            .blocking(false)
+            .park_on_peer_loss(parks())
     }
 
     /// The configuration of the world's blocking communicator: it parks

@@ -12,7 +12,6 @@ use crate::abort::{AbortCause, AbortSignal, Abortable, GroupCalls, HeldForAbort}
 use crate::comm::poll::{async_status, poll_with_backoff};
 use crate::comm::teardown::{Clique, Member, bounded};
 use crate::library::Library;
-use crate::Feature;
 use crate::observe::OpObserver;
 use crate::one_shot::Words;
 use crate::{Error, Result};
@@ -89,15 +88,17 @@ pub(crate) struct Shared {
     pub(crate) kernel_words: OnceLock<Option<Words>>,
     /// Made with [`crate::Config::park_on_peer_loss`].
     pub(crate) park_on_loss: bool,
-    /// An abort for a lost peer was put off ([`Shared::would_park`]): the
+    /// An abort for a lost peer was put off (`park.rs`): the
     /// handle is live in NCCL, every call is refused as aborted.
     pub(crate) parked: AtomicBool,
     /// No parking any more: an abort was asked for with another cause, by
     /// [`Shared::abort`], or by [`AbortSignal::end_parking`].
     pub(crate) unparked: AtomicBool,
-    /// Where parking a blocking communicator stopped its kernels
-    /// ([`Shared::stop_kernels`]): the one-rank communicator NCCL made for
-    /// it, torn down after this one.
+    /// A parked blocking communicator whose kernels are still to be
+    /// stopped ([`Shared::stop_if_pending`]).
+    pub(crate) stop_pending: AtomicBool,
+    /// Where stopping a parked communicator's kernels made one: the
+    /// one-rank communicator NCCL made for it, torn down after this one.
     pub(crate) stopper: Mutex<Option<crate::Comm>>,
     /// A [`crate::Comm::shrink_parked`] runs on it: the shrink's own calls
     /// and polls pass although it is parked, and any abort asked for
@@ -214,10 +215,10 @@ impl Shared {
     /// more (the caller holds the lock). Returns whether it is aborted.
     ///
     /// `true` only for the transition from live to aborted made here, so
-    /// [`Shared::after_abort`] runs once per communicator.
-    /// A due abort for a lost peer parks the communicator instead where it
-    /// may ([`Shared::would_park`]).
-    fn settle_abort(&self, state: &mut MutexGuard<'_, State>) -> bool {
+    /// [`Shared::after_abort`] runs once per communicator. A due abort for
+    /// a lost peer parks the communicator instead where it may
+    /// ([`Shared::park_if_due`], `park.rs`).
+    pub(crate) fn settle_abort(&self, state: &mut MutexGuard<'_, State>) -> bool {
         if !self.abort_ready(state) || self.park_if_due(state) {
             return false;
         }
@@ -232,122 +233,6 @@ impl Shared {
             && self.abort_due()
             && !self.is_parked()
             && !self.in_open_group.load(Ordering::Acquire)
-    }
-
-    /// Performs a due abort (or parks) now, waiting for the lock.
-    pub(crate) fn settle_due(&self) {
-        if !self.abort_due() {
-            return;
-        }
-        let mut state = self.lock();
-        let aborted = self.settle_abort(&mut state);
-        drop(state);
-        if aborted {
-            self.after_abort();
-        }
-    }
-
-    /// Parked and not unparked since (a hint without the lock).
-    pub(crate) fn is_parked(&self) -> bool {
-        self.parked.load(Ordering::Acquire) && !self.unparked.load(Ordering::Acquire)
-    }
-
-    /// Parks the communicator (the caller holds the lock, an abort is
-    /// ready) where [`Shared::would_park`] says so; returns whether it did.
-    fn park_if_due(&self, state: &State) -> bool {
-        let State::Live(raw) = *state else {
-            return false;
-        };
-        let park = would_park(
-            self.park_on_loss && !self.unparked.load(Ordering::Acquire),
-            self.cause.get(),
-            self.signal.as_ref().is_some_and(AbortSignal::parking_ended),
-            self.lib.capabilities().has(Feature::Shrink),
-            crate::capture_state::graphs_may_exist(),
-            || async_status(self.lib, raw).is_ok_and(|s| s == ncclResult_t::ncclSuccess),
-        );
-        // A parked blocking one runs the kernels: they stop now, so that
-        // the GPU is free after a loss as after an abort.
-        if !park || (self.blocking && !self.stop_kernels(raw)) {
-            return false;
-        }
-        tracing::debug!("a communicator parked for its shrink instead of aborted");
-        self.parked.store(true, Ordering::Release);
-        true
-    }
-
-    /// Stops the kernels of a communicator being parked (the caller holds
-    /// the lock): `ncclCommShrink` to
-    /// this rank alone with `NCCL_SHRINK_ABORT`, which sets NCCL's abort
-    /// flag, waits for its kernels to end and clears it, then makes a
-    /// communicator of one rank, which waits for no peer (and so ends
-    /// within the blocking call). That one is kept in `stopper`. Returns
-    /// whether it worked; where not (an open group on this thread, an NCCL
-    /// error), the communicator is aborted instead.
-    fn stop_kernels(&self, raw: ncclComm_t) -> bool {
-        const OP: &str = "ncclCommShrink (stopping a parked communicator's kernels)";
-        if crate::group::state::in_group() {
-            return false;
-        }
-        let stopped = (|| -> Result<Option<crate::Comm>> {
-            make_current(&self.ctx).map_err(|source| Error::Cuda { op: OP, source })?;
-            let query = |get: nccl_sys::pfn::ncclCommCount| -> Result<i32> {
-                let mut value = 0;
-                // SAFETY: `raw` is live (the caller holds the lock); one
-                // int is written.
-                let code = unsafe { get(raw, &mut value) };
-                self.lib.check(OP, code, raw)?;
-                Ok(value)
-            };
-            let size = query(self.lib.raw().ncclCommCount()?)?;
-            let rank = query(self.lib.raw().ncclCommUserRank()?)?;
-            let mut others: Vec<i32> = (0..size).filter(|&r| r != rank).collect();
-            if others.is_empty() {
-                // No peer to wait for: nothing of it spins.
-                return Ok(None);
-            }
-            let config = crate::Config::new().timeout(self.timeout);
-            let mut raw_config = config.to_raw(self.lib.version())?;
-            let shrink = self.lib.raw().ncclCommShrink()?;
-            let mut child: ncclComm_t = std::ptr::null_mut();
-            // SAFETY: `raw` is live and blocking, so NCCL makes the child
-            // inside the call (it has no peer to wait for); the list, the
-            // out-slot and the configuration outlive the call; this thread
-            // has no group open.
-            let code = unsafe {
-                shrink(
-                    raw,
-                    others.as_mut_ptr(),
-                    others.len() as i32,
-                    &mut child,
-                    &mut raw_config.raw,
-                    nccl_sys::NCCL_SHRINK_ABORT,
-                )
-            };
-            self.lib.check(OP, code, raw)?;
-            if child.is_null() {
-                return Ok(None);
-            }
-            let parts = crate::comm::Parts {
-                lib: self.lib,
-                ctx: Arc::clone(&self.ctx),
-                blocking: true,
-                timeout: self.timeout,
-                signal: None,
-                park_on_loss: false,
-            };
-            crate::Comm::adopt(child, parts, None, OP).map(Some)
-        })();
-        match stopped {
-            Ok(child) => {
-                *self.stopper.lock().unwrap_or_else(|p| p.into_inner()) = child;
-                true
-            }
-            Err(error) => {
-                tracing::warn!(%error, "a parked communicator's kernels could not be stopped; it is aborted instead");
-                false
-            }
-        }
     }
 
     /// Runs `f` on the live handle with the device's context current. An
@@ -380,7 +265,8 @@ impl Shared {
         let result = match *state {
             State::Live(raw) => {
                 if self.abort_due() && !self.shrinks_parked() {
-                    let aborted = self.settle_abort(&mut state);
+                    let mut aborted = self.settle_abort(&mut state);
+                    aborted |= self.stop_if_pending(&mut state);
                     drop(state);
                     if aborted {
                         self.after_abort();
@@ -393,9 +279,13 @@ impl Shared {
             State::Aborted => return Err(self.aborted(op)),
             State::Closed => return Err(Error::Finalized { op }),
         };
-        if self.cause.get().is_some() && self.settle_abort(&mut state) {
-            drop(state);
-            self.after_abort();
+        if self.cause.get().is_some() {
+            let mut aborted = self.settle_abort(&mut state);
+            aborted |= self.stop_if_pending(&mut state);
+            if aborted {
+                drop(state);
+                self.after_abort();
+            }
         }
         result
     }
@@ -686,6 +576,17 @@ impl Abortable for Shared {
         Shared::is_parked(self)
     }
 
+    fn stop_parked(&self) {
+        let Some(mut state) = self.try_lock() else {
+            return;
+        };
+        let aborted = self.stop_if_pending(&mut state);
+        drop(state);
+        if aborted {
+            self.after_abort();
+        }
+    }
+
     fn unpark(&self) {
         self.unparked.store(true, Ordering::Release);
     }
@@ -769,28 +670,6 @@ impl Drop for Held<'_> {
     }
 }
 
-/// Whether an abort due now parks the communicator instead
-/// ([`crate::Config::park_on_peer_loss`]): it was made to park and is not
-/// unparked (`may`), the cause is a lost peer, its signal still lets
-/// members park, the library can shrink it, no CUDA graph may refer to it
-/// (a replay could start its kernels again), and NCCL reports no error on
-/// it (`ncclCommShrink` refuses a communicator with one); `healthy` is
-/// asked last, being an NCCL call.
-fn would_park(
-    may: bool,
-    cause: Option<&AbortCause>,
-    parking_ended: bool,
-    can_shrink: bool,
-    graphs: bool,
-    healthy: impl FnOnce() -> bool,
-) -> bool {
-    may && matches!(cause, Some(AbortCause::PeerLost { .. }))
-        && !parking_ended
-        && can_shrink
-        && !graphs
-        && healthy()
-}
-
 /// Whether a communicator's abort may join others in one NCCL group of the
 /// calling thread ([`Abortable::aborts_together`]): NCCL 2.22 queues an
 /// abort's reclaim to the group's end, and from 2.24 a failed one among
@@ -823,7 +702,9 @@ impl crate::group::Member for Shared {
 /// from its own drops, an atomic swap (a locked instruction, a full
 /// barrier on x86) on every call; that error is cudarc's to report, at its
 /// next call that checks.
-fn make_current(ctx: &CudaContext) -> std::result::Result<(), cudarc::driver::DriverError> {
+pub(crate) fn make_current(
+    ctx: &CudaContext,
+) -> std::result::Result<(), cudarc::driver::DriverError> {
     use cudarc::driver::result::ctx;
     match ctx::get_current()? {
         Some(current) if current == ctx.cu_ctx() => Ok(()),

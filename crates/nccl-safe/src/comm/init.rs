@@ -79,6 +79,7 @@ impl Comm {
             kernel_words: OnceLock::new(),
             park_on_loss,
             parked: AtomicBool::new(false),
+            stop_pending: AtomicBool::new(false),
             stopper: Mutex::new(None),
             unparked: AtomicBool::new(false),
             shrinking: AtomicBool::new(false),

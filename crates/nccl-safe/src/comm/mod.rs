@@ -33,6 +33,7 @@
 mod abort;
 pub(crate) mod handle;
 mod init;
+pub(crate) mod park;
 pub(crate) mod poll;
 mod split;
 pub(crate) mod teardown;

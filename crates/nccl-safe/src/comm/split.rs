@@ -5,8 +5,8 @@ use std::time::Duration;
 use nccl_sys::{NCCL_SPLIT_NOCOLOR, ncclComm_t, ncclResult_t};
 
 use crate::abort::AbortCause;
-use crate::comm::poll::poll_with_backoff;
 use crate::comm::handle::State;
+use crate::comm::poll::poll_with_backoff;
 use crate::comm::teardown::Clique;
 use crate::comm::{Comm, Parts, c_int, refuse_in_group};
 use crate::config::{Config, RawConfig};

@@ -2,8 +2,9 @@
 
 use nccl_sys::Version;
 
-use super::{aborts_together, would_park};
+use super::aborts_together;
 use crate::AbortCause;
+use crate::comm::park::would_park;
 
 #[test]
 fn only_a_loss_parks_and_only_where_a_shrink_can_follow() {
@@ -15,17 +16,48 @@ fn only_a_loss_parks_and_only_where_a_shrink_can_follow() {
         would_park(may, Some(cause), ended, shrink, graphs, || healthy)
     };
     assert!(park(true, &lost, false, true, false, true));
-    assert!(!park(false, &lost, false, true, false, true), "not made to park, or unparked");
-    assert!(!park(true, &AbortCause::Requested, false, true, false, true), "not a loss");
+    assert!(
+        !park(false, &lost, false, true, false, true),
+        "not made to park, or unparked"
+    );
+    assert!(
+        !park(true, &AbortCause::Requested, false, true, false, true),
+        "not a loss"
+    );
     let timeout = AbortCause::Timeout { op: "x", seq: None };
-    assert!(!park(true, &timeout, false, true, false, true), "a timeout aborts");
-    assert!(!park(true, &lost, true, true, false, true), "the signal ended parking");
-    assert!(!park(true, &lost, false, false, false, true), "no ncclCommShrink");
-    assert!(!park(true, &lost, false, true, true, true), "a graph may refer to it");
-    assert!(!park(true, &lost, false, true, false, false), "NCCL reports an error");
-    assert!(!would_park(true, None, false, true, false, || true), "nothing due");
+    assert!(
+        !park(true, &timeout, false, true, false, true),
+        "a timeout aborts"
+    );
+    assert!(
+        !park(true, &lost, true, true, false, true),
+        "the signal ended parking"
+    );
+    assert!(
+        !park(true, &lost, false, false, false, true),
+        "no ncclCommShrink"
+    );
+    assert!(
+        !park(true, &lost, false, true, true, true),
+        "a graph may refer to it"
+    );
+    assert!(
+        !park(true, &lost, false, true, false, false),
+        "NCCL reports an error"
+    );
+    assert!(
+        !would_park(true, None, false, true, false, || true),
+        "nothing due"
+    );
     // The NCCL call is not made where something else already says no.
-    assert!(!would_park(false, Some(&lost), false, true, false, || unreachable!()));
+    assert!(!would_park(
+        false,
+        Some(&lost),
+        false,
+        true,
+        false,
+        || unreachable!()
+    ));
 }
 
 #[test]

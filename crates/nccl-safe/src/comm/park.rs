@@ -1,0 +1,181 @@
+//! Parking ([`crate::Config::park_on_peer_loss`]): an abort asked for
+//! because a peer was lost puts the communicator aside instead of
+//! `ncclCommAbort`, so that the survivors can shrink it at once
+//! ([`crate::Comm::shrink_parked`]) rather than wait for NCCL's teardown.
+//!
+//! Parking itself only marks the communicator (under its lock): every call
+//! is refused from then on. A parked blocking communicator runs the
+//! kernels, and they are stopped later ([`Shared::stop_if_pending`]) by a
+//! thread that holds no other communicator and has no abort of its own
+//! still to do: at the end of the signal's trigger (after the aborts of
+//! every communicator that does not park, whose kernels the world's may be
+//! queued behind on a stream), by the next call on it, or before a shrink.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use nccl_sys::{ncclComm_t, ncclResult_t};
+
+use crate::abort::{AbortCause, AbortSignal};
+use crate::comm::handle::{Shared, State, make_current};
+use crate::comm::poll::async_status;
+use crate::{Error, Feature, Result};
+
+impl Shared {
+    /// Parked and not unparked since (a hint without the lock).
+    pub(crate) fn is_parked(&self) -> bool {
+        self.parked.load(Ordering::Acquire) && !self.unparked.load(Ordering::Acquire)
+    }
+
+    /// Parks the communicator (the caller holds the lock, an abort is
+    /// ready) where [`would_park`] says so; returns whether it did. A
+    /// blocking one's kernels are left for [`Shared::stop_if_pending`].
+    pub(crate) fn park_if_due(&self, state: &State) -> bool {
+        let State::Live(raw) = *state else {
+            return false;
+        };
+        let park = would_park(
+            self.park_on_loss && !self.unparked.load(Ordering::Acquire),
+            self.cause.get(),
+            self.signal.as_ref().is_some_and(AbortSignal::parking_ended),
+            self.lib.capabilities().has(Feature::Shrink),
+            crate::capture_state::graphs_may_exist(),
+            || async_status(self.lib, raw).is_ok_and(|s| s == ncclResult_t::ncclSuccess),
+        );
+        if park {
+            tracing::debug!("a communicator parked for its shrink instead of aborted");
+            self.stop_pending.store(self.blocking, Ordering::Release);
+            self.parked.store(true, Ordering::Release);
+        }
+        park
+    }
+
+    /// Performs a due abort (or parks) now, waiting for the lock, then
+    /// stops a parked one's kernels if that is still to do.
+    pub(crate) fn settle_due(&self) {
+        if !self.abort_due() {
+            return;
+        }
+        let mut state = self.lock();
+        let mut aborted = self.settle_abort(&mut state);
+        aborted |= self.stop_if_pending(&mut state);
+        drop(state);
+        if aborted {
+            self.after_abort();
+        }
+    }
+
+    /// Stops the kernels of a parked blocking communicator if that is still
+    /// to do (the caller holds the lock, no other communicator's, and has
+    /// no abort of its own left to do: see the file's comment). Where they
+    /// cannot be stopped the communicator is aborted instead; returns
+    /// whether it was (for [`Shared::after_abort`]). Left for later on a
+    /// thread with a group open.
+    pub(crate) fn stop_if_pending(&self, state: &mut std::sync::MutexGuard<'_, State>) -> bool {
+        let State::Live(raw) = **state else {
+            return false;
+        };
+        if !self.is_parked()
+            || !self.stop_pending.load(Ordering::Acquire)
+            || crate::group::state::in_group()
+        {
+            return false;
+        }
+        self.stop_pending.store(false, Ordering::Release);
+        match self.stop_kernels(raw) {
+            Ok(stopper) => {
+                *self.stopper.lock().unwrap_or_else(|p| p.into_inner()) = stopper;
+                false
+            }
+            Err(error) => {
+                tracing::warn!(%error, "a parked communicator's kernels could not be stopped; it is aborted instead");
+                self.unparked.store(true, Ordering::Release);
+                let _ = self.abort_locked(state);
+                true
+            }
+        }
+    }
+
+    /// `ncclCommShrink` of `raw` (live, blocking, parked; the caller holds
+    /// the lock) to this rank alone with `NCCL_SHRINK_ABORT`: NCCL sets its
+    /// abort flag, waits on its internal stream (which every launch joins)
+    /// until its kernels end, clears the flag, then makes a communicator of
+    /// one rank, which waits for no peer and so ends inside the blocking
+    /// call. That one is returned, to be torn down with this one.
+    fn stop_kernels(&self, raw: ncclComm_t) -> Result<Option<crate::Comm>> {
+        const OP: &str = "ncclCommShrink (stopping a parked communicator's kernels)";
+        make_current(&self.ctx).map_err(|source| Error::Cuda { op: OP, source })?;
+        let query = |get: nccl_sys::pfn::ncclCommCount| -> Result<i32> {
+            let mut value = 0;
+            // SAFETY: `raw` is live (the caller holds the lock); one int
+            // is written.
+            let code = unsafe { get(raw, &mut value) };
+            self.lib.check(OP, code, raw)?;
+            Ok(value)
+        };
+        let size = query(self.lib.raw().ncclCommCount()?)?;
+        let rank = query(self.lib.raw().ncclCommUserRank()?)?;
+        let mut others: Vec<i32> = (0..size).filter(|&r| r != rank).collect();
+        if others.is_empty() {
+            // No peer to wait for: nothing of it spins.
+            return Ok(None);
+        }
+        let count = i32::try_from(others.len()).map_err(|_| Error::InvalidArgument {
+            op: OP,
+            reason: "rank count exceeds i32",
+        })?;
+        let config = crate::Config::new().timeout(self.timeout);
+        let mut raw_config = config.to_raw(self.lib.version())?;
+        let shrink = self.lib.raw().ncclCommShrink()?;
+        let mut child: ncclComm_t = std::ptr::null_mut();
+        // SAFETY: `raw` is live and blocking, so NCCL makes the child
+        // inside the call (it has no peer to wait for); the list, the
+        // out-slot and the configuration outlive the call; this thread has
+        // no group open (checked by the caller).
+        let code = unsafe {
+            shrink(
+                raw,
+                others.as_mut_ptr(),
+                count,
+                &mut child,
+                &mut raw_config.raw,
+                nccl_sys::NCCL_SHRINK_ABORT,
+            )
+        };
+        self.lib.check(OP, code, raw)?;
+        if child.is_null() {
+            return Ok(None);
+        }
+        let parts = crate::comm::Parts {
+            lib: self.lib,
+            ctx: Arc::clone(&self.ctx),
+            blocking: true,
+            timeout: self.timeout,
+            signal: None,
+            park_on_loss: false,
+        };
+        crate::Comm::adopt(child, parts, None, OP).map(Some)
+    }
+}
+
+/// Whether an abort due now parks the communicator instead
+/// ([`crate::Config::park_on_peer_loss`]): it was made to park and is not
+/// unparked (`may`), the cause is a lost peer, its signal still lets
+/// members park, the library can shrink it, no CUDA graph may refer to it
+/// (a replay could start its kernels again), and NCCL reports no error on
+/// it (`ncclCommShrink` refuses a communicator with one); `healthy` is
+/// asked last, being an NCCL call.
+pub(crate) fn would_park(
+    may: bool,
+    cause: Option<&AbortCause>,
+    parking_ended: bool,
+    can_shrink: bool,
+    graphs: bool,
+    healthy: impl FnOnce() -> bool,
+) -> bool {
+    may && matches!(cause, Some(AbortCause::PeerLost { .. }))
+        && !parking_ended
+        && can_shrink
+        && !graphs
+        && healthy()
+}
