@@ -74,8 +74,8 @@ pub use watchdog::{
     WatchdogOptions, Watched, synchronize,
 };
 pub use world::{
-    DEFAULT_OP_TIMEOUT, ENCRYPTION_ENV, PORT_ENV, PSK_ENV, RendezvousMethod, TIMEOUT_ENV, World,
-    WorldOptions, default_config, encryption_from_lookup, nonblocking_config,
+    DEFAULT_OP_TIMEOUT, ENCRYPTION_ENV, PORT_ENV, PSK_ENV, RECOVER_BY_SHRINK_ENV, RendezvousMethod,
+    TIMEOUT_ENV, World, WorldOptions, default_config, encryption_from_lookup, nonblocking_config,
     op_timeout_from_lookup,
 };
 

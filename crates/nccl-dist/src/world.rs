@@ -35,8 +35,8 @@ mod recover;
 mod resolved;
 use options::apply_encryption;
 pub use options::{
-    DEFAULT_OP_TIMEOUT, ENCRYPTION_ENV, PORT_ENV, PSK_ENV, RendezvousMethod, TIMEOUT_ENV,
-    WorldOptions, default_config, encryption_from_lookup, nonblocking_config,
+    DEFAULT_OP_TIMEOUT, ENCRYPTION_ENV, PORT_ENV, PSK_ENV, RECOVER_BY_SHRINK_ENV, RendezvousMethod,
+    TIMEOUT_ENV, WorldOptions, default_config, encryption_from_lookup, nonblocking_config,
     op_timeout_from_lookup,
 };
 use resolved::{Resolved, Shape, lost_or};

@@ -176,6 +176,24 @@ fn abort_members(members: &[Arc<dyn Abortable>], cause: &AbortCause) {
     }
 }
 
+/// Asks `done` until it says yes (`true`) or `until` passes (`false`, after
+/// a last look), pausing 50 µs at first, then twice as long each time up
+/// to 5 ms.
+fn wait_until(until: Instant, mut done: impl FnMut() -> bool) -> bool {
+    let mut pause = Duration::from_micros(50);
+    loop {
+        if done() {
+            return true;
+        }
+        let now = Instant::now();
+        if now >= until {
+            return false;
+        }
+        std::thread::sleep(pause.min(until - now));
+        pause = (pause * 2).min(Duration::from_millis(5));
+    }
+}
+
 struct SignalInner {
     /// Set once, when triggered: whether and why.
     cause: OnceLock<AbortCause>,
@@ -340,8 +358,7 @@ impl AbortSignal {
     /// assert!(signal.wait_settled(Instant::now() + Duration::from_secs(1)));
     /// ```
     pub fn wait_settled(&self, until: Instant) -> bool {
-        let mut pause = Duration::from_micros(50);
-        loop {
+        wait_until(until, || {
             let members = self.live_members();
             // The trigger's own attempt may have found a lock taken (by a
             // thread that then let go without aborting).
@@ -350,18 +367,9 @@ impl AbortSignal {
             {
                 abort_members(&members, &cause);
             }
-            let settled = members.iter().all(|m| m.is_settled());
-            drop(members);
-            if settled && self.inner.teardowns.load(Ordering::Acquire) == 0 {
-                return true;
-            }
-            let now = Instant::now();
-            if now >= until {
-                return false;
-            }
-            std::thread::sleep(pause.min(until - now));
-            pause = (pause * 2).min(Duration::from_millis(5));
-        }
+            members.iter().all(|m| m.is_settled())
+                && self.inner.teardowns.load(Ordering::Acquire) == 0
+        })
     }
 
     /// Ends parking ([`crate::Config::park_on_peer_loss`]): every member
@@ -393,23 +401,15 @@ impl AbortSignal {
     /// splits), but need not wait for the aborts of a lost rank's parked
     /// ones in the same process, which have their own GPUs.
     pub fn wait_quiet(&self, until: Instant) -> bool {
-        let mut pause = Duration::from_micros(50);
-        loop {
-            let members = self.live_members();
-            let quiet = members.iter().all(|m| m.is_parked() || m.is_settled());
-            drop(members);
+        wait_until(until, || {
             let parked = self.inner.parked_teardowns.load(Ordering::Acquire);
             let all = self.inner.teardowns.load(Ordering::Acquire);
-            if quiet && all.saturating_sub(parked) == 0 {
-                return true;
-            }
-            let now = Instant::now();
-            if now >= until {
-                return false;
-            }
-            std::thread::sleep(pause.min(until - now));
-            pause = (pause * 2).min(Duration::from_millis(5));
-        }
+            all.saturating_sub(parked) == 0
+                && self
+                    .live_members()
+                    .iter()
+                    .all(|m| m.is_parked() || m.is_settled())
+        })
     }
 
     /// The communicators that carry it and still exist.

@@ -46,6 +46,7 @@ pub struct WorldOptions {
     pub(super) liveness: Option<LivenessOptions>,
     pub(super) encryption: Option<Encryption>,
     pub(super) lazy_connect: bool,
+    pub(super) shrink_recovery: Option<bool>,
 }
 
 impl Default for WorldOptions {
@@ -78,7 +79,27 @@ impl WorldOptions {
             liveness: None,
             encryption: None,
             lazy_connect: false,
+            shrink_recovery: None,
         }
+    }
+
+    /// With `true`, the world's two communicators park on a loss instead
+    /// of aborting ([`nccl_safe::Config::park_on_peer_loss`], where NCCL has
+    /// `ncclCommShrink`, 2.27+), and [`World::recover`] shrinks the parked
+    /// one (`NCCL_SHRINK_ABORT`) instead of waiting for NCCL's teardown of
+    /// the old world (up to 500 ms per communicator: proxy threads that
+    /// poll at that interval). Off by default until its final form has run
+    /// on GPUs (an earlier form recovered 2 H100s in 48 ms and passed the
+    /// fault suite); default: `NCCL_RS_RECOVER_BY_SHRINK`, else off.
+    ///
+    /// ```
+    /// use nccl_dist::WorldOptions;
+    /// let options = WorldOptions::new().recover_by_shrink(true);
+    /// # let _ = options;
+    /// ```
+    pub fn recover_by_shrink(mut self, on: bool) -> Self {
+        self.shrink_recovery = Some(on);
+        self
     }
 
     /// Leave the world's connections to its first collective, as NCCL
@@ -289,7 +310,7 @@ pub fn op_timeout_from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result
     Ok(crate::env::op_timeout(lookup)?)
 }
 
-pub use crate::env::{ENCRYPTION_ENV, PSK_ENV};
+pub use crate::env::{ENCRYPTION_ENV, PSK_ENV, RECOVER_BY_SHRINK_ENV};
 
 /// The encryption the environment asks for: `None` when it asks for none.
 /// `psk` without a usable key is an error, never plaintext.

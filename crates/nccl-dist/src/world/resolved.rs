@@ -23,6 +23,9 @@ pub(super) struct Resolved {
     /// Connect the world's communicator before returning it (not
     /// [`WorldOptions::lazy_connect`]).
     connect: bool,
+    /// The world's communicators park on a loss
+    /// ([`WorldOptions::recover_by_shrink`], where the library can shrink).
+    park: bool,
 }
 
 impl Resolved {
@@ -55,6 +58,10 @@ impl Resolved {
             Some(l) => l.clone(),
             None => LivenessOptions::from_env()?,
         };
+        let park = match options.shrink_recovery {
+            Some(on) => on,
+            None => crate::env::switch(env, crate::env::RECOVER_BY_SHRINK_ENV)?.unwrap_or(false),
+        } && parks();
         let signal = AbortSignal::new();
         let user_config = options.config.as_ref().map(|c| {
             let c = c.clone().abort_signal(&signal);
@@ -70,6 +77,7 @@ impl Resolved {
             signal,
             user_config,
             connect: !options.lazy_connect,
+            park,
         })
     }
 
@@ -82,12 +90,13 @@ impl Resolved {
 
     /// The configuration of the init that the blocking communicator is
     /// split from: nonblocking, so that a peer lost mid-init aborts it.
-    /// Where the library can shrink ([`parks`]), it parks on a loss: the
-    /// survivors' [`World::recover`](super::World::recover) shrinks it.
+    /// With [`WorldOptions::recover_by_shrink`] (where the library can
+    /// shrink, [`parks`]), it parks on a loss: the survivors'
+    /// [`World::recover`](super::World::recover) shrink it.
     fn init_config(&self) -> Config {
         self.data_config()
             .blocking(false)
-            .park_on_peer_loss(parks())
+            .park_on_peer_loss(self.park)
     }
 
     /// The configuration of the world's blocking communicator: it parks
@@ -95,7 +104,7 @@ impl Resolved {
     /// [`Config::park_on_peer_loss`]), and is kept until the recovered
     /// world drops.
     fn world_config(&self) -> Config {
-        self.data_config().park_on_peer_loss(parks())
+        self.data_config().park_on_peer_loss(self.park)
     }
 
     /// Makes the connections of a world's communicators now, unless lazy

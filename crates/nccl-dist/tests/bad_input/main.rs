@@ -331,7 +331,7 @@ const NOTHING_TO_REFUSE: &[(&str, &str)] = &[
         "accessors; of() answers None for any other error",
     ),
     (
-        "WorldOptions::check_calls lazy_connect",
+        "WorldOptions::check_calls lazy_connect recover_by_shrink",
         "a switch: both values are valid",
     ),
     (
