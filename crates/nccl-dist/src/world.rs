@@ -115,18 +115,38 @@ impl Drop for Presence {
 /// On a loss: every watched communicator fails with it (naming the
 /// operation it was at), and the signal aborts every communicator of the
 /// job, those still being made included. Never waits.
-pub(super) fn abort_on_loss(liveness: &Liveness, watchdog: Option<Watchdog>, signal: AbortSignal) {
+///
+/// `parks` (the world's communicators park on a loss,
+/// [`WorldOptions::recover_by_shrink`]): the signal goes first, so that its
+/// one NCCL group sets every abort flag before any wait for kernels (a
+/// parked world's are stopped only there, and the watchdog's aborts one at
+/// a time could wait behind them); the watchdog then records the loss on
+/// communicators already aborted or parked.
+pub(super) fn abort_on_loss(
+    liveness: &Liveness,
+    watchdog: Option<Watchdog>,
+    signal: AbortSignal,
+    parks: bool,
+) {
     // The hooks abort communicators: an exit waits for those the channel
     // runs on a thread of its own.
     liveness.hold_exit_with(Arc::new(|limit| Box::new(nccl_safe::ExitHold::new(limit))));
     liveness.on_loss(Arc::new(move |loss: &PeerLoss| {
+        let trigger = || {
+            signal.trigger(AbortCause::PeerLost {
+                rank: loss.rank,
+                detail: loss.to_string(),
+            })
+        };
+        if parks {
+            trigger();
+        }
         if let Some(w) = &watchdog {
             w.peer_lost(loss);
         }
-        signal.trigger(AbortCause::PeerLost {
-            rank: loss.rank,
-            detail: loss.to_string(),
-        });
+        if !parks {
+            trigger();
+        }
     }));
 }
 
@@ -338,7 +358,12 @@ impl World {
             if let Some(w) = &watchdog {
                 w.exchange_over(l);
             }
-            abort_on_loss(l, watchdog.clone(), resolved.signal.clone());
+            abort_on_loss(
+                l,
+                watchdog.clone(),
+                resolved.signal.clone(),
+                resolved.parks(),
+            );
         }
         // Ranks in other languages (an outside id) make no gates.
         let gated = matches!(shape, Shape::Split);

@@ -117,8 +117,17 @@ pub(crate) trait HeldForAbort {
     /// lock is held; `None` where they must not abort together after all
     /// (they are then let go unaborted, for [`Abortable::request_abort`]).
     fn group(&self) -> Option<GroupCalls>;
-    /// `ncclCommAbort` (once; later calls do nothing).
+    /// `ncclCommAbort` (once; later calls do nothing). Nothing for one held
+    /// to stop its kernels ([`HeldForAbort::stops`]).
     fn abort(&mut self);
+    /// Whether it parked and is held to stop its kernels instead of an
+    /// abort ([`crate::Config::park_on_peer_loss`]).
+    fn stops(&self) -> bool {
+        false
+    }
+    /// Stops its kernels, in the group, once every held one's abort was
+    /// called (once; later calls do nothing).
+    fn stop(&mut self) {}
     /// Lets go of the lock.
     fn unlock(&mut self);
 }
@@ -145,9 +154,15 @@ fn abort_held(mut held: Vec<Box<dyn HeldForAbort + '_>>) {
     if held.len() > 1
         && let Some(group) = held.first().and_then(|h| h.group())
     {
+        // Every abort first: each sets its flags at once, so a parked
+        // one's stop, which waits for its kernels inside the call, finds
+        // none of theirs still in the way.
         group(&mut || {
             for h in held.iter_mut() {
                 h.abort();
+            }
+            for h in held.iter_mut().filter(|h| h.stops()) {
+                h.stop();
             }
         });
     }
@@ -339,7 +354,10 @@ impl AbortSignal {
     /// of a communicator still live (one that a thread held at the
     /// trigger); before one, it only waits. A communicator that an open
     /// group on the calling thread refers to aborts at that group's end,
-    /// so it runs to `until`.
+    /// so it runs to `until`. A parked member
+    /// ([`crate::Config::park_on_peer_loss`]) is not settled (NCCL still
+    /// holds it) and a trigger does not abort it: call
+    /// [`AbortSignal::end_parking`] first, or this runs to `until`.
     ///
     /// For a job that makes new communicators on the same GPUs after giving
     /// up these (a recovery): NCCL does not allow calls on independent

@@ -275,7 +275,12 @@ pub(super) fn local_team(
         if let Some(w) = &watchdog {
             w.gate_over(l);
         }
-        abort_on_loss(l, watchdog.clone(), resolved.signal.clone());
+        abort_on_loss(
+            l,
+            watchdog.clone(),
+            resolved.signal.clone(),
+            resolved.parks(),
+        );
     }
     Ok((watchdog, liveness))
 }

@@ -81,6 +81,12 @@ impl Resolved {
         })
     }
 
+    /// Whether the world's communicators park on a loss
+    /// ([`WorldOptions::recover_by_shrink`], where the library can shrink).
+    pub(super) fn parks(&self) -> bool {
+        self.park
+    }
+
     /// The configuration of the hot-path communicators: blocking.
     pub(super) fn data_config(&self) -> Config {
         default_config()

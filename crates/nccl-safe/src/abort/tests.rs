@@ -252,8 +252,21 @@ impl HeldForAbort for HeldHoldable<'_> {
     }
 
     fn abort(&mut self) {
+        if self.stops() {
+            return;
+        }
         self.member.aborted.store(true, Ordering::SeqCst);
         say(format!("abort {}", self.member.name));
+    }
+
+    /// A member named `parked…` stands for a parked blocking communicator
+    /// held to stop its kernels.
+    fn stops(&self) -> bool {
+        self.member.name.starts_with("parked")
+    }
+
+    fn stop(&mut self) {
+        say(format!("stop {}", self.member.name));
     }
 
     fn unlock(&mut self) {
@@ -418,4 +431,25 @@ fn parked_members_are_quiet_but_not_settled_until_parking_ends() {
     assert!(signal.parking_ended());
     assert!(parking.aborted.load(Ordering::SeqCst) && !parking.is_parked());
     assert!(signal.wait_settled(soon()));
+}
+
+#[test]
+fn a_parked_member_stops_its_kernels_in_the_group_after_every_abort() {
+    // The parked one is the newest, so it is held first: its stop, which
+    // waits for its kernels inside the call, still comes after the
+    // others' aborts have set their flags.
+    let signal = AbortSignal::new();
+    let _members = holdables(&signal, &["mesh", "parked world"], Some(fake_group));
+    signal.trigger(AbortCause::Requested);
+    let log = said();
+    let start = log.iter().position(|l| l == "group start").unwrap();
+    assert_eq!(
+        log[start..start + 4],
+        [
+            "group start",
+            "abort mesh",
+            "stop parked world",
+            "group end"
+        ]
+    );
 }

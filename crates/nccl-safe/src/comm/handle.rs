@@ -267,6 +267,8 @@ impl Shared {
                 if self.abort_due() && !self.shrinks_parked() {
                     let mut aborted = self.settle_abort(&mut state);
                     aborted |= self.stop_if_pending(&mut state);
+                    // An abort asked for during the stop is this thread's.
+                    aborted |= self.settle_abort(&mut state);
                     drop(state);
                     if aborted {
                         self.after_abort();
@@ -282,6 +284,7 @@ impl Shared {
         if self.cause.get().is_some() {
             let mut aborted = self.settle_abort(&mut state);
             aborted |= self.stop_if_pending(&mut state);
+            aborted |= self.settle_abort(&mut state);
             if aborted {
                 drop(state);
                 self.after_abort();
@@ -552,12 +555,23 @@ impl Drop for Shared {
                 .map(|s| s.pending_teardown(self.is_parked())),
         };
         let clique = self.clique.clone();
+        // A stop's one-rank communicator goes after this one, on the same
+        // thread, never beside it.
+        let stopper = self
+            .stopper
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
         // A group open on this thread may still refer to the communicator:
         // tear down after it ends.
         crate::group::state::after_group(Box::new(move || match clique {
-            Some(clique) => clique.hand_in(member),
+            Some(clique) => {
+                clique.hand_in(member);
+                drop(stopper);
+            }
             None => bounded("nccl-teardown", member.timeout, move || {
-                member.teardown_alone()
+                member.teardown_alone();
+                drop(stopper);
             }),
         }));
     }
@@ -580,7 +594,8 @@ impl Abortable for Shared {
         let Some(mut state) = self.try_lock() else {
             return;
         };
-        let aborted = self.stop_if_pending(&mut state);
+        let mut aborted = self.stop_if_pending(&mut state);
+        aborted |= self.settle_abort(&mut state);
         drop(state);
         if aborted {
             self.after_abort();
@@ -610,13 +625,23 @@ impl Abortable for Shared {
 
     fn hold_for_abort(&self) -> Option<Box<dyn HeldForAbort + '_>> {
         let state = self.try_lock()?;
-        if !self.abort_ready(&state) || self.park_if_due(&state) {
+        // One that parks (now or before) is held to stop its kernels in
+        // the group, after the others' aborts, where a stop is still to do.
+        let stops = if self.abort_ready(&state) {
+            self.park_if_due(&state) && self.stop_is_pending(&state)
+        } else if self.stop_is_pending(&state) {
+            true
+        } else {
+            return None;
+        };
+        if !stops && self.is_parked() {
             return None;
         }
         Some(Box::new(Held {
             shared: self,
             state: Some(state),
             aborted: false,
+            stop: stops.then_some(None),
         }))
     }
 }
@@ -635,6 +660,9 @@ struct Held<'a> {
     state: Option<MutexGuard<'a, State>>,
     /// Whether the abort was done through it (live to aborted).
     aborted: bool,
+    /// `Some` for one parked, held to stop its kernels instead: the stop
+    /// issued in the group (`Some` inside), its child adopted at `unlock`.
+    stop: Option<Option<Result<Option<crate::comm::park::IssuedStop>>>>,
 }
 
 impl HeldForAbort for Held<'_> {
@@ -645,8 +673,23 @@ impl HeldForAbort for Held<'_> {
         (!crate::capture_state::graphs_may_exist()).then_some(in_one_group as GroupCalls)
     }
 
+    fn stops(&self) -> bool {
+        self.stop.is_some()
+    }
+
+    fn stop(&mut self) {
+        if let (Some(state), Some(stop @ None)) = (&self.state, &mut self.stop)
+            && let State::Live(raw) = **state
+            && self.shared.stop_is_pending(state)
+        {
+            self.shared.stop_pending.store(false, Ordering::Release);
+            *stop = Some(self.shared.issue_stop(raw));
+        }
+    }
+
     fn abort(&mut self) {
-        if let Some(state) = &mut self.state
+        if self.stop.is_none()
+            && let Some(state) = &mut self.state
             && matches!(**state, State::Live(_))
         {
             // Its error, like a lone abort's where nobody waits for it,
@@ -657,6 +700,11 @@ impl HeldForAbort for Held<'_> {
     }
 
     fn unlock(&mut self) {
+        // The group has ended: a stop's child is written by now.
+        if let (Some(state), Some(Some(issued))) = (&mut self.state, self.stop.take()) {
+            let stopped = issued.and_then(|i| i.map_or(Ok(None), |i| self.shared.finish_stop(i)));
+            self.aborted |= self.shared.conclude_stop(state, stopped);
+        }
         self.state = None;
     }
 }

@@ -11,14 +11,15 @@
 //! every communicator that does not park, whose kernels the world's may be
 //! queued behind on a stream), by the next call on it, or before a shrink.
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, MutexGuard};
 
 use nccl_sys::{ncclComm_t, ncclResult_t};
 
 use crate::abort::{AbortCause, AbortSignal};
 use crate::comm::handle::{Shared, State, make_current};
 use crate::comm::poll::async_status;
+use crate::config::RawConfig;
 use crate::{Error, Feature, Result};
 
 impl Shared {
@@ -59,6 +60,8 @@ impl Shared {
         let mut state = self.lock();
         let mut aborted = self.settle_abort(&mut state);
         aborted |= self.stop_if_pending(&mut state);
+        // An abort asked for during the stop is this thread's.
+        aborted |= self.settle_abort(&mut state);
         drop(state);
         if aborted {
             self.after_abort();
@@ -67,22 +70,42 @@ impl Shared {
 
     /// Stops the kernels of a parked blocking communicator if that is still
     /// to do (the caller holds the lock, no other communicator's, and has
-    /// no abort of its own left to do: see the file's comment). Where they
-    /// cannot be stopped the communicator is aborted instead; returns
-    /// whether it was (for [`Shared::after_abort`]). Left for later on a
-    /// thread with a group open.
-    pub(crate) fn stop_if_pending(&self, state: &mut std::sync::MutexGuard<'_, State>) -> bool {
+    /// no abort of its own left to do: see the file's comment), outside
+    /// any group. Where they cannot be stopped the communicator is aborted
+    /// instead; returns whether it was (for [`Shared::after_abort`]). Left
+    /// for later on a thread with a group open.
+    pub(crate) fn stop_if_pending(&self, state: &mut MutexGuard<'_, State>) -> bool {
+        if !self.stop_is_pending(state) || crate::group::state::in_group() {
+            return false;
+        }
         let State::Live(raw) = **state else {
             return false;
         };
-        if !self.is_parked()
-            || !self.stop_pending.load(Ordering::Acquire)
-            || crate::group::state::in_group()
-        {
-            return false;
-        }
         self.stop_pending.store(false, Ordering::Release);
-        match self.stop_kernels(raw) {
+        let stopped = self
+            .issue_stop(raw)
+            .and_then(|issued| issued.map_or(Ok(None), |i| self.finish_stop(i)));
+        self.conclude_stop(state, stopped)
+    }
+
+    /// Whether the communicator is live, parked, and its kernels are still
+    /// to be stopped (the caller holds the lock).
+    pub(crate) fn stop_is_pending(&self, state: &State) -> bool {
+        matches!(state, State::Live(_))
+            && self.is_parked()
+            && self.stop_pending.load(Ordering::Acquire)
+            && !self.in_open_group.load(Ordering::Acquire)
+    }
+
+    /// Keeps the one-rank communicator a stop made, or, where the stop
+    /// failed, aborts this one instead (the caller holds the lock, outside
+    /// any group); returns whether it aborted.
+    pub(crate) fn conclude_stop(
+        &self,
+        state: &mut MutexGuard<'_, State>,
+        stopped: Result<Option<crate::Comm>>,
+    ) -> bool {
+        match stopped {
             Ok(stopper) => {
                 *self.stopper.lock().unwrap_or_else(|p| p.into_inner()) = stopper;
                 false
@@ -97,52 +120,65 @@ impl Shared {
     }
 
     /// `ncclCommShrink` of `raw` (live, blocking, parked; the caller holds
-    /// the lock) to this rank alone with `NCCL_SHRINK_ABORT`: NCCL sets its
-    /// abort flag, waits on its internal stream (which every launch joins)
-    /// until its kernels end, clears the flag, then makes a communicator of
-    /// one rank, which waits for no peer and so ends inside the blocking
-    /// call. That one is returned, to be torn down with this one.
-    fn stop_kernels(&self, raw: ncclComm_t) -> Result<Option<crate::Comm>> {
-        const OP: &str = "ncclCommShrink (stopping a parked communicator's kernels)";
-        make_current(&self.ctx).map_err(|source| Error::Cuda { op: OP, source })?;
+    /// the lock) to this rank alone with `NCCL_SHRINK_ABORT`: inside the
+    /// call NCCL sets its abort flag, waits on its internal stream (which
+    /// every launch joins) until its kernels end, and clears the flag; it
+    /// then makes a communicator of one rank, which waits for no peer: at
+    /// once, or at the end of the NCCL group the calling thread has open
+    /// (the signal's, where the aborts of the others were called first, so
+    /// that every flag is set before any wait: a kernel of this one may be
+    /// queued behind one of theirs, or theirs behind this one's). `None`
+    /// for a communicator of one rank, whose kernels wait for no peer.
+    pub(crate) fn issue_stop(&self, raw: ncclComm_t) -> Result<Option<IssuedStop>> {
+        make_current(&self.ctx).map_err(|source| Error::Cuda { op: STOP, source })?;
         let query = |get: nccl_sys::pfn::ncclCommCount| -> Result<i32> {
             let mut value = 0;
             // SAFETY: `raw` is live (the caller holds the lock); one int
             // is written.
             let code = unsafe { get(raw, &mut value) };
-            self.lib.check(OP, code, raw)?;
+            self.lib.check(STOP, code, raw)?;
             Ok(value)
         };
         let size = query(self.lib.raw().ncclCommCount()?)?;
         let rank = query(self.lib.raw().ncclCommUserRank()?)?;
         let mut others: Vec<i32> = (0..size).filter(|&r| r != rank).collect();
         if others.is_empty() {
-            // No peer to wait for: nothing of it spins.
             return Ok(None);
         }
         let count = i32::try_from(others.len()).map_err(|_| Error::InvalidArgument {
-            op: OP,
+            op: STOP,
             reason: "rank count exceeds i32",
         })?;
         let config = crate::Config::new().timeout(self.timeout);
         let mut raw_config = config.to_raw(self.lib.version())?;
         let shrink = self.lib.raw().ncclCommShrink()?;
-        let mut child: ncclComm_t = std::ptr::null_mut();
-        // SAFETY: `raw` is live and blocking, so NCCL makes the child
-        // inside the call (it has no peer to wait for); the list, the
-        // out-slot and the configuration outlive the call; this thread has
-        // no group open (checked by the caller).
+        let mut slot: Box<ncclComm_t> = Box::new(std::ptr::null_mut());
+        // SAFETY: `raw` is live and blocking; the list, the out-slot (on
+        // the heap, kept in the returned value until the child is
+        // adopted, after any group's end, when NCCL writes it) and the
+        // configuration (kept likewise) outlive NCCL's use of them.
         let code = unsafe {
             shrink(
                 raw,
                 others.as_mut_ptr(),
                 count,
-                &mut child,
+                &mut *slot,
                 &mut raw_config.raw,
                 nccl_sys::NCCL_SHRINK_ABORT,
             )
         };
-        self.lib.check(OP, code, raw)?;
+        self.lib.check(STOP, code, raw)?;
+        Ok(Some(IssuedStop {
+            slot,
+            _config: raw_config,
+            _others: others,
+        }))
+    }
+
+    /// The one-rank communicator of an issued stop, once NCCL made it (at
+    /// once outside a group, at the group's end inside one).
+    pub(crate) fn finish_stop(&self, issued: IssuedStop) -> Result<Option<crate::Comm>> {
+        let child = *issued.slot;
         if child.is_null() {
             return Ok(None);
         }
@@ -154,8 +190,20 @@ impl Shared {
             signal: None,
             park_on_loss: false,
         };
-        crate::Comm::adopt(child, parts, None, OP).map(Some)
+        crate::Comm::adopt(child, parts, None, STOP).map(Some)
     }
+}
+
+/// The operation a stop's errors name.
+const STOP: &str = "ncclCommShrink (stopping a parked communicator's kernels)";
+
+/// A stop issued ([`Shared::issue_stop`]), its one-rank communicator not
+/// adopted yet: what NCCL may still write (the out-slot) or read lives
+/// here until then.
+pub(crate) struct IssuedStop {
+    slot: Box<ncclComm_t>,
+    _config: RawConfig,
+    _others: Vec<i32>,
 }
 
 /// Whether an abort due now parks the communicator instead
