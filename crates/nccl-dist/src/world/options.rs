@@ -85,7 +85,7 @@ impl WorldOptions {
 
     /// With `true`, the world's two communicators park on a loss instead
     /// of aborting ([`nccl_safe::Config::park_on_peer_loss`], where NCCL has
-    /// `ncclCommShrink`, 2.27+), and [`World::recover`] shrinks the parked
+    /// `ncclCommShrink`, 2.27+), and [`crate::World::recover`] shrinks the parked
     /// one (`NCCL_SHRINK_ABORT`) instead of waiting for NCCL's teardown of
     /// the old world (up to 500 ms per communicator: proxy threads that
     /// poll at that interval). Off by default until its final form has run
