@@ -20,7 +20,7 @@ use std::time::Instant;
 use nccl_safe::UniqueId;
 
 use super::options::WorldOptions;
-use super::recover::Survivors;
+use super::recover::{Old, Survivors};
 use super::resolved::{Resolved, Shape};
 use super::{Presence, World, abort_on_loss, watched};
 use crate::error::{Error, Result};
@@ -110,9 +110,28 @@ impl World {
         let n = survivors.ranks.len();
         let (old_rank, device) = (self.launch.rank, self.comm.device());
         let shrinkable = self.can_shrink(&survivors.ranks);
-        // The posting first (no NCCL call in it): it says whether the
-        // survivors shrink their parked communicators (the first survivor
-        // decides) or give them up for new ones.
+        // A world that does not park gives its communicators up first,
+        // before the posting, as before parking existed; NCCL is then done
+        // with every thread's old communicators before anyone makes new
+        // ones on the same GPUs (see `World::give_up`).
+        let old = match Old::of(self) {
+            Ok(old) => old,
+            Err(e) => {
+                // The others must not wait blind: the first survivor posts
+                // why there is no new world; another takes the posting and
+                // tells the new world's ranks that it will not come.
+                if survivors.me == 0 {
+                    let _ =
+                        board.post(Err(format!("its old world was not torn down in time: {e}")));
+                } else if let Some(Ok(team)) = board.take(Instant::now() + options.timeout) {
+                    team.decline(old_rank, "its old world was not torn down in time");
+                }
+                return Err(e);
+            }
+        };
+        // The posting (no NCCL call in it) says whether the survivors
+        // shrink their parked communicators (the first survivor decides)
+        // or give them up for new ones.
         let post = tracing::debug_span!("nccl.recover_post").entered();
         let posted = if survivors.me == 0 {
             let made = Team::new(survivors.ranks.clone(), shrinkable, options);
@@ -143,20 +162,24 @@ impl World {
                 survivors.ranks, team.survivors
             )));
         }
-        if team.shrink && !shrinkable {
-            let error = refuse(
-                "the survivors shrink their parked communicators, but this rank's were aborted, not parked"
-                    .into(),
-            );
-            // The others' shrinks end at any abort asked for meanwhile: a
-            // loss on the old world's channel asks for one.
-            self.presence.gone(&error);
-            team.decline(old_rank, "its communicators were aborted, not parked");
-            return Err(error);
-        }
         let me = survivors.me;
         if team.shrink {
-            let shrinking = match self.park_for_shrink(&survivors.ranks) {
+            let this = match old {
+                Old::Kept(this) if shrinkable => this,
+                old => {
+                    let error = refuse(
+                        "the survivors shrink their parked communicators, but this rank's were aborted or do not park"
+                            .into(),
+                    );
+                    // The others' shrinks end at any abort asked for
+                    // meanwhile: a loss on the old world's channel asks
+                    // for one.
+                    old.gone(&error);
+                    team.decline(old_rank, "its communicators were aborted or do not park");
+                    return Err(error);
+                }
+            };
+            let shrinking = match this.park_for_shrink(&survivors.ranks) {
                 Ok(s) => s,
                 Err(e) => {
                     team.decline(
@@ -176,9 +199,7 @@ impl World {
             .map(|parts| team.world(me, parts));
             return shrinking.finish(made);
         }
-        // NCCL done with every thread's old communicators before anyone
-        // makes new ones on the same GPUs (see `World::give_up`).
-        let old = match self.give_up() {
+        let old = match old.give_up() {
             Ok(old) => old,
             Err(e) => {
                 // The others must not wait blind for this rank in their

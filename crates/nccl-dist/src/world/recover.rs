@@ -107,6 +107,23 @@ const fn shrink_mark() -> [u8; UniqueId::BYTES] {
     bytes
 }
 
+/// A survivor told to shrink whose communicators are not parked (NCCL
+/// reported an error on one before the loss was named, say, or its
+/// options differ): it tells the old world's channel that it is gone,
+/// which cuts the others' shrinks short (any abort asked for during one
+/// ends it), and gives its world up.
+fn decline_shrink(old: Old) -> Error {
+    let error = Error::InvalidArgument {
+        op: "World::recover",
+        reason: "the survivors shrink their parked communicators, but this rank's were aborted or do not park".into(),
+    };
+    old.gone(&error);
+    match old.give_up() {
+        Ok(_) => error,
+        Err(e) => e,
+    }
+}
+
 /// The ranks of a world of `size` that are not in `keep`.
 fn excluded(size: usize, keep: &[usize]) -> Vec<usize> {
     (0..size).filter(|r| !keep.contains(r)).collect()
@@ -125,7 +142,10 @@ impl World {
     /// survivors were counted, so a loss is known), then settles here what
     /// is due.
     pub(super) fn can_shrink(&self, keep: &[usize]) -> bool {
-        if !keep.windows(2).all(|w| w[0] < w[1]) {
+        // A world that does not park (the default) decides at once.
+        if !self.control.as_ref().is_some_and(Comm::parks_on_peer_loss)
+            || !keep.windows(2).all(|w| w[0] < w[1])
+        {
             return false;
         }
         let until = Instant::now() + FIRST_LOSS;
@@ -133,23 +153,6 @@ impl World {
             std::thread::sleep(Duration::from_millis(1));
         }
         self.control.as_ref().is_some_and(Comm::is_parked) && self.comm.is_parked()
-    }
-
-    /// A survivor told to shrink whose communicators are not parked (NCCL
-    /// reported an error on one before the loss was named, say): it tells
-    /// the old world's channel that it is gone, which cuts the others'
-    /// shrinks short (any abort asked for during one ends it), and gives
-    /// its world up.
-    fn decline_shrink(self) -> Error {
-        let error = Error::InvalidArgument {
-            op: "World::recover",
-            reason: "the survivors shrink their parked communicators, but this rank's were aborted, not parked".into(),
-        };
-        self.presence.gone(&error);
-        match self.give_up() {
-            Ok(_) => error,
-            Err(e) => e,
-        }
     }
 
     /// The survivors' world from this one's parked communicators
@@ -212,6 +215,41 @@ impl World {
                 _watchdog: watchdog,
             },
         })
+    }
+}
+
+/// The old world during a recovery: kept whole while it may still be
+/// shrunk, else given up before anything else (as before parking
+/// existed: a world that does not park).
+pub(super) enum Old {
+    Kept(World),
+    GivenUp(GivenUp),
+}
+
+impl Old {
+    /// `world` kept where it parks on a loss, else given up now.
+    pub(super) fn of(world: World) -> Result<Old> {
+        if world.control.as_ref().is_some_and(Comm::parks_on_peer_loss) {
+            Ok(Old::Kept(world))
+        } else {
+            world.give_up().map(Old::GivenUp)
+        }
+    }
+
+    /// Reports this rank lost on the old channel (see [`Presence::gone`]).
+    pub(super) fn gone(&self, error: &Error) {
+        match self {
+            Old::Kept(world) => world.presence.gone(error),
+            Old::GivenUp(old) => old.presence.gone(error),
+        }
+    }
+
+    /// The old world given up, if it was not yet.
+    pub(super) fn give_up(self) -> Result<GivenUp> {
+        match self {
+            Old::Kept(world) => world.give_up(),
+            Old::GivenUp(old) => Ok(old),
+        }
     }
 }
 
@@ -496,6 +534,7 @@ impl World {
         // The leader says whether the survivors shrink their parked
         // communicators: it hands out the mark instead of an id.
         let shrinkable = self.can_shrink(&survivors.ranks);
+        let old = Old::of(self)?;
         let new_id = || {
             if shrinkable {
                 Ok(SHRINK_MARK)
@@ -541,12 +580,14 @@ impl World {
             (id.into(), Some(live))
         };
         if id == SHRINK_MARK {
-            if !shrinkable {
-                return Err(self.decline_shrink());
-            }
-            return self.shrink_into(launch, resolved, new_liveness, &survivors.ranks);
+            return match old {
+                Old::Kept(this) if shrinkable => {
+                    this.shrink_into(launch, resolved, new_liveness, &survivors.ranks)
+                }
+                old => Err(decline_shrink(old)),
+            };
         }
-        let old = self.give_up()?;
+        let old = old.give_up()?;
         let world = World::form(&id, launch, device, resolved, new_liveness, Shape::Split)?;
         // The rest of the old world (its channel, its watchdog) goes only
         // now: its goodbye is not a loss to anyone.

@@ -42,7 +42,7 @@ use nccl_dist::{
 const NOTHING_TO_REFUSE: &[(&str, &str)] = &[
     // Accessors of values that exist once the object does.
     (
-        "Comm::rank size device stream timeout is_blocking compute_capability library capabilities fp8_reductions observer abort_handle is_parked",
+        "Comm::rank size device stream timeout is_blocking compute_capability library capabilities fp8_reductions observer abort_handle is_parked parks_on_peer_loss",
         "accessor",
     ),
     ("AbortHandle::is_aborted downgrade", "accessor"),

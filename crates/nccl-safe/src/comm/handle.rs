@@ -8,7 +8,7 @@ use std::time::Duration;
 use cudarc::driver::CudaContext;
 use nccl_sys::{ncclComm_t, ncclResult_t};
 
-use crate::abort::{AbortCause, AbortSignal, Abortable, GroupCalls, HeldForAbort};
+use crate::abort::{AbortCause, AbortSignal, Abortable, HeldForAbort};
 use crate::comm::poll::{async_status, poll_with_backoff};
 use crate::comm::teardown::{Clique, Member, bounded};
 use crate::library::Library;
@@ -228,7 +228,7 @@ impl Shared {
 
     /// Whether an abort can happen now (the caller holds the lock): live,
     /// due, not parked, and no open group refers to it.
-    fn abort_ready(&self, state: &State) -> bool {
+    pub(crate) fn abort_ready(&self, state: &State) -> bool {
         matches!(state, State::Live(_))
             && self.abort_due()
             && !self.is_parked()
@@ -555,8 +555,9 @@ impl Drop for Shared {
                 .map(|s| s.pending_teardown(self.is_parked())),
         };
         let clique = self.clique.clone();
-        // A stop's one-rank communicator goes after this one, on the same
-        // thread, never beside it.
+        // A stop's one-rank communicator goes after this one (on the same
+        // thread where this one's teardown is its own; in a clique, once
+        // this one is handed in).
         let stopper = self
             .stopper
             .get_mut()
@@ -624,97 +625,7 @@ impl Abortable for Shared {
     }
 
     fn hold_for_abort(&self) -> Option<Box<dyn HeldForAbort + '_>> {
-        let state = self.try_lock()?;
-        // One that parks (now or before) is held to stop its kernels in
-        // the group, after the others' aborts, where a stop is still to do.
-        let stops = if self.abort_ready(&state) {
-            self.park_if_due(&state) && self.stop_is_pending(&state)
-        } else if self.stop_is_pending(&state) {
-            true
-        } else {
-            return None;
-        };
-        if !stops && self.is_parked() {
-            return None;
-        }
-        Some(Box::new(Held {
-            shared: self,
-            state: Some(state),
-            aborted: false,
-            stop: stops.then_some(None),
-        }))
-    }
-}
-
-/// Runs `calls` in one NCCL group of the process's library (every
-/// communicator's: there is one, [`Library::get`]).
-fn in_one_group(calls: &mut dyn FnMut()) -> bool {
-    Library::get().is_ok_and(|lib| crate::group::raw::bracket(lib, calls))
-}
-
-/// A communicator's lock, held for an abort grouped with others
-/// ([`crate::abort::AbortSignal::trigger`]).
-struct Held<'a> {
-    shared: &'a Shared,
-    /// `None` once let go.
-    state: Option<MutexGuard<'a, State>>,
-    /// Whether the abort was done through it (live to aborted).
-    aborted: bool,
-    /// `Some` for one parked, held to stop its kernels instead: the stop
-    /// issued in the group (`Some` inside), its child adopted at `unlock`.
-    stop: Option<Option<Result<Option<crate::comm::park::IssuedStop>>>>,
-}
-
-impl HeldForAbort for Held<'_> {
-    fn group(&self) -> Option<GroupCalls> {
-        // Asked again with every lock held: a graph begun after the first
-        // look, on a communicator that was free then, is counted by now
-        // (before its capture's first call on it let go of the lock).
-        (!crate::capture_state::graphs_may_exist()).then_some(in_one_group as GroupCalls)
-    }
-
-    fn stops(&self) -> bool {
-        self.stop.is_some()
-    }
-
-    fn stop(&mut self) {
-        if let (Some(state), Some(stop @ None)) = (&self.state, &mut self.stop)
-            && let State::Live(raw) = **state
-            && self.shared.stop_is_pending(state)
-        {
-            self.shared.stop_pending.store(false, Ordering::Release);
-            *stop = Some(self.shared.issue_stop(raw));
-        }
-    }
-
-    fn abort(&mut self) {
-        if self.stop.is_none()
-            && let Some(state) = &mut self.state
-            && matches!(**state, State::Live(_))
-        {
-            // Its error, like a lone abort's where nobody waits for it,
-            // has nobody to go to; the communicator is aborted either way.
-            let _ = self.shared.abort_locked(state);
-            self.aborted = true;
-        }
-    }
-
-    fn unlock(&mut self) {
-        // The group has ended: a stop's child is written by now.
-        if let (Some(state), Some(Some(issued))) = (&mut self.state, self.stop.take()) {
-            let stopped = issued.and_then(|i| i.map_or(Ok(None), |i| self.shared.finish_stop(i)));
-            self.aborted |= self.shared.conclude_stop(state, stopped);
-        }
-        self.state = None;
-    }
-}
-
-impl Drop for Held<'_> {
-    fn drop(&mut self) {
-        self.state = None;
-        if self.aborted {
-            self.shared.after_abort();
-        }
+        self.hold()
     }
 }
 

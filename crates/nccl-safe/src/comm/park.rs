@@ -16,10 +16,11 @@ use std::sync::{Arc, MutexGuard};
 
 use nccl_sys::{ncclComm_t, ncclResult_t};
 
-use crate::abort::{AbortCause, AbortSignal};
+use crate::abort::{AbortCause, AbortSignal, GroupCalls, HeldForAbort};
 use crate::comm::handle::{Shared, State, make_current};
 use crate::comm::poll::async_status;
 use crate::config::RawConfig;
+use crate::library::Library;
 use crate::{Error, Feature, Result};
 
 impl Shared {
@@ -191,6 +192,121 @@ impl Shared {
             park_on_loss: false,
         };
         crate::Comm::adopt(child, parts, None, STOP).map(Some)
+    }
+}
+
+impl Shared {
+    /// [`crate::abort::Abortable::hold_for_abort`]: the lock, for a
+    /// grouped abort, or, for one that parks (now or before) and whose
+    /// kernels are still to be stopped, for a stop in the group after the
+    /// others' aborts; `None` otherwise (see the trait).
+    pub(crate) fn hold(&self) -> Option<Box<dyn HeldForAbort + '_>> {
+        let state = self.try_lock()?;
+        // One that parks (now or before) is held to stop its kernels in
+        // the group, after the others' aborts, where a stop is still to do.
+        let stops = if self.abort_ready(&state) {
+            self.park_if_due(&state) && self.stop_is_pending(&state)
+        } else if self.stop_is_pending(&state) {
+            true
+        } else {
+            return None;
+        };
+        if !stops && self.is_parked() {
+            return None;
+        }
+        Some(Box::new(Held {
+            shared: self,
+            state: Some(state),
+            aborted: false,
+            stop: stops.then_some(None),
+        }))
+    }
+}
+
+/// Runs `calls` in one NCCL group of the process's library (every
+/// communicator's: there is one, [`Library::get`]).
+fn in_one_group(calls: &mut dyn FnMut()) -> bool {
+    Library::get().is_ok_and(|lib| crate::group::raw::bracket(lib, calls))
+}
+
+/// A communicator's lock, held for an abort grouped with others
+/// ([`crate::abort::AbortSignal::trigger`]).
+struct Held<'a> {
+    shared: &'a Shared,
+    /// `None` once let go.
+    state: Option<MutexGuard<'a, State>>,
+    /// Whether the abort was done through it (live to aborted).
+    aborted: bool,
+    /// `Some` for one parked, held to stop its kernels instead: the stop
+    /// issued in the group (`Some` inside), its child adopted at `unlock`.
+    stop: Option<Option<Result<Option<IssuedStop>>>>,
+}
+
+impl HeldForAbort for Held<'_> {
+    fn group(&self) -> Option<GroupCalls> {
+        // Asked again with every lock held: a graph begun after the first
+        // look, on a communicator that was free then, is counted by now
+        // (before its capture's first call on it let go of the lock).
+        (!crate::capture_state::graphs_may_exist()).then_some(in_one_group as GroupCalls)
+    }
+
+    fn stops(&self) -> bool {
+        self.stop.is_some()
+    }
+
+    fn stop(&mut self) {
+        let Some(state) = &mut self.state else {
+            return;
+        };
+        let State::Live(raw) = **state else {
+            return;
+        };
+        if !matches!(self.stop, Some(None)) || !self.shared.stop_is_pending(state) {
+            return;
+        }
+        self.shared.stop_pending.store(false, Ordering::Release);
+        // A shrink that fails inside the group fails the group's end, and
+        // NCCL then drops the reclaims of the others' aborts: one NCCL
+        // already reports an error on (it parked before that) is aborted
+        // in the group instead.
+        if async_status(self.shared.lib, raw).is_ok_and(|s| s == ncclResult_t::ncclSuccess) {
+            self.stop = Some(Some(self.shared.issue_stop(raw)));
+        } else {
+            self.shared.unparked.store(true, Ordering::Release);
+            let _ = self.shared.abort_locked(state);
+            self.aborted = true;
+            self.stop = None;
+        }
+    }
+
+    fn abort(&mut self) {
+        if self.stop.is_none()
+            && let Some(state) = &mut self.state
+            && matches!(**state, State::Live(_))
+        {
+            // Its error, like a lone abort's where nobody waits for it,
+            // has nobody to go to; the communicator is aborted either way.
+            let _ = self.shared.abort_locked(state);
+            self.aborted = true;
+        }
+    }
+
+    fn unlock(&mut self) {
+        // The group has ended: a stop's child is written by now.
+        if let (Some(state), Some(Some(issued))) = (&mut self.state, self.stop.take()) {
+            let stopped = issued.and_then(|i| i.map_or(Ok(None), |i| self.shared.finish_stop(i)));
+            self.aborted |= self.shared.conclude_stop(state, stopped);
+        }
+        self.state = None;
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.state = None;
+        if self.aborted {
+            self.shared.after_abort();
+        }
     }
 }
 

@@ -258,6 +258,12 @@ impl Comm {
         self.shrink(exclude, true, Some(config))
     }
 
+    /// Whether this communicator was made to park on a loss
+    /// ([`crate::Config::park_on_peer_loss`]).
+    pub fn parks_on_peer_loss(&self) -> bool {
+        self.shared.park_on_loss
+    }
+
     /// Whether this communicator is parked: an abort for a lost peer was
     /// put off ([`crate::Config::park_on_peer_loss`]), calls are refused,
     /// and [`Comm::shrink_parked`] can make the survivors' communicator.
