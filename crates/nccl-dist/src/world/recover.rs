@@ -222,7 +222,7 @@ impl World {
 /// shrunk, else given up before anything else (as before parking
 /// existed: a world that does not park).
 pub(super) enum Old {
-    Kept(World),
+    Kept(Box<World>),
     GivenUp(GivenUp),
 }
 
@@ -230,7 +230,7 @@ impl Old {
     /// `world` kept where it parks on a loss, else given up now.
     pub(super) fn of(world: World) -> Result<Old> {
         if world.control.as_ref().is_some_and(Comm::parks_on_peer_loss) {
-            Ok(Old::Kept(world))
+            Ok(Old::Kept(Box::new(world)))
         } else {
             world.give_up().map(Old::GivenUp)
         }
