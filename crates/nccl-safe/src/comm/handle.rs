@@ -265,10 +265,7 @@ impl Shared {
         let result = match *state {
             State::Live(raw) => {
                 if self.abort_due() && !self.shrinks_parked() {
-                    let mut aborted = self.settle_abort(&mut state);
-                    aborted |= self.stop_if_pending(&mut state);
-                    // An abort asked for during the stop is this thread's.
-                    aborted |= self.settle_abort(&mut state);
+                    let aborted = self.settle_and_stop(&mut state);
                     drop(state);
                     if aborted {
                         self.after_abort();
@@ -281,14 +278,9 @@ impl Shared {
             State::Aborted => return Err(self.aborted(op)),
             State::Closed => return Err(Error::Finalized { op }),
         };
-        if self.cause.get().is_some() {
-            let mut aborted = self.settle_abort(&mut state);
-            aborted |= self.stop_if_pending(&mut state);
-            aborted |= self.settle_abort(&mut state);
-            if aborted {
-                drop(state);
-                self.after_abort();
-            }
+        if self.cause.get().is_some() && self.settle_and_stop(&mut state) {
+            drop(state);
+            self.after_abort();
         }
         result
     }
@@ -595,8 +587,7 @@ impl Abortable for Shared {
         let Some(mut state) = self.try_lock() else {
             return;
         };
-        let mut aborted = self.stop_if_pending(&mut state);
-        aborted |= self.settle_abort(&mut state);
+        let aborted = self.settle_and_stop(&mut state);
         drop(state);
         if aborted {
             self.after_abort();

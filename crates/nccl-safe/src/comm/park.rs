@@ -59,14 +59,22 @@ impl Shared {
             return;
         }
         let mut state = self.lock();
-        let mut aborted = self.settle_abort(&mut state);
-        aborted |= self.stop_if_pending(&mut state);
-        // An abort asked for during the stop is this thread's.
-        aborted |= self.settle_abort(&mut state);
+        let aborted = self.settle_and_stop(&mut state);
         drop(state);
         if aborted {
             self.after_abort();
         }
+    }
+
+    /// [`Shared::settle_abort`], then the stop of a parked one's kernels
+    /// if that is still to do ([`Shared::stop_if_pending`]), then an abort
+    /// asked for during the stop (it is this thread's to do). Returns
+    /// whether it aborted.
+    pub(crate) fn settle_and_stop(&self, state: &mut MutexGuard<'_, State>) -> bool {
+        let mut aborted = self.settle_abort(state);
+        aborted |= self.stop_if_pending(state);
+        aborted |= self.settle_abort(state);
+        aborted
     }
 
     /// Stops the kernels of a parked blocking communicator if that is still
