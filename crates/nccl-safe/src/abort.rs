@@ -83,10 +83,11 @@ pub(crate) trait Abortable: Send + Sync {
     }
     /// Parks it no more: the next abort asked for happens.
     fn unpark(&self) {}
-    /// Stops a parked one's kernels if that is still to do, unless a
-    /// thread holds it (which then does it). Called once every abort of
-    /// the trigger was asked for: a parked communicator's kernels may be
-    /// queued behind another's that only its abort ends.
+    /// Does what is due (an abort, or a park) and stops a parked one's
+    /// kernels if that is still to do, unless a thread holds it (which
+    /// then does it). Called once every abort of the trigger was asked
+    /// for: a parked communicator's kernels may be queued behind another's
+    /// that only its abort ends.
     fn stop_parked(&self) {}
     /// Takes its lock for an abort grouped with others on this thread
     /// ([`HeldForAbort`]): `None` where the lock is taken, it is not live,
@@ -417,16 +418,21 @@ impl AbortSignal {
     /// survivors about to shrink their parked communicators, who must not
     /// make new ones while NCCL still aborts others of theirs (a world's
     /// splits), but need not wait for the aborts of a lost rank's parked
-    /// ones in the same process, which have their own GPUs.
+    /// ones in the same process, which have their own GPUs. At each look
+    /// it does what the members' holders let go of undone (a due abort or
+    /// park, a parked one's stop), so call it holding no communicator.
     pub fn wait_quiet(&self, until: Instant) -> bool {
         wait_until(until, || {
             let parked = self.inner.parked_teardowns.load(Ordering::Acquire);
             let all = self.inner.teardowns.load(Ordering::Acquire);
+            let members = self.live_members();
+            // What a thread let go of undone (a due abort, a parked one's
+            // stop) is done here: the caller holds no communicator.
+            for member in &members {
+                member.stop_parked();
+            }
             all.saturating_sub(parked) == 0
-                && self
-                    .live_members()
-                    .iter()
-                    .all(|m| m.is_parked() || m.is_settled())
+                && members.iter().all(|m| m.is_parked() || m.is_settled())
         })
     }
 
