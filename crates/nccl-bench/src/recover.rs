@@ -159,6 +159,9 @@ pub fn run(opts: &Opts) -> Result<()> {
                 "mode": opts.mode.name(),
                 "ranks": n,
                 "lost": n - 1,
+                // Recovery by shrink is opt-in: what the environment asked
+                // for (the span columns show which path each rep took).
+                "recover_by_shrink_env": std::env::var(nccl_dist::RECOVER_BY_SHRINK_ENV).ok(),
             },
             "recover": rows,
         });
