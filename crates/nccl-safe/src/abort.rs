@@ -210,6 +210,23 @@ fn wait_until(until: Instant, mut done: impl FnMut() -> bool) -> bool {
     }
 }
 
+/// Performs the due aborts of `members` (each with the cause it recorded)
+/// as a trigger does: those this thread can hold, in one NCCL group with
+/// the parked ones' stops after every abort; then each one left, on its
+/// own. For the end of a group that used a communicator that parks, when
+/// a loss came while it was open.
+pub(crate) fn settle_together(members: &[Arc<dyn Abortable>]) {
+    let held: Vec<Box<dyn HeldForAbort + '_>> = members
+        .iter()
+        .filter(|m| m.aborts_together())
+        .filter_map(|m| m.hold_for_abort())
+        .collect();
+    abort_held(held);
+    for member in members {
+        member.stop_parked();
+    }
+}
+
 struct SignalInner {
     /// Set once, when triggered: whether and why.
     cause: OnceLock<AbortCause>,

@@ -453,3 +453,28 @@ fn a_parked_member_stops_its_kernels_in_the_group_after_every_abort() {
         ]
     );
 }
+
+#[test]
+fn a_group_end_settles_a_parked_member_with_the_others_as_a_trigger_does() {
+    // What the end of a user's group does when a loss came while it was
+    // open and one of its communicators parks: the same order as the
+    // trigger's, whatever order the group touched them in.
+    let signal = AbortSignal::new();
+    let members = holdables(&signal, &["parked world", "mesh"], Some(fake_group));
+    let members: Vec<Arc<dyn Abortable>> = members
+        .into_iter()
+        .map(|m| m as Arc<dyn Abortable>)
+        .collect();
+    settle_together(&members);
+    let log = said();
+    let start = log.iter().position(|l| l == "group start").unwrap();
+    assert_eq!(
+        log[start..start + 4],
+        [
+            "group start",
+            "abort mesh",
+            "stop parked world",
+            "group end"
+        ]
+    );
+}

@@ -644,6 +644,21 @@ impl crate::group::Member for Shared {
     fn leave_group(&self) {
         Shared::leave_group(self)
     }
+
+    fn parks_and_due(&self) -> bool {
+        self.park_on_loss && self.abort_due()
+    }
+
+    fn leave_group_only(&self) {
+        let _state = self.lock();
+        if !self.held_by_another_group() {
+            self.in_open_group.store(false, Ordering::Release);
+        }
+    }
+
+    fn abortable(self: Arc<Self>) -> Arc<dyn Abortable> {
+        self
+    }
 }
 
 /// Makes `ctx` current on this thread for an NCCL call: one

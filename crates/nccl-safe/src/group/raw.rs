@@ -30,6 +30,14 @@ pub(crate) trait Member: Send + Sync {
     /// The group no longer refers to it: an abort asked for meanwhile
     /// happens now.
     fn leave_group(&self);
+    /// Whether it parks on a loss and an abort is due (no lock taken):
+    /// then the group's end settles every communicator it used together
+    /// ([`crate::abort::settle_together`]), as the signal's trigger does.
+    fn parks_and_due(&self) -> bool;
+    /// The group no longer refers to it; nothing is settled here.
+    fn leave_group_only(&self);
+    /// This one as a signal sees it, to settle several together.
+    fn abortable(self: Arc<Self>) -> Arc<dyn crate::abort::Abortable>;
 }
 
 /// Records that a communicator is used in the open group (before the call:
@@ -142,8 +150,19 @@ pub(crate) fn simulate_end(
 /// asked for meanwhile happen now), then, past the outermost end, the
 /// teardowns that waited for it run.
 fn after_end(touched: Vec<Arc<dyn Member>>) {
-    for shared in &touched {
-        shared.leave_group();
+    // One that parks, with an abort due (a loss while the group was open):
+    // every due abort and its stop go together, so that neither waits in
+    // NCCL behind a kernel the other's abort would end. Rare; allocates.
+    if touched.iter().any(|m| m.parks_and_due()) {
+        for shared in &touched {
+            shared.leave_group_only();
+        }
+        let members: Vec<_> = touched.iter().map(|m| Arc::clone(m).abortable()).collect();
+        crate::abort::settle_together(&members);
+    } else {
+        for shared in &touched {
+            shared.leave_group();
+        }
     }
     recycle_touched(touched);
     if !in_group() {
