@@ -83,6 +83,11 @@ pub(crate) trait Abortable: Send + Sync {
     }
     /// Parks it no more: the next abort asked for happens.
     fn unpark(&self) {}
+    /// Whether it would be held to stop its kernels in the group (it parks
+    /// or parked, blocking, its kernels not stopped yet). Never waits.
+    fn wants_hold(&self) -> bool {
+        false
+    }
     /// Does what is due (an abort, or a park) and stops a parked one's
     /// kernels if that is still to do, unless a thread holds it (which
     /// then does it). Called once every abort of the trigger was asked
@@ -185,11 +190,46 @@ fn abort_members(members: &[Arc<dyn Abortable>], cause: &AbortCause) {
         .filter(|m| m.aborts_together())
         .collect();
     if together.len() > 1 {
-        abort_held(together.iter().filter_map(|m| m.hold_for_abort()).collect());
+        abort_held(hold_all(&together));
     }
     for member in members.iter().rev() {
         member.request_abort(cause.clone());
     }
+}
+
+/// How long [`hold_all`] tries again for a member that would park and stop
+/// its kernels but whose lock was taken.
+const HOLD_RETRY: Duration = Duration::from_millis(5);
+
+/// The holds of `members` ([`Abortable::hold_for_abort`]), trying again
+/// for [`HOLD_RETRY`] for those whose stop belongs in the group
+/// ([`Abortable::wants_hold`]) but whose lock a thread held for a moment:
+/// left out, such a member's kernels would be stopped only after the
+/// group, where another's abort may wait behind them.
+fn hold_all<'a>(members: &[&'a Arc<dyn Abortable>]) -> Vec<Box<dyn HeldForAbort + 'a>> {
+    let mut held = Vec::with_capacity(members.len());
+    let mut missed = Vec::new();
+    for &m in members {
+        match m.hold_for_abort() {
+            Some(h) => held.push(h),
+            None if m.wants_hold() => missed.push(m),
+            None => {}
+        }
+    }
+    if !missed.is_empty() {
+        let until = Instant::now() + HOLD_RETRY;
+        wait_until(until, || {
+            missed.retain(|m| match m.hold_for_abort() {
+                Some(h) => {
+                    held.push(h);
+                    false
+                }
+                None => m.wants_hold(),
+            });
+            missed.is_empty()
+        });
+    }
+    held
 }
 
 /// Asks `done` until it says yes (`true`) or `until` passes (`false`, after

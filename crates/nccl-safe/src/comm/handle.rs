@@ -594,6 +594,18 @@ impl Abortable for Shared {
         }
     }
 
+    fn wants_hold(&self) -> bool {
+        self.park_on_loss
+            && self.blocking
+            && !self.unparked.load(Ordering::Acquire)
+            && self.abort_due()
+            && (!self.parked.load(Ordering::Acquire) || self.stop_pending.load(Ordering::Acquire))
+            && !matches!(
+                self.try_lock().as_deref(),
+                Some(State::Aborted | State::Closed)
+            )
+    }
+
     fn unpark(&self) {
         self.unparked.store(true, Ordering::Release);
     }
