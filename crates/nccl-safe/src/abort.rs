@@ -184,16 +184,19 @@ fn abort_held(mut held: Vec<Box<dyn HeldForAbort + '_>>) {
 /// ([`Abortable::request_abort`]: a thread in a call on one aborts it
 /// when it lets go).
 fn abort_members(members: &[Arc<dyn Abortable>], cause: &AbortCause) {
-    let together: Vec<&Arc<dyn Abortable>> = members
-        .iter()
-        .rev()
-        .filter(|m| m.aborts_together())
-        .collect();
-    if together.len() > 1 {
-        abort_held(hold_all(&together));
-    }
+    abort_together(members.iter().rev());
     for member in members.iter().rev() {
         member.request_abort(cause.clone());
+    }
+}
+
+/// Of `members`, in that order, those whose aborts can go together and
+/// that this thread can hold ([`hold_all`]): aborted in one NCCL group,
+/// the parked ones' kernels stopped after every abort ([`abort_held`]).
+fn abort_together<'a>(members: impl Iterator<Item = &'a Arc<dyn Abortable>>) {
+    let together: Vec<&Arc<dyn Abortable>> = members.filter(|m| m.aborts_together()).collect();
+    if together.len() > 1 {
+        abort_held(hold_all(&together));
     }
 }
 
@@ -256,12 +259,7 @@ fn wait_until(until: Instant, mut done: impl FnMut() -> bool) -> bool {
 /// own. For the end of a group that used a communicator that parks, when
 /// a loss came while it was open.
 pub(crate) fn settle_together(members: &[Arc<dyn Abortable>]) {
-    let held: Vec<Box<dyn HeldForAbort + '_>> = members
-        .iter()
-        .filter(|m| m.aborts_together())
-        .filter_map(|m| m.hold_for_abort())
-        .collect();
-    abort_held(held);
+    abort_together(members.iter());
     for member in members {
         member.stop_parked();
     }

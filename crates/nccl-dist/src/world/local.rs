@@ -60,10 +60,8 @@ type Posted = std::result::Result<Arc<Team>, String>;
 struct Team {
     /// The old ranks that make the new world, in new-rank order.
     survivors: Vec<usize>,
-    /// The survivors shrink their parked communicators (the first one
-    /// could), instead of making new ones from `id`.
-    shrink: bool,
-    /// The new world's id (`None` where the survivors shrink).
+    /// The new world's id; `None`: the survivors shrink their parked
+    /// communicators instead (the first one could).
     id: Option<UniqueId>,
     resolved: Resolved,
     watchdog: Option<Watchdog>,
@@ -163,7 +161,7 @@ impl World {
             )));
         }
         let me = survivors.me;
-        if team.shrink {
+        let Some(id) = &team.id else {
             let this = match old {
                 Old::Kept(this) if shrinkable => this,
                 old => {
@@ -198,7 +196,7 @@ impl World {
             )
             .map(|parts| team.world(me, parts));
             return shrinking.finish(made);
-        }
+        };
         let old = match old.give_up() {
             Ok(old) => old,
             Err(e) => {
@@ -213,13 +211,7 @@ impl World {
             me,
             team.liveness.as_ref(),
             &team.watchdog,
-            |r| match &team.id {
-                Some(id) => r.make_comms(id, me, n, device, Shape::Split),
-                None => Err(Error::InvalidArgument {
-                    op: OP,
-                    reason: "the first survivor posted no id".into(),
-                }),
-            },
+            |r| r.make_comms(id, me, n, device, Shape::Split),
         )?;
         let world = team.world(me, parts);
         // The rest of the old world (its channel membership, its
@@ -273,7 +265,6 @@ impl Team {
         let (watchdog, liveness) = local_team(&resolved, survivors.len())?;
         Ok(Arc::new(Team {
             survivors,
-            shrink,
             id,
             resolved,
             watchdog,

@@ -68,16 +68,13 @@ impl World {
         signal.trigger(nccl_safe::AbortCause::Other(
             "World::recover: the world was given up for the survivors' new one".into(),
         ));
-        let limit = comm.timeout().saturating_add(ABORT_ALLOWANCE);
+        let limit = comm.timeout();
         drop(comm);
         drop(control);
         // Those of earlier worlds carry their own signals: their drops
         // wait for their aborts.
         drop(retired);
-        let started = Instant::now();
-        let until = started
-            .checked_add(limit)
-            .unwrap_or(started + ABORT_ALLOWANCE);
+        let (started, until) = abort_deadline(limit);
         if !signal.wait_settled(until) {
             return Err(Error::Nccl(nccl_safe::Error::Timeout {
                 op: "World::recover: NCCL's teardown of the old world's communicators",
@@ -124,6 +121,17 @@ fn decline_shrink(old: Old) -> Error {
     }
 }
 
+/// Now, and how long a wait for NCCL's aborts of communicators with the
+/// operation timeout `timeout` may last: that timeout (a drop's bounded
+/// wait) plus [`ABORT_ALLOWANCE`] (NCCL's abort).
+fn abort_deadline(timeout: Duration) -> (Instant, Instant) {
+    let started = Instant::now();
+    let until = started
+        .checked_add(timeout.saturating_add(ABORT_ALLOWANCE))
+        .unwrap_or(started + ABORT_ALLOWANCE);
+    (started, until)
+}
+
 /// The ranks of a world of `size` that are not in `keep`.
 fn excluded(size: usize, keep: &[usize]) -> Vec<usize> {
     (0..size).filter(|r| !keep.contains(r)).collect()
@@ -143,9 +151,7 @@ impl World {
     /// is due.
     pub(super) fn can_shrink(&self, keep: &[usize]) -> bool {
         // A world that does not park (the default) decides at once.
-        if !self.control.as_ref().is_some_and(Comm::parks_on_peer_loss)
-            || !keep.windows(2).all(|w| w[0] < w[1])
-        {
+        if !self.parks() || !keep.windows(2).all(|w| w[0] < w[1]) {
             return false;
         }
         let until = Instant::now() + FIRST_LOSS;
@@ -153,6 +159,12 @@ impl World {
             std::thread::sleep(Duration::from_millis(1));
         }
         self.control.as_ref().is_some_and(Comm::is_parked) && self.comm.is_parked()
+    }
+
+    /// Whether this world's communicators park on a loss
+    /// ([`WorldOptions::recover_by_shrink`]).
+    fn parks(&self) -> bool {
+        self.control.as_ref().is_some_and(Comm::parks_on_peer_loss)
     }
 
     /// The survivors' world from this one's parked communicators
@@ -191,13 +203,9 @@ impl World {
             op: "World::recover",
             reason: "no parked communicator to shrink".into(),
         })?;
-        let limit = comm.timeout().saturating_add(ABORT_ALLOWANCE);
+        let (started, until) = abort_deadline(comm.timeout());
         // The child before its parent.
         retired.push(comm);
-        let started = Instant::now();
-        let until = started
-            .checked_add(limit)
-            .unwrap_or(started + ABORT_ALLOWANCE);
         if !signal.wait_quiet(until) {
             let error = Error::Nccl(nccl_safe::Error::Timeout {
                 op: "World::recover: NCCL's aborts of the old world's other communicators",
@@ -229,7 +237,7 @@ pub(super) enum Old {
 impl Old {
     /// `world` kept where it parks on a loss, else given up now.
     pub(super) fn of(world: World) -> Result<Old> {
-        if world.control.as_ref().is_some_and(Comm::parks_on_peer_loss) {
+        if world.parks() {
             Ok(Old::Kept(Box::new(world)))
         } else {
             world.give_up().map(Old::GivenUp)

@@ -185,6 +185,14 @@ fn said() -> Vec<String> {
     HELD_LOG.with(|l| l.borrow().clone())
 }
 
+/// What was said from the fake group's start to its end.
+fn group_said() -> Vec<String> {
+    let log = said();
+    let start = log.iter().position(|l| l == "group start").unwrap();
+    let end = log.iter().position(|l| l == "group end").unwrap();
+    log[start..=end].to_vec()
+}
+
 /// Stands for `ncclGroupStart`/`ncclGroupEnd` around the calls.
 fn fake_group(calls: &mut dyn FnMut()) -> bool {
     say("group start".into());
@@ -441,10 +449,8 @@ fn a_parked_member_stops_its_kernels_in_the_group_after_every_abort() {
     let signal = AbortSignal::new();
     let _members = holdables(&signal, &["mesh", "parked world"], Some(fake_group));
     signal.trigger(AbortCause::Requested);
-    let log = said();
-    let start = log.iter().position(|l| l == "group start").unwrap();
     assert_eq!(
-        log[start..start + 4],
+        group_said(),
         [
             "group start",
             "abort mesh",
@@ -466,10 +472,8 @@ fn a_group_end_settles_a_parked_member_with_the_others_as_a_trigger_does() {
         .map(|m| m as Arc<dyn Abortable>)
         .collect();
     settle_together(&members);
-    let log = said();
-    let start = log.iter().position(|l| l == "group start").unwrap();
     assert_eq!(
-        log[start..start + 4],
+        group_said(),
         [
             "group start",
             "abort mesh",

@@ -186,13 +186,8 @@ impl Comm {
         if self.shared.abort_due() {
             // Its work may wait for a lost peer (a parked one's does):
             // NCCL's destroy would wait for it with no deadline.
-            self.shared
-                .unparked
-                .store(true, std::sync::atomic::Ordering::Release);
-            let aborted = self.shared.abort_locked(&mut state);
             drop(state);
-            self.shared.after_abort();
-            return aborted;
+            return self.shared.abort(AbortCause::Requested);
         }
         *state = State::Closed;
         drop(state);
