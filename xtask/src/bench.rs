@@ -283,6 +283,15 @@ fn jobs(o: &Options) -> Vec<Job> {
             });
         }
     }
+    // The recover phase again with recovery by shrink (opt-in), beside the
+    // default's (`recover_by_shrink_ms`; `recover_ms` stays the default's).
+    if want("recover") {
+        jobs.push(Job {
+            name: "recover-threads-shrink".into(),
+            mode: "threads",
+            args: w("--recover --recover-by-shrink --setup-reps 3"),
+        });
+    }
     // The small phase again with a process per GPU, as PyTorch's side runs
     // (its rows beside the threads'; the summary keys stay the threads').
     if want("small") {

@@ -73,6 +73,9 @@ What to run:
   --recover                        time World::recover after a lost rank (the last
                                    thread panics on purpose) and the first
                                    all_reduce on the new world; threads mode
+  --recover-by-shrink              with --recover: the world recovers by shrink
+                                   (WorldOptions::recover_by_shrink); without it,
+                                   NCCL_RS_RECOVER_BY_SHRINK decides
   --step                           time a training-like step over a 2-D DeviceMesh
                                    (dp x tp) with default options against the same
                                    step in raw nccl-sys calls, interleaved (-n steps
@@ -146,6 +149,7 @@ pub struct Opts {
     pub step_raw_mesh: bool,
     pub async_phase: bool,
     pub recover_phase: bool,
+    pub recover_by_shrink: bool,
     pub small_phase: bool,
     pub mesh_keeps_world: bool,
     pub fresh_process: bool,
@@ -186,6 +190,7 @@ impl Default for Opts {
             step_raw_mesh: false,
             async_phase: false,
             recover_phase: false,
+            recover_by_shrink: false,
             small_phase: false,
             mesh_keeps_world: false,
             fresh_process: false,
@@ -242,6 +247,7 @@ const FLAGS: &[Flag] = &[
     switch(&["--step-raw-mesh"]),
     switch(&["--async"]),
     switch(&["--recover"]),
+    switch(&["--recover-by-shrink"]),
     switch(&["--small"]),
     switch(&["--mesh-keeps-world"]),
     switch(&["--fresh-process"]),
@@ -369,6 +375,7 @@ pub fn parse(args: &[String]) -> Result<Option<Opts>, String> {
         step_raw_mesh: p.has("--step-raw-mesh"),
         async_phase: p.has("--async"),
         recover_phase: p.has("--recover"),
+        recover_by_shrink: p.has("--recover-by-shrink"),
         small_phase: p.has("--small"),
         mesh_keeps_world: p.has("--mesh-keeps-world"),
         fresh_process: p.has("--fresh-process"),

@@ -133,6 +133,9 @@ pub const TARGET_MODES: &[&str] = &["threads", "processes"];
 /// - `recover_give_up_ms` (not a target): of that, the median over reps
 ///   of the slowest survivor's span `nccl.recover_give_up`, the wait
 ///   until NCCL's aborts of the old world's communicators are done.
+/// - `recover_by_shrink_ms` (not a target): as `recover_ms`, from the
+///   job `recover-threads-shrink` (`WorldOptions::recover_by_shrink`,
+///   opt-in).
 /// - `mesh_over_torch`, `world_over_torch` (with `--python`): processes
 ///   mode's warm median of mesh + first call per axis, and of the world's
 ///   init (the median of the `setup-processes-fresh-*` jobs' first world
@@ -450,20 +453,25 @@ pub fn summary(docs: &BTreeMap<String, Value>) -> (Value, Vec<Target>) {
     // The median over the recover phase's reps of one figure of the
     // slowest survivor's, and how many reps gave it.
     let recover_doc = docs.get("recover-threads");
-    let recover_reps = recover_doc.and_then(|d| d["recover"].as_array());
-    let over_reps = |value: &dyn Fn(&Value) -> Option<f64>| {
-        let all: Vec<f64> = recover_reps?.iter().filter_map(value).collect();
-        let reps = all.len();
-        upper_median(all).map(|median| (median, reps))
+    let over_reps = |job: &str, value: &dyn Fn(&Value) -> Option<f64>| {
+        let reps = docs.get(job).and_then(|d| d["recover"].as_array())?;
+        let all: Vec<f64> = reps.iter().filter_map(value).collect();
+        let n = all.len();
+        upper_median(all).map(|median| (median, n))
     };
     // From a loss known to the first all-reduce done on the recovered
     // world (a rep without it counts, as a NaN).
-    let recover = over_reps(&|r| Some(f(r, "recover_and_first_all_reduce_ms")))
+    let first_done = |r: &Value| Some(f(r, "recover_and_first_all_reduce_ms"));
+    let recover = over_reps("recover-threads", &first_done)
         .map(|(ms, reps)| (ms, format!("recover-threads, median of {reps} reps")));
+    // The same with recovery by shrink (opt-in): not the target's key.
+    let recover_by_shrink = over_reps("recover-threads-shrink", &first_done).map(|(ms, _)| ms);
     // Of it, giving the old world up (NCCL's aborts of its communicators,
     // waited for): the span, where a rep has it.
-    let recover_give_up =
-        over_reps(&|r| r["spans"]["nccl.recover_give_up"].as_f64()).map(|(ms, _)| ms);
+    let recover_give_up = over_reps("recover-threads", &|r| {
+        r["spans"]["nccl.recover_give_up"].as_f64()
+    })
+    .map(|(ms, _)| ms);
 
     // Bandwidth at 128 MiB and above (a thread per GPU): the least of the
     // safe and dist layers' busbw over raw's, over every collective.
@@ -615,6 +623,9 @@ pub fn summary(docs: &BTreeMap<String, Value>) -> (Value, Vec<Target>) {
     if let Some((ratio, at)) = &step_medians {
         flat.insert("default_step_over_raw_medians".into(), json!(ratio));
         flat.insert("default_step_over_raw_medians_at".into(), json!(at));
+    }
+    if let Some(ms) = recover_by_shrink {
+        flat.insert("recover_by_shrink_ms".into(), json!(ms));
     }
     if let Some(ms) = recover_give_up {
         flat.insert("recover_give_up_ms".into(), json!(ms));

@@ -25,15 +25,32 @@ pub(crate) struct Served {
     nonce_s: [u8; NONCE],
 }
 
+impl Served {
+    /// The rank it proved it is.
+    pub(crate) fn rank(&self) -> usize {
+        self.rank
+    }
+}
+
+/// How a served rank answered the hub's wait for its attach.
+pub(crate) enum Attach {
+    /// It attached: its link, and where it listens for a takeover.
+    Kept(Link, Option<SocketAddr>),
+    /// It said goodbye instead: liveness is off on its side, and it is not
+    /// watched.
+    Declined,
+}
+
 /// The hub's side: waits for a served rank's `Attach` and answers
-/// `Attached`; the link and where the member listens for a takeover.
+/// `Attached`. An error means the rank took the id and then failed to
+/// attach (it died, closed, stayed silent or sent garbage).
 pub(crate) fn attach_member(
     mut stream: TcpStream,
     served: Served,
     world: usize,
     secret: &Secret,
     until: Instant,
-) -> Result<(Link, Option<SocketAddr>)> {
+) -> Result<Attach> {
     let rank = served.rank;
     let key = session_key(secret, &served.nonce_s, &served.nonce_c, rank, world)?;
     let mut opener = Opener::new(key.clone(), Dir::Up, world);
@@ -44,10 +61,11 @@ pub(crate) fn attach_member(
         .map_err(|e| not_attached(e.to_string()))?;
     let listen = match opener.open(kind, &payload)? {
         Msg::Attach { listen } => listen,
+        Msg::Goodbye => return Ok(Attach::Declined),
         _ => return Err(not_attached("the first frame was not an attach".into()).into()),
     };
     write_bytes(&mut stream, &sealer.seal(&Msg::Attached)?, until)?;
-    Ok((Link::new(rank, false, stream, sealer, opener)?, listen))
+    Ok(Attach::Kept(Link::new(rank, false, stream, sealer, opener)?, listen))
 }
 
 /// A member that became the hub: authenticates a member coming to it
@@ -73,7 +91,16 @@ pub(crate) fn takeover_accept(
         until,
         started,
     )?;
-    attach_member(stream, served, world, secret, until).map(|(link, _)| link)
+    let rank = served.rank;
+    match attach_member(stream, served, world, secret, until)? {
+        Attach::Kept(link, _) => Ok(link),
+        // Only members that watch come to a takeover hub.
+        Attach::Declined => Err(LivenessError::NotAttached {
+            rank,
+            detail: "it said goodbye instead of attaching to the new hub".into(),
+        }
+        .into()),
+    }
 }
 
 /// How long a takeover handshake may take on the accepting side.

@@ -99,6 +99,31 @@ pub(crate) fn attach_to_hub(
     Ok(Link::new(hub, true, stream, sealer, opener)?)
 }
 
+/// A member that keeps no liveness connection (liveness off on its side,
+/// or a plain [`join`](crate::rendezvous::join)): tells the hub so with a
+/// sealed `Goodbye` in place of the attach, then closes. A hub that
+/// watches ranks then knows that this rank chose not to be watched, and
+/// counts a connection that closes without either as a rank that took the
+/// id and was lost. Best effort: a hub that does not watch has closed its
+/// side already.
+pub(crate) fn decline_attach(joined: Joined, rank: usize, world: usize, secret: &Secret) {
+    let Joined {
+        mut stream,
+        nonce_c,
+        nonce_s,
+        ..
+    } = joined;
+    let sealed = session_key(secret, &nonce_s, &nonce_c, rank, world)
+        .and_then(|key| Sealer::new(key, Dir::Up).seal(&Msg::Goodbye));
+    if let Ok(bytes) = sealed {
+        let _ = write_bytes(&mut stream, &bytes, Instant::now() + DECLINE_WRITE);
+    }
+}
+
+/// How long [`decline_attach`] may take to write its goodbye: a few
+/// dozen bytes into an empty socket buffer.
+const DECLINE_WRITE: Duration = Duration::from_millis(200);
+
 /// What a joining rank takes from a finished handshake.
 pub(crate) struct Joined {
     pub(crate) id: UniqueId,

@@ -6,11 +6,14 @@ use std::time::{Duration, Instant};
 use nccl_sys::ncclUniqueId as UniqueId;
 
 use crate::frame::{PEER_TIMEOUT, Result, deadline_after};
-use crate::handshake::connect::{attach_to_hub, join_stream};
+use crate::handshake::connect::{attach_to_hub, decline_attach, join_stream};
 use crate::liveness::{Liveness, LivenessOptions, Takeover, start_member};
 use crate::secret::Secret;
 /// A joining rank's side: connects to `addr` (retrying until `timeout`),
-/// proves it knows the secret and receives the id.
+/// proves it knows the secret and receives the id. It keeps no liveness
+/// connection, and says so before it closes: a rank 0 that watches ranks
+/// ([`serve_live`](crate::rendezvous::serve_live)) then does not count it
+/// as lost, as it does a rank that took the id and vanished.
 pub fn join(
     addr: impl ToSocketAddrs,
     rank: usize,
@@ -18,7 +21,10 @@ pub fn join(
     secret: &Secret,
     timeout: Duration,
 ) -> Result<UniqueId> {
-    join_stream(addr, rank, world, secret, Instant::now(), timeout).map(|j| j.id)
+    let joined = join_stream(addr, rank, world, secret, Instant::now(), timeout)?;
+    let id = joined.id;
+    decline_attach(joined, rank, world, secret);
+    Ok(id)
 }
 
 /// A joining rank's side with the liveness channel: as [`join`], then

@@ -13,7 +13,8 @@ use crate::frame::{
     MAX_HANDSHAKES, MAX_REFUSED, PEER_TIMEOUT, RendezvousError, Result, check_fits, deadline_after,
     deadline_left,
 };
-use crate::handshake::accept::{Served, attach_member, handshake_server};
+use crate::handshake::accept::{Attach, Served, attach_member, handshake_server};
+use crate::loss::LivenessError;
 use crate::liveness::{Liveness, LivenessOptions, start_hub};
 use crate::secret::Secret;
 /// Rank 0's side: accepts the other `world - 1` ranks on `listener` and
@@ -35,9 +36,12 @@ pub fn serve(
 /// served rank's connection stays open as its liveness connection (see
 /// [`crate::liveness`]). The returned [`Liveness`] watches them from the
 /// start, so a rank that dies while others are still joining is already
-/// reported. A served rank whose connection could not be kept (liveness
-/// off on its side) has the id but is not watched; its error is in the
-/// returned list. On an error, the ranks already attached see rank 0 as
+/// reported. A served rank that says it keeps no liveness connection
+/// (liveness off on its side: it says goodbye instead of attaching) has
+/// the id but is not watched; its error is in the returned list. A served
+/// rank that neither attaches nor says so (it died, or its connection
+/// broke, between taking the id and attaching) is reported lost, as after
+/// the attach: the others may already be waiting for it in NCCL. On an error, the ranks already attached see rank 0 as
 /// lost. With `options` disabled this is [`serve`] plus a channel that
 /// only knows local reports.
 pub fn serve_live(
@@ -63,12 +67,25 @@ pub fn serve_live(
             // The address remote members reach this host by (a member on
             // this host may have come over loopback).
             let seen = stream.local_addr().ok().map(|a| a.ip());
+            let rank = served.rank();
             match attach_member(stream, served, world, secret, until) {
-                Ok((link, listen)) => {
+                Ok(Attach::Kept(link, listen)) => {
                     live.add_link(link, listen, seen);
                     None
                 }
-                Err(e) => Some(e),
+                Ok(Attach::Declined) => Some(
+                    LivenessError::NotAttached {
+                        rank,
+                        detail: "liveness is off on its side; it is not watched".into(),
+                    }
+                    .into(),
+                ),
+                // It has the id, so the others may already wait for it in
+                // NCCL: a loss, not a refusal.
+                Err(e) => {
+                    live.lost_before_attach(rank, &e);
+                    Some(e)
+                }
             }
         },
     );
@@ -247,4 +264,79 @@ fn handshake_thread(
         started,
     )?;
     Ok((stream, who, until))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::*;
+    use crate::handshake::connect::join_stream;
+    use crate::liveness::LossCause;
+    use crate::rendezvous::join;
+
+    fn secret() -> Secret {
+        Secret::from_bytes(vec![7; 32], "test").expect("long enough")
+    }
+
+    fn id() -> UniqueId {
+        UniqueId::from_bytes([3; nccl_sys::NCCL_UNIQUE_ID_BYTES])
+    }
+
+    /// Rank 0 of a world of two watching ranks, on its own thread.
+    fn hub() -> (
+        std::net::SocketAddr,
+        std::thread::JoinHandle<Result<(Liveness, Vec<RendezvousError>)>>,
+    ) {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = l.local_addr().expect("addr");
+        let options = LivenessOptions::new().heartbeat(Duration::from_millis(50));
+        let hub = std::thread::spawn(move || {
+            serve_live(&l, 2, &secret(), &id(), Duration::from_secs(10), &options)
+        });
+        (addr, hub)
+    }
+
+    #[test]
+    fn a_rank_that_takes_the_id_and_vanishes_before_its_attach_is_lost() {
+        let (addr, hub) = hub();
+        let started = Instant::now();
+        // The handshake, then the connection closes with no attach and no
+        // goodbye: what a rank killed in between leaves.
+        let joined = join_stream(addr, 1, 2, &secret(), started, Duration::from_secs(10))
+            .expect("handshake");
+        assert_eq!(joined.id, id());
+        drop(joined);
+        let (live, refused) = hub.join().expect("thread").expect("the rendezvous completes");
+        assert_eq!(refused.len(), 1, "{refused:?}");
+        let losses = live.losses();
+        assert_eq!(losses.len(), 1, "{losses:?}");
+        assert_eq!((losses[0].rank, losses[0].seen_by), (1, 0));
+        assert!(
+            matches!(&losses[0].cause, LossCause::Exited { reason } if reason.contains("attach")),
+            "{losses:?}"
+        );
+        // Known at once, not at a deadline.
+        assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+    }
+
+    #[test]
+    fn a_rank_without_liveness_says_so_and_is_not_lost() {
+        let (addr, hub) = hub();
+        assert_eq!(
+            join(addr, 1, 2, &secret(), Duration::from_secs(10)).expect("join"),
+            id()
+        );
+        let (live, refused) = hub.join().expect("thread").expect("the rendezvous completes");
+        assert!(
+            matches!(
+                refused.as_slice(),
+                [RendezvousError::Liveness(LivenessError::NotAttached { rank: 1, detail })]
+                    if detail.contains("off on its side")
+            ),
+            "{refused:?}"
+        );
+        assert!(live.losses().is_empty(), "{:?}", live.losses());
+        assert!(!live.is_lost(1));
+    }
 }

@@ -58,10 +58,12 @@ impl Resolved {
             Some(l) => l.clone(),
             None => LivenessOptions::from_env()?,
         };
+        // Whether the library can shrink is asked later, in `parks`: here
+        // it would load libnccl before the rendezvous.
         let park = match options.shrink_recovery {
             Some(on) => on,
             None => crate::env::switch(env, crate::env::RECOVER_BY_SHRINK_ENV)?.unwrap_or(false),
-        } && parks();
+        };
         let signal = AbortSignal::new();
         let user_config = options.config.as_ref().map(|c| {
             let c = c.clone().abort_signal(&signal);
@@ -84,7 +86,7 @@ impl Resolved {
     /// Whether the world's communicators park on a loss
     /// ([`WorldOptions::recover_by_shrink`], where the library can shrink).
     pub(super) fn parks(&self) -> bool {
-        self.park
+        self.park && parks()
     }
 
     /// The configuration of the hot-path communicators: blocking.
@@ -102,7 +104,7 @@ impl Resolved {
     fn init_config(&self) -> Config {
         self.data_config()
             .blocking(false)
-            .park_on_peer_loss(self.park)
+            .park_on_peer_loss(self.parks())
     }
 
     /// The configuration of the world's blocking communicator: it parks
@@ -110,7 +112,7 @@ impl Resolved {
     /// [`Config::park_on_peer_loss`]), and is kept until the recovered
     /// world drops.
     fn world_config(&self) -> Config {
-        self.data_config().park_on_peer_loss(self.park)
+        self.data_config().park_on_peer_loss(self.parks())
     }
 
     /// Makes the connections of a world's communicators now, unless lazy

@@ -215,6 +215,22 @@ fn recover_ms_is_the_median_rep_of_the_slowest_survivor() {
     let mut md = String::new();
     crate::bench::report::recover_section(&mut md, &docs).unwrap();
     assert!(md.contains("| threads | 1 | 100.0 | 120.0 |"), "{md}");
+    assert!(flat.get("recover_by_shrink_ms").is_none(), "{flat}");
+    // The opt-in shrink run beside it: its own key, not the target's.
+    let shrink = json!({
+        "meta": {"recover": true, "mode": "threads", "ranks": 4, "lost": 3, "recover_by_shrink": true},
+        "recover": [
+            {"rep": 0, "recover_ms": 40.0, "recover_and_first_all_reduce_ms": 45.0},
+            {"rep": 1, "recover_ms": 50.0, "recover_and_first_all_reduce_ms": 56.0},
+        ],
+    });
+    docs.insert("recover-threads-shrink".to_string(), shrink);
+    let (flat, _) = summary(&docs);
+    assert_eq!(flat["recover_ms"], json!(130.0), "{flat}");
+    assert_eq!(flat["recover_by_shrink_ms"], json!(56.0), "{flat}");
+    let mut md = String::new();
+    crate::bench::report::recover_section(&mut md, &docs).unwrap();
+    assert!(md.contains("| threads-shrink | 0 | 40.0 | 45.0 |"), "{md}");
 }
 
 #[test]

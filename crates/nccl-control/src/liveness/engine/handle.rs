@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 
 use super::takeover::Takeover;
 use super::{ExitHolder, Link, Msg, ROSTER_CHUNK, Role, Shared, lock, spawn};
-use crate::liveness::{LivenessOptions, PeerLoss};
+use crate::liveness::{LivenessOptions, LossCause, PeerLoss};
 
 /// The handle every clone points at; its drop is the clean goodbye.
 struct Handle {
@@ -187,6 +187,19 @@ impl Liveness {
             lock(&self.shared().host_ip).get_or_insert(ip);
         }
         self.shared().attach(link);
+    }
+
+    /// Rank 0: `rank` took the id but its attach failed with `error`
+    /// (it died or its connection broke in between): lost, as if its
+    /// liveness connection had closed after the attach.
+    pub(crate) fn lost_before_attach(&self, rank: usize, error: &dyn std::fmt::Display) {
+        self.shared().report(PeerLoss {
+            rank,
+            cause: LossCause::Exited {
+                reason: format!("it took the id, then its liveness attach failed: {error}"),
+            },
+            seen_by: 0,
+        });
     }
 
     /// Rank 0: the rendezvous is over; no more members will come. Every
