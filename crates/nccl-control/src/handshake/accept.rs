@@ -65,7 +65,10 @@ pub(crate) fn attach_member(
         _ => return Err(not_attached("the first frame was not an attach".into()).into()),
     };
     write_bytes(&mut stream, &sealer.seal(&Msg::Attached)?, until)?;
-    Ok(Attach::Kept(Link::new(rank, false, stream, sealer, opener)?, listen))
+    Ok(Attach::Kept(
+        Link::new(rank, false, stream, sealer, opener)?,
+        listen,
+    ))
 }
 
 /// A member that became the hub: authenticates a member coming to it

@@ -14,8 +14,8 @@ use crate::frame::{
     deadline_left,
 };
 use crate::handshake::accept::{Attach, Served, attach_member, handshake_server};
-use crate::loss::LivenessError;
 use crate::liveness::{Liveness, LivenessOptions, start_hub};
+use crate::loss::LivenessError;
 use crate::secret::Secret;
 /// Rank 0's side: accepts the other `world - 1` ranks on `listener` and
 /// hands each the id, until all are served or `timeout` passes. Peers that
@@ -307,7 +307,10 @@ mod tests {
             .expect("handshake");
         assert_eq!(joined.id, id());
         drop(joined);
-        let (live, refused) = hub.join().expect("thread").expect("the rendezvous completes");
+        let (live, refused) = hub
+            .join()
+            .expect("thread")
+            .expect("the rendezvous completes");
         assert_eq!(refused.len(), 1, "{refused:?}");
         let losses = live.losses();
         assert_eq!(losses.len(), 1, "{losses:?}");
@@ -317,7 +320,11 @@ mod tests {
             "{losses:?}"
         );
         // Known at once, not at a deadline.
-        assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
     }
 
     #[test]
@@ -327,7 +334,10 @@ mod tests {
             join(addr, 1, 2, &secret(), Duration::from_secs(10)).expect("join"),
             id()
         );
-        let (live, refused) = hub.join().expect("thread").expect("the rendezvous completes");
+        let (live, refused) = hub
+            .join()
+            .expect("thread")
+            .expect("the rendezvous completes");
         assert!(
             matches!(
                 refused.as_slice(),
