@@ -35,7 +35,7 @@ impl Served {
 /// How a served rank answered the hub's wait for its attach.
 pub(crate) enum Attach {
     /// It attached: its link, and where it listens for a takeover.
-    Kept(Link, Option<SocketAddr>),
+    Kept(Box<Link>, Option<SocketAddr>),
     /// It said goodbye instead: liveness is off on its side, and it is not
     /// watched.
     Declined,
@@ -66,7 +66,7 @@ pub(crate) fn attach_member(
     };
     write_bytes(&mut stream, &sealer.seal(&Msg::Attached)?, until)?;
     Ok(Attach::Kept(
-        Link::new(rank, false, stream, sealer, opener)?,
+        Box::new(Link::new(rank, false, stream, sealer, opener)?),
         listen,
     ))
 }
@@ -96,7 +96,7 @@ pub(crate) fn takeover_accept(
     )?;
     let rank = served.rank;
     match attach_member(stream, served, world, secret, until)? {
-        Attach::Kept(link, _) => Ok(link),
+        Attach::Kept(link, _) => Ok(*link),
         // Only members that watch come to a takeover hub.
         Attach::Declined => Err(LivenessError::NotAttached {
             rank,

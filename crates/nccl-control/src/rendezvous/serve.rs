@@ -70,7 +70,7 @@ pub fn serve_live(
             let rank = served.rank();
             match attach_member(stream, served, world, secret, until) {
                 Ok(Attach::Kept(link, listen)) => {
-                    live.add_link(link, listen, seen);
+                    live.add_link(*link, listen, seen);
                     None
                 }
                 Ok(Attach::Declined) => Some(
@@ -283,11 +283,11 @@ mod tests {
         UniqueId::from_bytes([3; nccl_sys::NCCL_UNIQUE_ID_BYTES])
     }
 
+    /// What `serve_live` returns.
+    type HubResult = Result<(Liveness, Vec<RendezvousError>)>;
+
     /// Rank 0 of a world of two watching ranks, on its own thread.
-    fn hub() -> (
-        std::net::SocketAddr,
-        std::thread::JoinHandle<Result<(Liveness, Vec<RendezvousError>)>>,
-    ) {
+    fn hub() -> (std::net::SocketAddr, std::thread::JoinHandle<HubResult>) {
         let l = TcpListener::bind("127.0.0.1:0").expect("bind");
         let addr = l.local_addr().expect("addr");
         let options = LivenessOptions::new().heartbeat(Duration::from_millis(50));
