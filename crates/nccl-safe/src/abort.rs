@@ -134,6 +134,17 @@ pub(crate) trait HeldForAbort {
     /// Stops its kernels, in the group, once every held one's abort was
     /// called (once; later calls do nothing).
     fn stop(&mut self) {}
+    /// Whether an NCCL call it made inside the group returned an error.
+    /// NCCL then fails the group's end without running any job queued in
+    /// it: every abort's reclaim is dropped unrun (NCCL 2.28's
+    /// `groupCleanup`), its communicator left allocated with its abort
+    /// flags set.
+    fn failed_in_group(&self) -> bool {
+        false
+    }
+    /// After such a group: `ncclCommAbort` again, alone, for one aborted
+    /// in it, so that NCCL reclaims it after all (nothing otherwise).
+    fn abort_again(&mut self) {}
     /// Lets go of the lock.
     fn unlock(&mut self);
 }
@@ -163,7 +174,7 @@ fn abort_held(mut held: Vec<Box<dyn HeldForAbort + '_>>) {
         // Every abort first: each sets its flags at once, so a parked
         // one's stop, which waits for its kernels inside the call, finds
         // none of theirs still in the way.
-        group(&mut || {
+        let ended = group(&mut || {
             for h in held.iter_mut() {
                 h.abort();
             }
@@ -171,6 +182,14 @@ fn abort_held(mut held: Vec<Box<dyn HeldForAbort + '_>>) {
                 h.stop();
             }
         });
+        // A call that failed inside made NCCL drop every reclaim at the
+        // group's end, unrun: each aborted one is aborted again, alone.
+        if ended && held.iter().any(|h| h.failed_in_group()) {
+            tracing::warn!("a call in a group of aborts failed; each is aborted again on its own");
+            for h in held.iter_mut() {
+                h.abort_again();
+            }
+        }
     }
     for h in held.iter_mut() {
         h.unlock();

@@ -277,6 +277,19 @@ impl HeldForAbort for HeldHoldable<'_> {
         say(format!("stop {}", self.member.name));
     }
 
+    /// A member whose name holds `failing` stands for one whose call in
+    /// the group returned an error.
+    fn failed_in_group(&self) -> bool {
+        self.member.name.contains("failing")
+    }
+
+    /// Again only for one aborted in the group (not one held to stop).
+    fn abort_again(&mut self) {
+        if !self.stops() {
+            say(format!("abort again {}", self.member.name));
+        }
+    }
+
     fn unlock(&mut self) {
         self.guard = None;
         say(format!("unlock {}", self.member.name));
@@ -457,6 +470,38 @@ fn a_parked_member_stops_its_kernels_in_the_group_after_every_abort() {
             "stop parked world",
             "group end"
         ]
+    );
+    assert!(
+        !said().iter().any(|l| l.starts_with("abort again")),
+        "{:?}",
+        said()
+    );
+}
+
+#[test]
+fn a_failed_call_in_the_group_has_every_aborted_member_aborted_again_before_any_lets_go() {
+    // NCCL fails the end of a group in which a call failed and drops
+    // every reclaim queued in it unrun: each aborted one is aborted again,
+    // alone, while every lock is still held.
+    let signal = AbortSignal::new();
+    let _members = holdables(
+        &signal,
+        &["control", "mesh", "parked failing world"],
+        Some(fake_group),
+    );
+    signal.trigger(AbortCause::Requested);
+    let log = said();
+    let end = log.iter().position(|l| l == "group end").unwrap();
+    assert_eq!(
+        log[end..end + 5],
+        [
+            "group end",
+            "abort again mesh",
+            "abort again control",
+            "unlock parked failing world",
+            "unlock mesh",
+        ],
+        "{log:?}"
     );
 }
 

@@ -139,6 +139,16 @@ impl Shared {
     /// queued behind one of theirs, or theirs behind this one's). `None`
     /// for a communicator of one rank, whose kernels wait for no peer.
     pub(crate) fn issue_stop(&self, raw: ncclComm_t) -> Result<Option<IssuedStop>> {
+        match self.prepare_stop(raw)? {
+            Some(prepared) => prepared.call(self, raw).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// What [`Shared::issue_stop`] passes to NCCL, made before the call
+    /// (the caller holds the lock, `raw` live): `None` for a communicator
+    /// of one rank.
+    fn prepare_stop(&self, raw: ncclComm_t) -> Result<Option<PreparedStop>> {
         make_current(&self.ctx).map_err(|source| Error::Cuda { op: STOP, source })?;
         let query = |get: nccl_sys::pfn::ncclCommCount| -> Result<i32> {
             let mut value = 0;
@@ -150,7 +160,7 @@ impl Shared {
         };
         let size = query(self.lib.raw().ncclCommCount()?)?;
         let rank = query(self.lib.raw().ncclCommUserRank()?)?;
-        let mut others: Vec<i32> = (0..size).filter(|&r| r != rank).collect();
+        let others: Vec<i32> = (0..size).filter(|&r| r != rank).collect();
         if others.is_empty() {
             return Ok(None);
         }
@@ -159,28 +169,11 @@ impl Shared {
             reason: "rank count exceeds i32",
         })?;
         let config = crate::Config::new().timeout(self.timeout);
-        let mut raw_config = config.to_raw(self.lib.version())?;
-        let shrink = self.lib.raw().ncclCommShrink()?;
-        let mut slot: Box<ncclComm_t> = Box::new(std::ptr::null_mut());
-        // SAFETY: `raw` is live and blocking; the list, the out-slot (on
-        // the heap, kept in the returned value until the child is
-        // adopted, after any group's end, when NCCL writes it) and the
-        // configuration (kept likewise) outlive NCCL's use of them.
-        let code = unsafe {
-            shrink(
-                raw,
-                others.as_mut_ptr(),
-                count,
-                &mut *slot,
-                &mut raw_config.raw,
-                nccl_sys::NCCL_SHRINK_ABORT,
-            )
-        };
-        self.lib.check(STOP, code, raw)?;
-        Ok(Some(IssuedStop {
-            slot,
-            _config: raw_config,
-            _others: others,
+        Ok(Some(PreparedStop {
+            others,
+            count,
+            config: config.to_raw(self.lib.version())?,
+            shrink: self.lib.raw().ncclCommShrink()?,
         }))
     }
 
@@ -227,6 +220,8 @@ impl Shared {
             state: Some(state),
             aborted: false,
             stop: stops.then_some(None),
+            in_group: None,
+            failed: false,
         }))
     }
 }
@@ -248,6 +243,33 @@ struct Held<'a> {
     /// `Some` for one parked, held to stop its kernels instead: the stop
     /// issued in the group (`Some` inside), its child adopted at `unlock`.
     stop: Option<Option<Result<Option<IssuedStop>>>>,
+    /// The handle it aborted inside the group, while the group's end may
+    /// still drop the reclaim ([`HeldForAbort::abort_again`]).
+    in_group: Option<ncclComm_t>,
+    /// Whether an NCCL call it made in the group returned an error.
+    failed: bool,
+}
+
+impl Held<'_> {
+    /// `ncclCommAbort` inside the group (the lock held, live): the handle
+    /// is kept for [`HeldForAbort::abort_again`].
+    fn abort_in_group(&mut self) {
+        let Some(state) = &mut self.state else {
+            return;
+        };
+        let State::Live(raw) = **state else {
+            return;
+        };
+        // Its error, like a lone abort's where nobody waits for it, has
+        // nobody to go to; the communicator is aborted either way. Only an
+        // error of the call itself (not a missing symbol: no call) fails
+        // the group.
+        if let Err(Error::Nccl { .. }) = self.shared.abort_locked(state) {
+            self.failed = true;
+        }
+        self.in_group = Some(raw);
+        self.aborted = true;
+    }
 }
 
 impl HeldForAbort for Held<'_> {
@@ -278,28 +300,58 @@ impl HeldForAbort for Held<'_> {
         // already reports an error on (it parked before that) is aborted
         // in the group instead.
         if async_status(self.shared.lib, raw).is_ok_and(|s| s == ncclResult_t::ncclSuccess) {
-            self.stop = Some(Some(self.shared.issue_stop(raw)));
+            let issued = match self.shared.prepare_stop(raw) {
+                Ok(Some(prepared)) => {
+                    let called = prepared.call(self.shared, raw);
+                    self.failed |= called.is_err();
+                    called.map(Some)
+                }
+                other => other.map(|_| None),
+            };
+            self.stop = Some(Some(issued));
         } else {
             self.shared.unparked.store(true, Ordering::Release);
-            let _ = self.shared.abort_locked(state);
-            self.aborted = true;
             self.stop = None;
+            self.abort_in_group();
         }
     }
 
     fn abort(&mut self) {
-        if self.stop.is_none()
-            && let Some(state) = &mut self.state
-            && matches!(**state, State::Live(_))
-        {
-            // Its error, like a lone abort's where nobody waits for it,
-            // has nobody to go to; the communicator is aborted either way.
-            let _ = self.shared.abort_locked(state);
-            self.aborted = true;
+        if self.stop.is_none() {
+            self.abort_in_group();
+        }
+    }
+
+    fn failed_in_group(&self) -> bool {
+        self.failed
+    }
+
+    fn abort_again(&mut self) {
+        if self.state.is_none() {
+            return;
+        }
+        let Some(raw) = self.in_group.take() else {
+            return;
+        };
+        if let Ok(abort) = self.shared.lib.raw().ncclCommAbort() {
+            let _ = self.shared.ctx.bind_to_thread();
+            // SAFETY: `raw` is the handle this hold aborted inside the
+            // group whose end failed because a call in it had failed: NCCL
+            // (2.27+) then frees the queued jobs without running them
+            // (`groupCleanup`), so the reclaim never ran and the handle is
+            // still allocated, with its abort flags set. The state says
+            // Aborted and the lock is still held, so nobody else uses or
+            // frees it; this is the one call that frees it.
+            let code = unsafe { abort(raw) };
+            if code != ncclResult_t::ncclSuccess {
+                tracing::warn!(?code, "ncclCommAbort, again after a failed group of aborts");
+            }
         }
     }
 
     fn unlock(&mut self) {
+        // NCCL may have freed it since (its reclaim ran at the group's end).
+        self.in_group = None;
         // The group has ended: a stop's child is written by now.
         if let (Some(state), Some(Some(issued))) = (&mut self.state, self.stop.take()) {
             let stopped = issued.and_then(|i| i.map_or(Ok(None), |i| self.shared.finish_stop(i)));
@@ -320,6 +372,44 @@ impl Drop for Held<'_> {
 
 /// The operation a stop's errors name.
 const STOP: &str = "ncclCommShrink (stopping a parked communicator's kernels)";
+
+/// A stop's arguments, ready for `ncclCommShrink`
+/// ([`Shared::issue_stop`]).
+struct PreparedStop {
+    others: Vec<i32>,
+    count: i32,
+    config: RawConfig,
+    shrink: nccl_sys::pfn::ncclCommShrink,
+}
+
+impl PreparedStop {
+    /// The `ncclCommShrink` call; an error is its own (inside a group,
+    /// NCCL then fails the group's end, dropping every job queued in it).
+    fn call(mut self, shared: &Shared, raw: ncclComm_t) -> Result<IssuedStop> {
+        let mut slot: Box<ncclComm_t> = Box::new(std::ptr::null_mut());
+        // SAFETY: `raw` is live and blocking (the caller holds the lock);
+        // the list, the out-slot (on the heap, kept in the returned value
+        // until the child is adopted, after any group's end, when NCCL
+        // writes it) and the configuration (kept likewise) outlive NCCL's
+        // use of them.
+        let code = unsafe {
+            (self.shrink)(
+                raw,
+                self.others.as_mut_ptr(),
+                self.count,
+                &mut *slot,
+                &mut self.config.raw,
+                nccl_sys::NCCL_SHRINK_ABORT,
+            )
+        };
+        shared.lib.check(STOP, code, raw)?;
+        Ok(IssuedStop {
+            slot,
+            _config: self.config,
+            _others: self.others,
+        })
+    }
+}
 
 /// A stop issued ([`Shared::issue_stop`]), its one-rank communicator not
 /// adopted yet: what NCCL may still write (the out-slot) or read lives
