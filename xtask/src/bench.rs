@@ -60,7 +60,9 @@
 //! - `recover`: a thread per GPU, the last rank lost on purpose (its
 //!   thread panics), `World::recover` and the first all-reduce on the new
 //!   world, timed from the loss known (3 reps; the summary's
-//!   `recover_ms`). Needs 2 GPUs.
+//!   `recover_ms`, by shrink, the default); then the same giving the old
+//!   world up (`recover-threads-give-up`, `recover_without_shrink_ms`).
+//!   Needs 2 GPUs.
 //!
 //! The raw and safe layers run on blocking communicators without a
 //! watchdog (as in nccl-tests); the dist layer and the step's mesh on the
@@ -283,13 +285,14 @@ fn jobs(o: &Options) -> Vec<Job> {
             });
         }
     }
-    // The recover phase again with recovery by shrink (opt-in), beside the
-    // default's (`recover_by_shrink_ms`; `recover_ms` stays the default's).
+    // The recover phase again, giving the old world up instead of
+    // shrinking it (`recover_without_shrink_ms`; `recover_ms` is the
+    // default's, by shrink).
     if want("recover") {
         jobs.push(Job {
-            name: "recover-threads-shrink".into(),
+            name: "recover-threads-give-up".into(),
             mode: "threads",
-            args: w("--recover --recover-by-shrink --setup-reps 3"),
+            args: w("--recover --recover-give-up --setup-reps 3"),
         });
     }
     // The small phase again with a process per GPU, as PyTorch's side runs

@@ -74,8 +74,10 @@ What to run:
                                    thread panics on purpose) and the first
                                    all_reduce on the new world; threads mode
   --recover-by-shrink              with --recover: the world recovers by shrink
-                                   (WorldOptions::recover_by_shrink); without it,
-                                   NCCL_RS_RECOVER_BY_SHRINK decides
+                                   (WorldOptions::recover_by_shrink(true))
+  --recover-give-up                with --recover: the world gives the old one up
+                                   instead (recover_by_shrink(false)); without
+                                   either, NCCL_RS_RECOVER_BY_SHRINK decides (on)
   --step                           time a training-like step over a 2-D DeviceMesh
                                    (dp x tp) with default options against the same
                                    step in raw nccl-sys calls, interleaved (-n steps
@@ -149,7 +151,9 @@ pub struct Opts {
     pub step_raw_mesh: bool,
     pub async_phase: bool,
     pub recover_phase: bool,
-    pub recover_by_shrink: bool,
+    /// `--recover-by-shrink` (`Some(true)`) or `--recover-give-up`
+    /// (`Some(false)`).
+    pub recover_by_shrink: Option<bool>,
     pub small_phase: bool,
     pub mesh_keeps_world: bool,
     pub fresh_process: bool,
@@ -190,7 +194,7 @@ impl Default for Opts {
             step_raw_mesh: false,
             async_phase: false,
             recover_phase: false,
-            recover_by_shrink: false,
+            recover_by_shrink: None,
             small_phase: false,
             mesh_keeps_world: false,
             fresh_process: false,
@@ -248,6 +252,7 @@ const FLAGS: &[Flag] = &[
     switch(&["--async"]),
     switch(&["--recover"]),
     switch(&["--recover-by-shrink"]),
+    switch(&["--recover-give-up"]),
     switch(&["--small"]),
     switch(&["--mesh-keeps-world"]),
     switch(&["--fresh-process"]),
@@ -375,7 +380,14 @@ pub fn parse(args: &[String]) -> Result<Option<Opts>, String> {
         step_raw_mesh: p.has("--step-raw-mesh"),
         async_phase: p.has("--async"),
         recover_phase: p.has("--recover"),
-        recover_by_shrink: p.has("--recover-by-shrink"),
+        recover_by_shrink: match (p.has("--recover-by-shrink"), p.has("--recover-give-up")) {
+            (true, true) => {
+                return Err("--recover-by-shrink and --recover-give-up exclude each other".into());
+            }
+            (true, false) => Some(true),
+            (false, true) => Some(false),
+            (false, false) => None,
+        },
         small_phase: p.has("--small"),
         mesh_keeps_world: p.has("--mesh-keeps-world"),
         fresh_process: p.has("--fresh-process"),

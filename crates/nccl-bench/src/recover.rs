@@ -130,8 +130,8 @@ pub fn run(opts: &Opts) -> Result<()> {
         return Err(format!("--recover needs 2 GPUs or more ({n} visible)").into());
     }
     let options = match opts.recover_by_shrink {
-        true => crate::world_options(opts).recover_by_shrink(true),
-        false => crate::world_options(opts),
+        Some(on) => crate::world_options(opts).recover_by_shrink(on),
+        None => crate::world_options(opts),
     };
     println!(
         "# nccl-rs bench --recover: {n} threads, rank {} lost each rep",
@@ -162,9 +162,9 @@ pub fn run(opts: &Opts) -> Result<()> {
                 "mode": opts.mode.name(),
                 "ranks": n,
                 "lost": n - 1,
-                // Recovery by shrink is opt-in: what the flag and the
-                // environment asked for (the span columns show which path
-                // each rep took).
+                // What the flags and the environment asked for about
+                // recovery by shrink (on by default; the span columns show
+                // which path each rep took).
                 "recover_by_shrink": opts.recover_by_shrink,
                 "recover_by_shrink_env": std::env::var(nccl_dist::RECOVER_BY_SHRINK_ENV).ok(),
             },

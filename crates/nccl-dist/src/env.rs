@@ -13,7 +13,7 @@
 //! | `NCCL_RS_CHECK_CALLS` | `1`/`on` compares every call on the world's communicator across the ranks before launch | off | `WatchdogOptions::from_env` |
 //! | `NCCL_RS_ENCRYPTION` | `psk` encrypts NCCL's sockets (NCCL 2.32+) | none | `World` |
 //! | `NCCL_RS_PSK` | the key for `NCCL_RS_ENCRYPTION=psk` | none | `World` |
-//! | `NCCL_RS_RECOVER_BY_SHRINK` | `1`/`on`: a world's communicators park on a loss and `World::recover` shrinks them (NCCL 2.27+; not yet run on GPUs in its final form) | off | `World` |
+//! | `NCCL_RS_RECOVER_BY_SHRINK` | on: a world's communicators park on a loss and `World::recover` shrinks them (NCCL 2.27+); `0`/`off`: the old world is aborted and given up | on | `World` |
 //!
 //! The control plane's variables (the secret, the liveness channel) are
 //! named in `nccl-control`'s `env` module, whose duration parser this
@@ -44,9 +44,10 @@ pub const CHECK_CALLS_ENV: &str = "NCCL_RS_CHECK_CALLS";
 pub const ENCRYPTION_ENV: &str = "NCCL_RS_ENCRYPTION";
 /// The pre-shared key for [`ENCRYPTION_ENV`].
 pub const PSK_ENV: &str = "NCCL_RS_PSK";
-/// `1` makes a world's communicators park on a loss so that
+/// Unset or `1`: a world's communicators park on a loss so that
 /// [`crate::World::recover`] shrinks them
-/// ([`crate::WorldOptions::recover_by_shrink`]); `0` or unset: off.
+/// ([`crate::WorldOptions::recover_by_shrink`]); `0`: they are aborted,
+/// and a recovery gives the old world up.
 pub const RECOVER_BY_SHRINK_ENV: &str = "NCCL_RS_RECOVER_BY_SHRINK";
 
 use nccl_safe::{Encryption, PresharedKey};

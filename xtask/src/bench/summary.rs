@@ -134,8 +134,11 @@ pub const TARGET_MODES: &[&str] = &["threads", "processes"];
 ///   of the slowest survivor's span `nccl.recover_give_up`, the wait
 ///   until NCCL's aborts of the old world's communicators are done.
 /// - `recover_by_shrink_ms` (not a target): as `recover_ms`, from the
-///   job `recover-threads-shrink` (`WorldOptions::recover_by_shrink`,
-///   opt-in).
+///   job `recover-threads-shrink` (`WorldOptions::recover_by_shrink`, in
+///   runs from when it was opt-in).
+/// - `recover_without_shrink_ms` (not a target): as `recover_ms`, from
+///   the job `recover-threads-give-up` (`recover_by_shrink(false)`: the
+///   old world aborted and given up).
 /// - `mesh_over_torch`, `world_over_torch` (with `--python`): processes
 ///   mode's warm median of mesh + first call per axis, and of the world's
 ///   init (the median of the `setup-processes-fresh-*` jobs' first world
@@ -464,8 +467,11 @@ pub fn summary(docs: &BTreeMap<String, Value>) -> (Value, Vec<Target>) {
     let first_done = |r: &Value| Some(f(r, "recover_and_first_all_reduce_ms"));
     let recover = over_reps("recover-threads", &first_done)
         .map(|(ms, reps)| (ms, format!("recover-threads, median of {reps} reps")));
-    // The same with recovery by shrink (opt-in): not the target's key.
+    // The same with recovery by shrink asked for (while it was opt-in),
+    // and without it (since it is the default): not the target's key.
     let recover_by_shrink = over_reps("recover-threads-shrink", &first_done).map(|(ms, _)| ms);
+    let recover_without_shrink =
+        over_reps("recover-threads-give-up", &first_done).map(|(ms, _)| ms);
     // Of it, giving the old world up (NCCL's aborts of its communicators,
     // waited for): the span, where a rep has it.
     let recover_give_up = over_reps("recover-threads", &|r| {
@@ -626,6 +632,9 @@ pub fn summary(docs: &BTreeMap<String, Value>) -> (Value, Vec<Target>) {
     }
     if let Some(ms) = recover_by_shrink {
         flat.insert("recover_by_shrink_ms".into(), json!(ms));
+    }
+    if let Some(ms) = recover_without_shrink {
+        flat.insert("recover_without_shrink_ms".into(), json!(ms));
     }
     if let Some(ms) = recover_give_up {
         flat.insert("recover_give_up_ms".into(), json!(ms));

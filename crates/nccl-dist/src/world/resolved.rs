@@ -60,10 +60,7 @@ impl Resolved {
         };
         // Whether the library can shrink is asked later, in `parks`: here
         // it would load libnccl before the rendezvous.
-        let park = match options.shrink_recovery {
-            Some(on) => on,
-            None => crate::env::switch(env, crate::env::RECOVER_BY_SHRINK_ENV)?.unwrap_or(false),
-        };
+        let park = recovers_by_shrink(options.shrink_recovery, env)?;
         let signal = AbortSignal::new();
         let user_config = options.config.as_ref().map(|c| {
             let c = c.clone().abort_signal(&signal);
@@ -240,6 +237,18 @@ impl Resolved {
     }
 }
 
+/// Whether a world is to recover by shrink: the option where given, else
+/// [`RECOVER_BY_SHRINK_ENV`](crate::env::RECOVER_BY_SHRINK_ENV), else on.
+fn recovers_by_shrink(
+    option: Option<bool>,
+    lookup: impl Fn(&str) -> Option<String>,
+) -> Result<bool> {
+    Ok(match option {
+        Some(on) => on,
+        None => crate::env::switch(lookup, crate::env::RECOVER_BY_SHRINK_ENV)?.unwrap_or(true),
+    })
+}
+
 /// Whether a world's communicators park on a loss instead of aborting
 /// ([`Config::park_on_peer_loss`]): where the library has
 /// `ncclCommShrink` (NCCL 2.27+), which a recovery then uses.
@@ -301,4 +310,26 @@ fn may_be_a_loss(err: &nccl_safe::Error) -> bool {
             err.nccl_code(),
             Some(R::ncclRemoteError | R::ncclSystemError | R::ncclInternalError)
         )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use crate::test_env as env;
+
+    #[test]
+    fn recovery_by_shrink_is_on_unless_the_option_or_the_environment_says_off() {
+        assert!(recovers_by_shrink(None, env(&[])).unwrap());
+        let off = env(&[("NCCL_RS_RECOVER_BY_SHRINK", "0")]);
+        assert!(!recovers_by_shrink(None, off).unwrap());
+        let on = env(&[("NCCL_RS_RECOVER_BY_SHRINK", "on")]);
+        assert!(recovers_by_shrink(None, on).unwrap());
+        // The option wins over the environment.
+        let off = env(&[("NCCL_RS_RECOVER_BY_SHRINK", "0")]);
+        assert!(recovers_by_shrink(Some(true), off).unwrap());
+        assert!(!recovers_by_shrink(Some(false), env(&[])).unwrap());
+        let bad = env(&[("NCCL_RS_RECOVER_BY_SHRINK", "maybe")]);
+        assert!(recovers_by_shrink(None, bad).is_err());
+    }
 }

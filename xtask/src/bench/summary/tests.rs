@@ -231,6 +231,17 @@ fn recover_ms_is_the_median_rep_of_the_slowest_survivor() {
     let mut md = String::new();
     crate::bench::report::recover_section(&mut md, &docs).unwrap();
     assert!(md.contains("| threads-shrink | 0 | 40.0 | 45.0 |"), "{md}");
+    // Since recovery by shrink is the default: the give-up job beside it.
+    let give_up = json!({
+        "meta": {"recover": true, "mode": "threads", "ranks": 4, "lost": 3, "recover_by_shrink": false},
+        "recover": [
+            {"rep": 0, "recover_ms": 900.0, "recover_and_first_all_reduce_ms": 910.0},
+        ],
+    });
+    docs.insert("recover-threads-give-up".to_string(), give_up);
+    let (flat, _) = summary(&docs);
+    assert_eq!(flat["recover_without_shrink_ms"], json!(910.0), "{flat}");
+    assert_eq!(flat["recover_ms"], json!(130.0), "{flat}");
 }
 
 #[test]
