@@ -362,7 +362,7 @@ impl World {
                 l,
                 watchdog.clone(),
                 resolved.signal.clone(),
-                resolved.parks(),
+                resolved.parks_for(shape, launch.world_size),
             );
         }
         // Ranks in other languages (an outside id) make no gates.

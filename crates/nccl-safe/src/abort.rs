@@ -151,8 +151,19 @@ pub(crate) trait HeldForAbort {
 
 /// Runs the calls it is given inside one NCCL group of the calling thread
 /// (this file sits below the library and the groups: the communicator
-/// hands it in). `false`, with the calls not run, where no group opened.
-pub(crate) type GroupCalls = fn(&mut dyn FnMut()) -> bool;
+/// hands it in), and says how the group ended.
+pub(crate) type GroupCalls = fn(&mut dyn FnMut()) -> GroupEnd;
+
+/// How a [`GroupCalls`] ended.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum GroupEnd {
+    /// No group opened: the calls did not run.
+    NotOpened,
+    /// The calls ran, and `ncclGroupEnd` succeeded.
+    Ended,
+    /// The calls ran, and `ncclGroupEnd` returned an error.
+    Failed,
+}
 
 /// Aborts the communicators held by this thread, in the order given, in
 /// one NCCL group: each `ncclCommAbort` sets its flags at once (every
@@ -182,9 +193,11 @@ fn abort_held(mut held: Vec<Box<dyn HeldForAbort + '_>>) {
                 h.stop();
             }
         });
-        // A call that failed inside made NCCL drop every reclaim at the
-        // group's end, unrun: each aborted one is aborted again, alone.
-        if ended && held.iter().any(|h| h.failed_in_group()) {
+        // A call that failed inside made NCCL fail the group's end and
+        // drop every reclaim queued in it, unrun: each aborted one is
+        // aborted again, alone. Both are asked for: an end that failed
+        // without such a call may have run the reclaims.
+        if ended == GroupEnd::Failed && held.iter().any(|h| h.failed_in_group()) {
             tracing::warn!("a call in a group of aborts failed; each is aborted again on its own");
             for h in held.iter_mut() {
                 h.abort_again();

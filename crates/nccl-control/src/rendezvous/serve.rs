@@ -101,6 +101,10 @@ pub fn serve_live(
     }
 }
 
+/// The least time a served rank's attach is given from when rank 0 turns
+/// to it ([`serve_live`] keeps ranks one at a time).
+const ATTACH_GRACE: Duration = Duration::from_secs(1);
+
 /// Which ranks rank 0 has handed the id to, shared with the handshake
 /// threads; a rank is claimed when its proof checks.
 struct Door {
@@ -169,6 +173,10 @@ fn serve_with(
     let mut finished = |outcome: Outcome, served: &mut usize, refused: &mut Vec<_>| match outcome {
         Ok((stream, who, until)) => {
             *served += 1;
+            // Ranks are kept one at a time: one whose attach already
+            // waits must not run out of time behind a slow one, and be
+            // reported lost for it.
+            let until = until.max(Instant::now() + ATTACH_GRACE).min(deadline);
             if let Some(e) = keep(stream, who, until) {
                 tracing::debug!(error = %e, "rendezvous: no liveness connection");
                 refused.push(e);

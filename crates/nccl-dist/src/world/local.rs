@@ -291,7 +291,7 @@ pub(super) fn local_team(
             l,
             watchdog.clone(),
             resolved.signal.clone(),
-            resolved.parks(),
+            resolved.parks_for(Shape::Split, n),
         );
     }
     Ok((watchdog, liveness))

@@ -343,15 +343,21 @@ impl World {
     /// streams made before stay valid: they belong to the GPU's context,
     /// not to a communicator.
     ///
-    /// The new communicator is made by `ncclCommInitRank` from a fresh
-    /// id, not by `ncclCommShrink`: the communicator of a world that lost
-    /// a peer was aborted (the only way to free a GPU whose kernels wait
-    /// for a dead peer), and an aborted communicator cannot be shrunk.
-    /// It is made only after NCCL is done with every communicator of this
-    /// world, on every thread (their aborts run on the threads that made
-    /// them, and NCCL allows no calls on independent communicators of one
-    /// GPU from several threads at once): a teardown that outlasts the
-    /// operation timeout by 10 s is [`nccl_safe::Error::Timeout`].
+    /// By default ([`WorldOptions::recover_by_shrink`], where NCCL has
+    /// `ncclCommShrink`, 2.27+) the world's communicators parked on the
+    /// loss instead of aborting (their kernels stopped), and the new world
+    /// is made by shrinking the parked one: no wait for NCCL's teardown
+    /// (tens of ms on 2 H100s). The old communicators are kept by the new
+    /// world until it drops. Where a survivor cannot shrink (recovery by
+    /// shrink off, an older NCCL, a CUDA graph that may refer to the
+    /// world, an NCCL error on it), the leader hands out a fresh id
+    /// instead, and every survivor gives its old world up and makes the
+    /// new communicator by `ncclCommInitRank`. That happens only after
+    /// NCCL is done with every communicator of this world, on every
+    /// thread (their aborts run on the threads that made them, and NCCL
+    /// allows no calls on independent communicators of one GPU from
+    /// several threads at once): a teardown that outlasts the operation
+    /// timeout by 10 s is [`nccl_safe::Error::Timeout`].
     ///
     /// Each survivor counts the survivors from the losses its liveness
     /// channel knows, once they stopped changing for a moment; ranks that

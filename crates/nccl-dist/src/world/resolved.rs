@@ -86,6 +86,14 @@ impl Resolved {
         self.park && parks()
     }
 
+    /// Whether the communicators [`Resolved::make_comms`] makes for a
+    /// world of `size` ranks of this `shape` park on a loss: only the
+    /// split pair does (not the user's own configuration, nor the one
+    /// communicator of an outside id or of a single rank).
+    pub(super) fn parks_for(&self, shape: Shape, size: usize) -> bool {
+        self.user_config.is_none() && shape == Shape::Split && size > 1 && self.parks()
+    }
+
     /// The configuration of the hot-path communicators: blocking.
     pub(super) fn data_config(&self) -> Config {
         default_config()

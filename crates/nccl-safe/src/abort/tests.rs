@@ -194,11 +194,17 @@ fn group_said() -> Vec<String> {
 }
 
 /// Stands for `ncclGroupStart`/`ncclGroupEnd` around the calls.
-fn fake_group(calls: &mut dyn FnMut()) -> bool {
+fn fake_group(calls: &mut dyn FnMut()) -> GroupEnd {
     say("group start".into());
     calls();
     say("group end".into());
-    true
+    GroupEnd::Ended
+}
+
+/// As [`fake_group`], for a group whose `ncclGroupEnd` fails.
+fn failing_group(calls: &mut dyn FnMut()) -> GroupEnd {
+    fake_group(calls);
+    GroupEnd::Failed
 }
 
 /// A member that can be held for an abort with others, as a live
@@ -487,7 +493,7 @@ fn a_failed_call_in_the_group_has_every_aborted_member_aborted_again_before_any_
     let _members = holdables(
         &signal,
         &["control", "mesh", "parked failing world"],
-        Some(fake_group),
+        Some(failing_group),
     );
     signal.trigger(AbortCause::Requested);
     let log = said();
@@ -503,6 +509,28 @@ fn a_failed_call_in_the_group_has_every_aborted_member_aborted_again_before_any_
         ],
         "{log:?}"
     );
+}
+
+#[test]
+fn nothing_is_aborted_again_unless_the_groups_end_failed_too() {
+    // A failed call whose group still ended well, or a failed end with
+    // no failed call: NCCL may have run the reclaims, so a second abort
+    // could free a handle twice.
+    for (names, group) in [
+        (["mesh", "parked failing world"], fake_group as GroupCalls),
+        (["mesh", "parked world"], failing_group as GroupCalls),
+    ] {
+        HELD_LOG.with(|l| l.borrow_mut().clear());
+        let signal = AbortSignal::new();
+        let _members = holdables(&signal, &names, Some(group));
+        signal.trigger(AbortCause::Requested);
+        assert!(said().iter().any(|l| l == "group end"), "{:?}", said());
+        assert!(
+            !said().iter().any(|l| l.starts_with("abort again")),
+            "{:?}",
+            said()
+        );
+    }
 }
 
 #[test]

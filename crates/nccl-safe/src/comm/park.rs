@@ -16,7 +16,7 @@ use std::sync::{Arc, MutexGuard};
 
 use nccl_sys::{ncclComm_t, ncclResult_t};
 
-use crate::abort::{AbortCause, AbortSignal, GroupCalls, HeldForAbort};
+use crate::abort::{AbortCause, AbortSignal, GroupCalls, GroupEnd, HeldForAbort};
 use crate::comm::handle::{Shared, State, make_current};
 use crate::comm::poll::async_status;
 use crate::config::RawConfig;
@@ -228,8 +228,15 @@ impl Shared {
 
 /// Runs `calls` in one NCCL group of the process's library (every
 /// communicator's: there is one, [`Library::get`]).
-fn in_one_group(calls: &mut dyn FnMut()) -> bool {
-    Library::get().is_ok_and(|lib| crate::group::raw::bracket(lib, calls))
+fn in_one_group(calls: &mut dyn FnMut()) -> GroupEnd {
+    match Library::get()
+        .ok()
+        .and_then(|lib| crate::group::raw::bracket(lib, calls))
+    {
+        None => GroupEnd::NotOpened,
+        Some(ncclResult_t::ncclSuccess) => GroupEnd::Ended,
+        Some(_) => GroupEnd::Failed,
+    }
 }
 
 /// A communicator's lock, held for an abort grouped with others
@@ -336,12 +343,14 @@ impl HeldForAbort for Held<'_> {
         if let Ok(abort) = self.shared.lib.raw().ncclCommAbort() {
             let _ = self.shared.ctx.bind_to_thread();
             // SAFETY: `raw` is the handle this hold aborted inside the
-            // group whose end failed because a call in it had failed: NCCL
-            // (2.27+) then frees the queued jobs without running them
-            // (`groupCleanup`), so the reclaim never ran and the handle is
-            // still allocated, with its abort flags set. The state says
-            // Aborted and the lock is still held, so nobody else uses or
-            // frees it; this is the one call that frees it.
+            // group, whose end failed, and in which an NCCL call returned
+            // an error (so it recorded the group's error: every NCCL
+            // release with shrink, 2.27.3 to 2.30.7, does before
+            // returning one). NCCL's end then frees the queued jobs
+            // without running them (`groupCleanup`), so the reclaim never
+            // ran and the handle is still allocated, its abort flags set.
+            // The state says Aborted and the lock is still held, so nobody
+            // else uses or frees it; this is the one call that frees it.
             let code = unsafe { abort(raw) };
             if code != ncclResult_t::ncclSuccess {
                 tracing::warn!(?code, "ncclCommAbort, again after a failed group of aborts");

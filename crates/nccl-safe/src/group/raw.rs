@@ -2,7 +2,7 @@
 //! end) and the communicators the open group uses, which NCCL refers to
 //! until its outermost end.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::sync::Arc;
 
 use nccl_sys::{ncclResult_t, ncclSimInfo_t};
@@ -67,15 +67,15 @@ pub(crate) fn start(lib: &'static Library) -> Result<()> {
 
 /// Runs `calls` between an `ncclGroupStart` and an `ncclGroupEnd` that
 /// no guard tracks (a signal's aborts, grouped on the thread that holds
-/// their communicators, with no group of this thread open). `false`, with
-/// `calls` not run, where NCCL lacks either call or the start fails. The
-/// group ends even if `calls` unwinds. An error of the end is logged:
-/// NCCL may then have dropped work the group queued, which nobody here
-/// can take back.
-pub(crate) fn bracket(lib: &'static Library, calls: impl FnOnce()) -> bool {
-    /// Ends the group on every way out of `calls`.
-    struct EndGroup(nccl_sys::pfn::ncclGroupEnd);
-    impl Drop for EndGroup {
+/// their communicators, with no group of this thread open): the end's
+/// result. `None`, with `calls` not run, where NCCL lacks either call or
+/// the start fails. The group ends even if `calls` unwinds. An error of
+/// the end is logged too: NCCL may then have dropped work the group
+/// queued (see [`crate::abort::HeldForAbort::abort_again`]).
+pub(crate) fn bracket(lib: &'static Library, calls: impl FnOnce()) -> Option<ncclResult_t> {
+    /// Ends the group on every way out of `calls`, keeping the result.
+    struct EndGroup<'c>(nccl_sys::pfn::ncclGroupEnd, &'c Cell<ncclResult_t>);
+    impl Drop for EndGroup<'_> {
         fn drop(&mut self) {
             // SAFETY: no arguments; this thread opened the group in
             // `bracket`, and what ran inside left NCCL's depth as it found
@@ -84,18 +84,22 @@ pub(crate) fn bracket(lib: &'static Library, calls: impl FnOnce()) -> bool {
             if code != ncclResult_t::ncclSuccess {
                 tracing::warn!(?code, "ncclGroupEnd of a group of aborts failed");
             }
+            self.1.set(code);
         }
     }
     let (Ok(start), Ok(end)) = (lib.raw().ncclGroupStart(), lib.raw().ncclGroupEnd()) else {
-        return false;
+        return None;
     };
     // SAFETY: `ncclGroupStart` has no arguments and no preconditions.
     if unsafe { start() } != ncclResult_t::ncclSuccess {
-        return false;
+        return None;
     }
-    let _end = EndGroup(end);
-    calls();
-    true
+    let ended = Cell::new(ncclResult_t::ncclSuccess);
+    {
+        let _end = EndGroup(end, &ended);
+        calls();
+    }
+    Some(ended.get())
 }
 
 /// Decrements the depth; at depth 0 returns the communicators to poll
@@ -196,7 +200,7 @@ mod tests {
         }
         let lib = Library::get().expect("NCCL_LIBRARY names a loadable libnccl");
         let mut ran = 0;
-        assert!(bracket(lib, || ran += 1));
+        assert_eq!(bracket(lib, || ran += 1), Some(ncclResult_t::ncclSuccess));
         assert_eq!(ran, 1);
         // Closed: one more `ncclGroupEnd` has no group to end.
         let end = lib.raw().ncclGroupEnd().expect("ncclGroupEnd");
