@@ -4,6 +4,7 @@
 //! ```text
 //! cargo xtask bench [--gpus N] [--quick] [--phases sweep,latency,graph,events,setup,step,async,recover,small]
 //!                   [--out DIR] [--timeout SECS] [--python PATH]
+//! # --timeout: the limit of the whole bench, every job together (default 900 s)
 //! DIR/xtask bench --from-bundle DIR ...     # on a GPU host without cargo
 //! cargo xtask bench --report DIR            # redo the report from DIR's JSON
 //! ```
@@ -358,6 +359,15 @@ pub fn run(args: &[&str]) -> Result<()> {
             args.join(" ")
         );
         let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            eprintln!(
+                "xtask: bench: {} not run: the bench's --timeout ({} s, every job together) ran out",
+                job.name,
+                o.timeout.as_secs()
+            );
+            failed.push(job.name.clone());
+            continue;
+        }
         let ok = if job.mode == "processes" {
             matches!(launch_ranks(&bin, &args, n, left)?, Ended::Exited(s) if s.iter().all(|s| s.success()))
         } else {
@@ -538,7 +548,9 @@ fn run_with_deadline(cmd: &mut Command, left: Duration) -> Result<bool> {
         if Instant::now() > deadline {
             let _ = child.kill();
             let _ = child.wait();
-            eprintln!("xtask: bench: deadline passed, killed");
+            eprintln!(
+                "xtask: bench: the bench's --timeout (every job together) ran out: killed"
+            );
             return Ok(false);
         }
         std::thread::sleep(Duration::from_millis(50));
