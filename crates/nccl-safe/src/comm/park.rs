@@ -303,9 +303,10 @@ impl HeldForAbort for Held<'_> {
         }
         self.shared.stop_pending.store(false, Ordering::Release);
         // A shrink that fails inside the group fails the group's end, and
-        // NCCL then drops the reclaims of the others' aborts: one NCCL
-        // already reports an error on (it parked before that) is aborted
-        // in the group instead.
+        // NCCL then drops the reclaims of the others' aborts (they are
+        // aborted again, `abort_again`): one NCCL already reports an error
+        // on (it parked before that), which its shrink would fail on, is
+        // aborted in the group instead.
         if async_status(self.shared.lib, raw).is_ok_and(|s| s == ncclResult_t::ncclSuccess) {
             let issued = match self.shared.prepare_stop(raw) {
                 Ok(Some(prepared)) => {
