@@ -548,9 +548,7 @@ fn run_with_deadline(cmd: &mut Command, left: Duration) -> Result<bool> {
         if Instant::now() > deadline {
             let _ = child.kill();
             let _ = child.wait();
-            eprintln!(
-                "xtask: bench: the bench's --timeout (every job together) ran out: killed"
-            );
+            eprintln!("xtask: bench: the bench's --timeout (every job together) ran out: killed");
             return Ok(false);
         }
         std::thread::sleep(Duration::from_millis(50));
