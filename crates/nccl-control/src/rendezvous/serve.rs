@@ -41,9 +41,10 @@ pub fn serve(
 /// the id but is not watched; its error is in the returned list. A served
 /// rank that neither attaches nor says so (it died, or its connection
 /// broke, between taking the id and attaching) is reported lost, as after
-/// the attach: the others may already be waiting for it in NCCL. On an error, the ranks already attached see rank 0 as
-/// lost. With `options` disabled this is [`serve`] plus a channel that
-/// only knows local reports.
+/// the attach: the others may already be waiting for it in NCCL. On an
+/// error, the ranks already attached see rank 0 as lost. With `options`
+/// disabled this is [`serve`] plus a channel that only knows local
+/// reports.
 pub fn serve_live(
     listener: &TcpListener,
     world: usize,
