@@ -477,11 +477,13 @@ fn a_parked_member_stops_its_kernels_in_the_group_after_every_abort() {
             "group end"
         ]
     );
-    assert!(
-        !said().iter().any(|l| l.starts_with("abort again")),
-        "{:?}",
-        said()
-    );
+    assert_none_aborted_again();
+}
+
+/// Nobody was aborted a second time ([`HeldForAbort::abort_again`]).
+fn assert_none_aborted_again() {
+    let log = said();
+    assert!(!log.iter().any(|l| l.starts_with("abort again")), "{log:?}");
 }
 
 #[test]
@@ -525,11 +527,7 @@ fn nothing_is_aborted_again_unless_the_groups_end_failed_too() {
         let _members = holdables(&signal, &names, Some(group));
         signal.trigger(AbortCause::Requested);
         assert!(said().iter().any(|l| l == "group end"), "{:?}", said());
-        assert!(
-            !said().iter().any(|l| l.starts_with("abort again")),
-            "{:?}",
-            said()
-        );
+        assert_none_aborted_again();
     }
 }
 
