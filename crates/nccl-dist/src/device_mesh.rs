@@ -27,7 +27,7 @@
 
 use std::mem::ManuallyDrop;
 
-use nccl_safe::Comm;
+use nccl_safe::{Comm, Config};
 
 use crate::error::{Error, Result};
 use crate::mesh::{MeshError, MeshShape};
@@ -126,6 +126,25 @@ impl Drop for DeviceMesh {
 /// order: its whole communicator is then the world's, shared.
 fn in_world_order(ranks: &[usize]) -> bool {
     ranks.iter().enumerate().all(|(i, &r)| i == r)
+}
+
+/// The most channels (CTAs) of a mesh's one-rank communicators. NCCL
+/// runs a one-rank collective as a local copy or reduction that uses no
+/// channel, yet sets every channel up at init: 64 on H100s with NCCL
+/// 2.28.3, most of a one-rank split's 30–80 ms (`NCCL_DEBUG=INFO`'s init
+/// timings: "connections"). A send to oneself still runs on them, so a
+/// few stay.
+pub(crate) const ONE_RANK_MAX_CTAS: i32 = 4;
+
+/// `config` for a one-rank communicator: its channels bounded by
+/// [`ONE_RANK_MAX_CTAS`], unless the configuration bounds them itself
+/// (its `minCTAs` or `maxCTAs` stand). `None` (inherit) stays `None`.
+fn one_rank(config: Option<&Config>) -> Option<Config> {
+    let config = config?.clone();
+    if config.get_max_ctas().is_some() || config.get_min_ctas().is_some() {
+        return Some(config);
+    }
+    Some(config.max_ctas(ONE_RANK_MAX_CTAS))
 }
 
 /// Returns the split (color, key) of every position for `axes`.
@@ -272,7 +291,8 @@ impl DeviceMesh {
         // are blocking, for the hot path.
         let parent = world.split_parent();
         let config = world.child_config();
-        let split = |color: u32, key: i32| -> Result<Comm> {
+        let one_rank_config = one_rank(config);
+        let split = |color: u32, key: i32, config: Option<&Config>| -> Result<Comm> {
             parent
                 .split(Some(color), key, config)
                 .map_err(|e| world.explain(e))?
@@ -287,7 +307,7 @@ impl DeviceMesh {
         } else if in_order {
             Some(world.comm().share().map_err(|e| world.explain(e))?)
         } else {
-            let whole = split(0, position as i32)?;
+            let whole = split(0, position as i32, config)?;
             inherit_ranks(world.comm(), &whole, "mesh", Some(ranks.clone()));
             Some(whole)
         };
@@ -298,7 +318,16 @@ impl DeviceMesh {
                 None
             } else {
                 let (c, k) = shape.split_for(position, &[name])?;
-                let comm = split(c, k)?;
+                let alone = shape.axis_size(name)? == 1;
+                let comm = split(
+                    c,
+                    k,
+                    if alone {
+                        one_rank_config.as_ref()
+                    } else {
+                        config
+                    },
+                )?;
                 let members = world_ranks(&shape, &ranks, position, &[name]);
                 inherit_ranks(whole, &comm, name, members);
                 Some(comm)
@@ -384,7 +413,11 @@ impl DeviceMesh {
                 continue;
             }
             let (colors, keys) = splits(&shape, &positions, &[name])?;
-            let made = Comm::split_all(&comms, &colors, &keys, None)?;
+            // A one-rank axis bounds its channels; the others inherit.
+            let alone = (shape.axis_size(name)? == 1)
+                .then(|| one_rank(worlds[0].child_config()))
+                .flatten();
+            let made = Comm::split_all(&comms, &colors, &keys, alone.as_ref())?;
             for ((groups, comm), whole) in per_rank.iter_mut().zip(made).zip(&wholes) {
                 let comm = comm.ok_or_else(split_missing)?;
                 inherit(whole, &comm, name);
@@ -662,6 +695,27 @@ fn world_ranks(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A one-rank axis bounds its channels on top of the world's
+    /// configuration, unless that configuration bounds them itself.
+    #[test]
+    fn a_one_rank_axis_bounds_its_channels_unless_the_configuration_does() {
+        assert!(one_rank(None).is_none());
+        let plain = one_rank(Some(&Config::new())).unwrap();
+        assert_eq!(plain.get_max_ctas(), Some(ONE_RANK_MAX_CTAS));
+        assert_eq!(plain.get_min_ctas(), None);
+        let own = one_rank(Some(&Config::new().max_ctas(8))).unwrap();
+        assert_eq!(own.get_max_ctas(), Some(8));
+        let floor = one_rank(Some(&Config::new().min_ctas(16))).unwrap();
+        assert_eq!(
+            (floor.get_min_ctas(), floor.get_max_ctas()),
+            (Some(16), None)
+        );
+        let timeout = std::time::Duration::from_secs(7);
+        let kept = one_rank(Some(&Config::new().blocking(false).timeout(timeout))).unwrap();
+        assert!(!kept.is_blocking());
+        assert_eq!(kept.get_timeout(), timeout);
+    }
 
     /// An axis that holds every rank keys each rank by its mesh position,
     /// as the whole mesh's split does: so that communicator serves it.

@@ -52,8 +52,10 @@ pub struct World {
     /// The nonblocking communicator the blocking one was split from: the
     /// parent of meshes, so that their creation can be cut short too.
     control: Option<Comm>,
-    /// The configuration of children (meshes, axes): blocking, with the
-    /// signal and the operation timeout. `None`: children inherit.
+    /// The configuration of children (meshes, axes): the world
+    /// communicator's own (blocking, with the signal and the operation
+    /// timeout, or the user's), so that a mesh can bound its one-rank
+    /// axes' channels on top of it. `None`: children inherit.
     child_config: Option<Config>,
     launch: Launch,
     watchdog: Option<Watchdog>,
@@ -471,7 +473,7 @@ impl World {
                 },
                 comm,
                 control: None,
-                child_config: None,
+                child_config: Some(config.clone().park_on_peer_loss(false)),
                 launch: local_launch(rank, n),
                 watchdog: watchdog.clone(),
                 signal: resolved.signal.clone(),

@@ -118,6 +118,17 @@ impl Config {
         self.ints.get("minCTAs").copied()
     }
 
+    /// The `maxCTAs` set on this configuration, if any.
+    ///
+    /// ```
+    /// use nccl_safe::Config;
+    /// assert_eq!(Config::new().get_max_ctas(), None);
+    /// assert_eq!(Config::new().max_ctas(4).get_max_ctas(), Some(4));
+    /// ```
+    pub fn get_max_ctas(&self) -> Option<i32> {
+        self.ints.get("maxCTAs").copied()
+    }
+
     /// Every field unset, our wait deadline at [`DEFAULT_TIMEOUT`].
     pub fn new() -> Config {
         Config {

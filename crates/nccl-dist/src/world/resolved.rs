@@ -188,7 +188,9 @@ impl Resolved {
         let made = (|| {
             if let Some(config) = &self.user_config {
                 let comm = Comm::init_rank(id, rank, size, device, config)?;
-                return Ok((comm, None, None));
+                // Its children take it as they would inherit it, but never
+                // park: only the world's own communicators do.
+                return Ok((comm, None, Some(config.clone().park_on_peer_loss(false))));
             }
             let data = self.data_config();
             if shape == Shape::One && size > 1 {
@@ -199,7 +201,8 @@ impl Resolved {
                 return Ok((comm, None, Some(data)));
             }
             if size == 1 {
-                return Ok((Comm::init_rank(id, rank, size, device, &data)?, None, None));
+                let comm = Comm::init_rank(id, rank, size, device, &data)?;
+                return Ok((comm, None, Some(data)));
             }
             let control = Comm::init_rank(id, rank, size, device, &self.init_config())?;
             let comm = self.split_world(&control, rank)?;
@@ -235,7 +238,7 @@ impl Resolved {
         let made = (|| {
             let data = self.data_config();
             if size == 1 {
-                return Ok((parked.shrink_parked(excluded, &data)?, None, None));
+                return Ok((parked.shrink_parked(excluded, &data)?, None, Some(data)));
             }
             let control = parked.shrink_parked(excluded, &self.init_config())?;
             let comm = self.split_world(&control, rank)?;

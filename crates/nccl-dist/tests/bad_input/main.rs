@@ -216,8 +216,8 @@ const NOTHING_TO_REFUSE: &[(&str, &str)] = &[
         "every signal is valid",
     ),
     (
-        "Config::for_symmetric_kernels get_min_ctas",
-        "a builder bounded by the configuration's own maxCTAs / an accessor; NCCL checks the values at init",
+        "Config::for_symmetric_kernels get_min_ctas get_max_ctas",
+        "a builder bounded by the configuration's own maxCTAs / accessors; NCCL checks the values at init",
     ),
     ("OpObserver::unfinished", "a query an observer answers"),
     (
