@@ -118,9 +118,12 @@ const COMMANDS: &[(&str, &str)] = &[
     ),
     (
         "bench",
-        "bench [--gpus N] [--quick] [--phases sweep,latency,graph,events,setup,step] [--out DIR]
+        "bench [--gpus N] [--quick] [--phases sweep,latency,graph,events,setup,step,async,recover,small]
+           [--out DIR] [--python PATH] [--timeout SECS]
                     the bench (crates/nccl-bench) in every launch mode: report.md, bench.json and
-                    busbw.svg in DIR (default target/bench); fails without a GPU
+                    busbw.svg in DIR (default target/bench); fails without a GPU; --timeout bounds
+                    every job together (default 900 s), and a job that would start after it is
+                    not run
   bench --from-bundle DIR ...  the same with a bundle's bench (on the GPU host)
   bench --report DIR           redo the report from DIR's JSON",
     ),
