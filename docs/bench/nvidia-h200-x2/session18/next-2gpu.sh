@@ -10,6 +10,12 @@ export NCCL_NVLS_ENABLE=0
 L=$OUT/all.log
 nvidia-smi --query-gpu=name --format=csv,noheader | tee -a $L
 V=$(python3 -c "import nvidia.nccl as m; print(list(m.__path__)[0])")/lib/libnccl.so.2
+# Which architectures each library carries as cubins and as PTX (a library without sm_90 cubins
+# has its kernels JIT-compiled from PTX at a process's first communicator).
+for f in /lib/x86_64-linux-gnu/libnccl.so.2 $V; do
+  echo "$f: cubins by arch: $(cuobjdump --list-elf $f 2>/dev/null | grep -o 'sm_[0-9]*[a-z]*' | sort | uniq -c | tr '\n' ' ')" | tee -a $L
+  echo "$f: ptx by arch: $(cuobjdump --list-ptx $f 2>/dev/null | grep -o 'sm_[0-9]*[a-z]*' | sort | uniq -c | tr '\n' ' ')" | tee -a $L
+done
 for lib in sys venv; do
   s=$SECONDS
   if [ $lib = venv ]; then export NCCL_LIBRARY=$V; else unset NCCL_LIBRARY; fi
