@@ -138,13 +138,13 @@ pub(crate) const ONE_RANK_MAX_CTAS: i32 = 4;
 
 /// `config` for a one-rank communicator: its channels bounded by
 /// [`ONE_RANK_MAX_CTAS`], unless the configuration bounds them itself
-/// (its `minCTAs` or `maxCTAs` stand). `None` (inherit) stays `None`.
-fn one_rank(config: Option<&Config>) -> Option<Config> {
-    let config = config?.clone();
+/// (its `minCTAs` or `maxCTAs` stand).
+fn one_rank(config: &Config) -> Config {
+    let config = config.clone();
     if config.get_max_ctas().is_some() || config.get_min_ctas().is_some() {
-        return Some(config);
+        return config;
     }
-    Some(config.max_ctas(ONE_RANK_MAX_CTAS))
+    config.max_ctas(ONE_RANK_MAX_CTAS)
 }
 
 /// Returns the split (color, key) of every position for `axes`.
@@ -292,9 +292,9 @@ impl DeviceMesh {
         let parent = world.split_parent();
         let config = world.child_config();
         let one_rank_config = one_rank(config);
-        let split = |color: u32, key: i32, config: Option<&Config>| -> Result<Comm> {
+        let split = |color: u32, key: i32, config: &Config| -> Result<Comm> {
             parent
-                .split(Some(color), key, config)
+                .split(Some(color), key, Some(config))
                 .map_err(|e| world.explain(e))?
                 .ok_or_else(split_missing)
         };
@@ -319,15 +319,7 @@ impl DeviceMesh {
             } else {
                 let (c, k) = shape.split_for(position, &[name])?;
                 let alone = shape.axis_size(name)? == 1;
-                let comm = split(
-                    c,
-                    k,
-                    if alone {
-                        one_rank_config.as_ref()
-                    } else {
-                        config
-                    },
-                )?;
+                let comm = split(c, k, if alone { &one_rank_config } else { config })?;
                 let members = world_ranks(&shape, &ranks, position, &[name]);
                 inherit_ranks(whole, &comm, name, members);
                 Some(comm)
@@ -414,9 +406,7 @@ impl DeviceMesh {
             }
             let (colors, keys) = splits(&shape, &positions, &[name])?;
             // A one-rank axis bounds its channels; the others inherit.
-            let alone = (shape.axis_size(name)? == 1)
-                .then(|| one_rank(worlds[0].child_config()))
-                .flatten();
+            let alone = (shape.axis_size(name)? == 1).then(|| one_rank(worlds[0].child_config()));
             let made = Comm::split_all(&comms, &colors, &keys, alone.as_ref())?;
             for ((groups, comm), whole) in per_rank.iter_mut().zip(made).zip(&wholes) {
                 let comm = comm.ok_or_else(split_missing)?;
@@ -700,19 +690,18 @@ mod tests {
     /// configuration, unless that configuration bounds them itself.
     #[test]
     fn a_one_rank_axis_bounds_its_channels_unless_the_configuration_does() {
-        assert!(one_rank(None).is_none());
-        let plain = one_rank(Some(&Config::new())).unwrap();
+        let plain = one_rank(&Config::new());
         assert_eq!(plain.get_max_ctas(), Some(ONE_RANK_MAX_CTAS));
         assert_eq!(plain.get_min_ctas(), None);
-        let own = one_rank(Some(&Config::new().max_ctas(8))).unwrap();
+        let own = one_rank(&Config::new().max_ctas(8));
         assert_eq!(own.get_max_ctas(), Some(8));
-        let floor = one_rank(Some(&Config::new().min_ctas(16))).unwrap();
+        let floor = one_rank(&Config::new().min_ctas(16));
         assert_eq!(
             (floor.get_min_ctas(), floor.get_max_ctas()),
             (Some(16), None)
         );
         let timeout = std::time::Duration::from_secs(7);
-        let kept = one_rank(Some(&Config::new().blocking(false).timeout(timeout))).unwrap();
+        let kept = one_rank(&Config::new().blocking(false).timeout(timeout));
         assert!(!kept.is_blocking());
         assert_eq!(kept.get_timeout(), timeout);
     }

@@ -55,8 +55,8 @@ pub struct World {
     /// The configuration of children (meshes, axes): the world
     /// communicator's own (blocking, with the signal and the operation
     /// timeout, or the user's), so that a mesh can bound its one-rank
-    /// axes' channels on top of it. `None`: children inherit.
-    child_config: Option<Config>,
+    /// axes' channels on top of it.
+    child_config: Config,
     launch: Launch,
     watchdog: Option<Watchdog>,
     signal: AbortSignal,
@@ -353,7 +353,7 @@ impl World {
         resolved: Resolved,
         liveness: Option<Liveness>,
         shape: Shape,
-        make: impl FnOnce(&Resolved) -> Result<(Comm, Option<Comm>, Option<Config>)>,
+        make: impl FnOnce(&Resolved) -> Result<(Comm, Option<Comm>, Config)>,
     ) -> Result<World> {
         let watchdog = resolved.start_watchdog()?;
         if let Some(l) = &liveness {
@@ -473,7 +473,7 @@ impl World {
                 },
                 comm,
                 control: None,
-                child_config: Some(config.clone().park_on_peer_loss(false)),
+                child_config: config.clone().park_on_peer_loss(false),
                 launch: local_launch(rank, n),
                 watchdog: watchdog.clone(),
                 signal: resolved.signal.clone(),
@@ -730,8 +730,8 @@ impl World {
     }
 
     /// The configuration for communicators split from this world.
-    pub(crate) fn child_config(&self) -> Option<&Config> {
-        self.child_config.as_ref()
+    pub(crate) fn child_config(&self) -> &Config {
+        &self.child_config
     }
 
     /// An error of an operation on this world's communicators, as the

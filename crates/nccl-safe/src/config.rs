@@ -241,7 +241,8 @@ impl Config {
     /// parked blocking communicator's kernels are stopped all the same
     /// (`ncclCommShrink` to its own rank with `NCCL_SHRINK_ABORT`, once the
     /// signal's other aborts were asked for, or at the next call on it), so
-    /// the GPU is free after a loss as after an abort. Any other cause, [`crate::AbortHandle::abort`], the drop and
+    /// the GPU is free after a loss as after an abort. Any other cause,
+    /// [`crate::AbortHandle::abort`], the drop and
     /// [`crate::AbortSignal::end_parking`] abort a parked communicator.
     /// Only where the library has `ncclCommShrink` (NCCL 2.27+), no CUDA
     /// graph of this process may refer to a communicator, and NCCL reports

@@ -20,7 +20,7 @@ use std::time::Instant;
 use nccl_safe::UniqueId;
 
 use super::options::WorldOptions;
-use super::recover::{Old, Survivors};
+use super::recover::{Old, Survivors, not_parked};
 use super::resolved::{Resolved, Shape};
 use super::{Presence, World, abort_on_loss, watched};
 use crate::error::{Error, Result};
@@ -46,11 +46,7 @@ impl std::fmt::Debug for Board {
 
 /// A rank's communicators: the world's, the nonblocking one it was split
 /// from, the configuration of children.
-pub(super) type Parts = (
-    nccl_safe::Comm,
-    Option<nccl_safe::Comm>,
-    Option<nccl_safe::Config>,
-);
+pub(super) type Parts = (nccl_safe::Comm, Option<nccl_safe::Comm>, nccl_safe::Config);
 
 /// What the first survivor posted: the new world's shared parts, or why
 /// it could not make them.
@@ -165,10 +161,7 @@ impl World {
             let this = match old {
                 Old::Kept(this) if shrinkable => this,
                 old => {
-                    let error = refuse(
-                        "the survivors shrink their parked communicators, but this rank's were aborted or do not park"
-                            .into(),
-                    );
+                    let error = not_parked();
                     // The others' shrinks end at any abort asked for
                     // meanwhile: a loss on the old world's channel asks
                     // for one.

@@ -110,14 +110,20 @@ const fn shrink_mark() -> [u8; UniqueId::BYTES] {
 /// which cuts the others' shrinks short (any abort asked for during one
 /// ends it), and gives its world up.
 fn decline_shrink(old: Old) -> Error {
-    let error = Error::InvalidArgument {
-        op: "World::recover",
-        reason: "the survivors shrink their parked communicators, but this rank's were aborted or do not park".into(),
-    };
+    let error = not_parked();
     old.gone(&error);
     match old.give_up() {
         Ok(_) => error,
         Err(e) => e,
+    }
+}
+
+/// The error of a survivor told to shrink whose communicators are not
+/// parked, in a world of processes or of threads.
+pub(super) fn not_parked() -> Error {
+    Error::InvalidArgument {
+        op: "World::recover",
+        reason: "the survivors shrink their parked communicators, but this rank's were aborted or do not park".into(),
     }
 }
 

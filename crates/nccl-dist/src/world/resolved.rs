@@ -184,13 +184,13 @@ impl Resolved {
         size: usize,
         device: usize,
         shape: Shape,
-    ) -> Result<(Comm, Option<Comm>, Option<Config>)> {
+    ) -> Result<(Comm, Option<Comm>, Config)> {
         let made = (|| {
             if let Some(config) = &self.user_config {
                 let comm = Comm::init_rank(id, rank, size, device, config)?;
                 // Its children take it as they would inherit it, but never
                 // park: only the world's own communicators do.
-                return Ok((comm, None, Some(config.clone().park_on_peer_loss(false))));
+                return Ok((comm, None, config.clone().park_on_peer_loss(false)));
             }
             let data = self.data_config();
             if shape == Shape::One && size > 1 {
@@ -198,15 +198,15 @@ impl Resolved {
                 // shrunk (no channel names a loss): a plain nonblocking one.
                 let config = self.data_config().blocking(false);
                 let comm = Comm::init_rank(id, rank, size, device, &config)?;
-                return Ok((comm, None, Some(data)));
+                return Ok((comm, None, data));
             }
             if size == 1 {
                 let comm = Comm::init_rank(id, rank, size, device, &data)?;
-                return Ok((comm, None, Some(data)));
+                return Ok((comm, None, data));
             }
             let control = Comm::init_rank(id, rank, size, device, &self.init_config())?;
             let comm = self.split_world(&control, rank)?;
-            Ok((comm, Some(control), Some(data)))
+            Ok((comm, Some(control), data))
         })();
         made.map_err(|e| lost_or(&self.signal, e))
     }
@@ -234,15 +234,15 @@ impl Resolved {
         excluded: &[usize],
         rank: usize,
         size: usize,
-    ) -> Result<(Comm, Option<Comm>, Option<Config>)> {
+    ) -> Result<(Comm, Option<Comm>, Config)> {
         let made = (|| {
             let data = self.data_config();
             if size == 1 {
-                return Ok((parked.shrink_parked(excluded, &data)?, None, Some(data)));
+                return Ok((parked.shrink_parked(excluded, &data)?, None, data));
             }
             let control = parked.shrink_parked(excluded, &self.init_config())?;
             let comm = self.split_world(&control, rank)?;
-            Ok((comm, Some(control), Some(data)))
+            Ok((comm, Some(control), data))
         })();
         made.map_err(|e| lost_or(&self.signal, e))
     }

@@ -460,6 +460,15 @@ fn parked_members_are_quiet_but_not_settled_until_parking_ends() {
     assert!(signal.wait_settled(soon()));
 }
 
+/// What one group of a mesh's abort and a parked world's stop says, in
+/// the order the trigger and a group's end both keep: the stop last.
+const PARKED_LAST: [&str; 4] = [
+    "group start",
+    "abort mesh",
+    "stop parked world",
+    "group end",
+];
+
 #[test]
 fn a_parked_member_stops_its_kernels_in_the_group_after_every_abort() {
     // The parked one is the newest, so it is held first: its stop, which
@@ -468,15 +477,7 @@ fn a_parked_member_stops_its_kernels_in_the_group_after_every_abort() {
     let signal = AbortSignal::new();
     let _members = holdables(&signal, &["mesh", "parked world"], Some(fake_group));
     signal.trigger(AbortCause::Requested);
-    assert_eq!(
-        group_said(),
-        [
-            "group start",
-            "abort mesh",
-            "stop parked world",
-            "group end"
-        ]
-    );
+    assert_eq!(group_said(), PARKED_LAST);
     assert_none_aborted_again();
 }
 
@@ -543,13 +544,5 @@ fn a_group_end_settles_a_parked_member_with_the_others_as_a_trigger_does() {
         .map(|m| m as Arc<dyn Abortable>)
         .collect();
     settle_together(&members);
-    assert_eq!(
-        group_said(),
-        [
-            "group start",
-            "abort mesh",
-            "stop parked world",
-            "group end"
-        ]
-    );
+    assert_eq!(group_said(), PARKED_LAST);
 }

@@ -216,9 +216,10 @@ impl Comm {
     /// with the survivors only). No proxy thread is joined, so it takes
     /// about as long as a split, where an abort and a new init wait up to
     /// 500 ms for NCCL's teardown. Where a blocking communicator made from
-    /// this one parked too, its kernels stopped when it parked. This communicator stays parked (calls refused) and is
-    /// aborted at its drop; keep it until the new one is no longer needed
-    /// soon, as its teardown then takes that long.
+    /// this one parked too, its kernels stopped when it parked. This
+    /// communicator stays parked (calls refused) and is aborted at its drop;
+    /// keep it until the new one is no longer needed soon, as its teardown
+    /// then takes that long.
     ///
     /// Every survivor calls it; the excluded ranks do not. Any abort asked
     /// for while it runs (a second loss seen on this communicator's signal
