@@ -716,8 +716,6 @@ impl World {
         self.comm
     }
 
-    /// The nonblocking communicator the world's was split from, if any:
-    /// the parent of meshes, so their creation can be cut short.
     /// A world of [`World::local`] with other ranks: one thread drives
     /// them all, so its collective calls (splits included) must be made
     /// for every rank together.
@@ -725,6 +723,9 @@ impl World {
         self.launch.launcher == Launcher::Local && self.local.is_none() && self.size() > 1
     }
 
+    /// The nonblocking communicator the world's was split from, if any
+    /// (else the world's own): the parent of meshes, so their creation can
+    /// be cut short.
     pub(crate) fn split_parent(&self) -> &Comm {
         self.control.as_ref().unwrap_or(&self.comm)
     }

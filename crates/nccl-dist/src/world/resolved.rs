@@ -105,11 +105,14 @@ impl Resolved {
     /// split from: nonblocking, so that a peer lost mid-init aborts it.
     /// With [`WorldOptions::recover_by_shrink`] (where the library can
     /// shrink, [`parks`]), it parks on a loss: the survivors'
-    /// [`World::recover`](super::World::recover) shrink it.
+    /// [`World::recover`](super::World::recover) shrink it. It runs no
+    /// collective (worlds and meshes are split from it with their own
+    /// configurations), so it takes [`CONTROL_MAX_CTAS`] channels.
     fn init_config(&self) -> Config {
         self.data_config()
             .blocking(false)
             .park_on_peer_loss(self.parks())
+            .max_ctas(CONTROL_MAX_CTAS)
     }
 
     /// The configuration of the world's blocking communicator: it parks
@@ -308,6 +311,14 @@ pub(super) fn lost_or(signal: &AbortSignal, err: nccl_safe::Error) -> Error {
     }
 }
 
+/// The channels of a world's control communicator, which NCCL otherwise
+/// sets up at init as for any other (24 on 2 H100s, NCCL 2.28.3) though
+/// the control communicator only creates: NCCL takes a child's channels
+/// from the configuration given to the split or shrink, not from its
+/// parent's (`parseCommConfig`), and every child made from it is given
+/// one. `NCCL_MAX_CTAS` and `NCCL_MIN_CTAS` still override it.
+pub(crate) const CONTROL_MAX_CTAS: i32 = 1;
+
 /// How long an NCCL error that may come from a lost peer waits for the
 /// liveness channel to name it.
 const LOSS_GRACE: Duration = Duration::from_millis(500);
@@ -342,5 +353,18 @@ mod tests {
         assert!(!recovers_by_shrink(Some(false), env(&[])).unwrap());
         let bad = env(&[("NCCL_RS_RECOVER_BY_SHRINK", "maybe")]);
         assert!(recovers_by_shrink(None, bad).is_err());
+    }
+
+    /// The control communicator sets up one channel; the world split from
+    /// it, and what meshes split, keep NCCL's default.
+    #[test]
+    fn the_control_communicator_takes_one_channel_and_its_children_the_default() {
+        let resolved = Resolved::new(&WorldOptions::new()).unwrap();
+        let control = resolved.init_config();
+        assert_eq!(control.get_max_ctas(), Some(CONTROL_MAX_CTAS));
+        assert!(!control.is_blocking());
+        assert_eq!(resolved.world_config().get_max_ctas(), None);
+        assert!(resolved.world_config().is_blocking());
+        assert_eq!(resolved.data_config().get_max_ctas(), None);
     }
 }
