@@ -313,11 +313,12 @@ pub(super) fn lost_or(signal: &AbortSignal, err: nccl_safe::Error) -> Error {
 
 /// The channels of a world's control communicator, which NCCL otherwise
 /// sets up at init as for any other (24 on 2 H100s, NCCL 2.28.3) though
-/// the control communicator only creates: NCCL takes a child's channels
+/// the control communicator only creates. NCCL takes a child's channels
 /// from the configuration given to the split or shrink, not from its
-/// parent's (`parseCommConfig`), and every child made from it is given
-/// one. `NCCL_MAX_CTAS` and `NCCL_MIN_CTAS` still override it.
-pub(crate) const CONTROL_MAX_CTAS: i32 = 1;
+/// parent's (`parseCommConfig`, NCCL 2.18 to 2.30), and every child made
+/// from it is given its own configuration. `NCCL_MAX_CTAS` still
+/// overrides it.
+const CONTROL_MAX_CTAS: i32 = 1;
 
 /// How long an NCCL error that may come from a lost peer waits for the
 /// liveness channel to name it.
