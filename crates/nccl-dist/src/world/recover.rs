@@ -130,7 +130,7 @@ pub(super) fn not_parked() -> Error {
 /// Now, and how long a wait for NCCL's aborts of communicators with the
 /// operation timeout `timeout` may last: that timeout (a drop's bounded
 /// wait) plus [`ABORT_ALLOWANCE`] (NCCL's abort).
-fn abort_deadline(timeout: Duration) -> (Instant, Instant) {
+pub(super) fn abort_deadline(timeout: Duration) -> (Instant, Instant) {
     let started = Instant::now();
     let until = started
         .checked_add(timeout.saturating_add(ABORT_ALLOWANCE))

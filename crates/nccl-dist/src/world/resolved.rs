@@ -2,11 +2,13 @@
 //! this rank's communicators are made from them (every way of forming a
 //! world ends here).
 
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use nccl_safe::{AbortCause, AbortSignal, Comm, Config, ReduceOp, UniqueId};
 
 use super::options::{DEFAULT_OP_TIMEOUT, WorldOptions, default_config, op_timeout_from_lookup};
+use super::recover::abort_deadline;
 use crate::error::{Error, Result};
 use crate::liveness::LivenessOptions;
 use crate::watchdog::{Watchdog, WatchdogOptions};
@@ -123,6 +125,21 @@ impl Resolved {
         self.data_config().park_on_peer_loss(self.parks())
     }
 
+    /// `made`'s error as the world reports it (a loss named where the
+    /// channel names one, [`lost_or`]). A failure after the signal fired
+    /// also leaves the signal to the next world of the process
+    /// ([`settle_failed`]): a creation cut short by a loss answers before
+    /// NCCL's abort of it is done.
+    fn outcome<T>(&self, made: nccl_safe::Result<T>) -> Result<T> {
+        made.map_err(|e| {
+            let e = lost_or(&self.signal, e);
+            if self.signal.is_triggered() {
+                remember_failed(&self.signal);
+            }
+            e
+        })
+    }
+
     /// Makes the connections of a world's communicators now, unless lazy
     /// ([`WorldOptions::lazy_connect`]): a one-element all-reduce on each
     /// (in one group when one thread drives them all) and its stream's
@@ -165,7 +182,7 @@ impl Resolved {
             }
             done
         })();
-        made.map_err(|e| lost_or(&self.signal, e))
+        self.outcome(made)
     }
 
     pub(super) fn start_watchdog(&self) -> Result<Option<Watchdog>> {
@@ -188,6 +205,7 @@ impl Resolved {
         device: usize,
         shape: Shape,
     ) -> Result<(Comm, Option<Comm>, Config)> {
+        settle_failed(self.op_timeout)?;
         let made = (|| {
             if let Some(config) = &self.user_config {
                 let comm = Comm::init_rank(id, rank, size, device, config)?;
@@ -211,7 +229,7 @@ impl Resolved {
             let comm = self.split_world(&control, rank)?;
             Ok((comm, Some(control), data))
         })();
-        made.map_err(|e| lost_or(&self.signal, e))
+        self.outcome(made)
     }
 
     /// The world's blocking communicator, split from `control`.
@@ -238,6 +256,7 @@ impl Resolved {
         rank: usize,
         size: usize,
     ) -> Result<(Comm, Option<Comm>, Config)> {
+        settle_failed(self.op_timeout)?;
         let made = (|| {
             let data = self.data_config();
             if size == 1 {
@@ -247,8 +266,52 @@ impl Resolved {
             let comm = self.split_world(&control, rank)?;
             Ok((comm, Some(control), data))
         })();
-        made.map_err(|e| lost_or(&self.signal, e))
+        self.outcome(made)
     }
+}
+
+/// The signals of this process's worlds whose making failed after their
+/// signal fired, while NCCL may still be aborting their communicators.
+static FAILED: Mutex<Vec<AbortSignal>> = Mutex::new(Vec::new());
+
+fn failed_worlds() -> MutexGuard<'static, Vec<AbortSignal>> {
+    FAILED.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A world's making failed: NCCL's aborts of its communicators may still
+/// run (on the liveness hook's thread, which the survivors' error does
+/// not wait for, or on a teardown's).
+fn remember_failed(signal: &AbortSignal) {
+    let mut failed = failed_worlds();
+    if !failed.contains(signal) {
+        failed.push(signal.clone());
+    }
+}
+
+/// Waits, before a world makes its communicators, until NCCL is done with
+/// those of every world of the process whose making failed, parked ones
+/// aside ([`AbortSignal::wait_quiet`]: no abort or teardown of theirs
+/// runs): NCCL allows no calls on independent communicators of one GPU
+/// from several threads at once (see `World::give_up`). At most `timeout`
+/// plus [`nccl_safe::ABORT_ALLOWANCE`], else
+/// [`nccl_safe::Error::Timeout`]; the quiet ones are forgotten.
+fn settle_failed(timeout: Duration) -> Result<()> {
+    let pending = failed_worlds().clone();
+    if pending.is_empty() {
+        return Ok(());
+    }
+    let _span = tracing::debug_span!("nccl.settle_failed_worlds", worlds = pending.len()).entered();
+    let (started, until) = abort_deadline(timeout);
+    let (settled, unsettled): (Vec<_>, Vec<_>) =
+        pending.into_iter().partition(|s| s.wait_quiet(until));
+    failed_worlds().retain(|s| !settled.contains(s));
+    if unsettled.is_empty() {
+        return Ok(());
+    }
+    Err(Error::Nccl(nccl_safe::Error::Timeout {
+        op: "World: NCCL's aborts of an earlier world's communicators (its making failed)",
+        waited: started.elapsed(),
+    }))
 }
 
 /// Whether a world is to recover by shrink: the option where given, else
@@ -367,5 +430,31 @@ mod tests {
         assert_eq!(resolved.world_config().get_max_ctas(), None);
         assert!(resolved.world_config().is_blocking());
         assert_eq!(resolved.data_config().get_max_ctas(), None);
+    }
+
+    /// A world whose making failed after its signal fired is left to the
+    /// next world, which waits until NCCL is done with it and forgets it;
+    /// one that failed otherwise is not kept.
+    #[test]
+    fn a_failed_world_is_settled_by_the_next_one_only_after_a_loss() {
+        let quiet = Resolved::new(&WorldOptions::new()).unwrap();
+        let refused = || nccl_safe::Error::InvalidArgument {
+            op: "test",
+            reason: "refused",
+        };
+        assert!(quiet.outcome::<()>(Err(refused())).is_err());
+        assert!(!failed_worlds().contains(&quiet.signal));
+
+        let lost = Resolved::new(&WorldOptions::new()).unwrap();
+        lost.signal.trigger(AbortCause::PeerLost {
+            rank: 1,
+            detail: "test".into(),
+        });
+        let e = lost.outcome::<()>(Err(refused())).unwrap_err();
+        assert_eq!(e.lost_rank(), Some(1), "{e}");
+        assert!(failed_worlds().contains(&lost.signal));
+        // Nothing of it is left for NCCL (it has no communicator).
+        settle_failed(Duration::from_secs(1)).unwrap();
+        assert!(!failed_worlds().contains(&lost.signal));
     }
 }

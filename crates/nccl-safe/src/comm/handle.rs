@@ -104,6 +104,11 @@ pub(crate) struct Shared {
     /// and polls pass although it is parked, and any abort asked for
     /// meanwhile unparks it (a second loss cuts the shrink short).
     pub(crate) shrinking: AtomicBool,
+    /// A nonblocking creation is still polled by the thread that made it
+    /// ([`Shared::wait_created`]): no other thread aborts it (NCCL's abort
+    /// would wait there for the init thread); that thread answers
+    /// `Aborted` and its drop of the handle makes the abort.
+    pub(crate) creating: AtomicBool,
 }
 
 // SAFETY: the only non-thread-safe part is the raw `ncclComm_t`, which is
@@ -227,10 +232,11 @@ impl Shared {
     }
 
     /// Whether an abort can happen now (the caller holds the lock): live,
-    /// due, not parked, and no open group refers to it.
+    /// due, created, not parked, and no open group refers to it.
     pub(crate) fn abort_ready(&self, state: &State) -> bool {
         matches!(state, State::Live(_))
             && self.abort_due()
+            && !self.creating.load(Ordering::SeqCst)
             && !self.is_parked()
             && !self.in_open_group.load(Ordering::Acquire)
     }

@@ -2,7 +2,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::CudaContext;
@@ -83,15 +83,26 @@ impl Comm {
             stopper: Mutex::new(None),
             unparked: AtomicBool::new(false),
             shrinking: AtomicBool::new(false),
+            creating: AtomicBool::new(!blocking),
         });
         // Enrolled before the wait, so a signal can cut a nonblocking init
         // short.
         if let Some(signal) = &signal {
             signal.enroll(Arc::downgrade(&shared) as std::sync::Weak<dyn crate::abort::Abortable>);
         }
-        // From here on, `shared`'s Drop owns the handle.
+        // From here on, `shared`'s Drop owns the handle (and makes a due
+        // abort that no other thread makes).
         if !blocking {
-            shared.wait_ready(op)?;
+            let created = shared.wait_created(op);
+            shared.creating.store(false, Ordering::SeqCst);
+            created?;
+            // A loss that came as the creation ended found it creating and
+            // left its abort to this thread (the store and `set_cause`'s
+            // fence order the two looks): the drop makes it.
+            std::sync::atomic::fence(Ordering::SeqCst);
+            if shared.abort_due() {
+                return Err(shared.aborted(op));
+            }
         }
         let (stream, compute_capability) = (stream?, compute_capability?);
         let query = |op: &'static str,
