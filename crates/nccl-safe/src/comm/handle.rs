@@ -104,10 +104,10 @@ pub(crate) struct Shared {
     /// and polls pass although it is parked, and any abort asked for
     /// meanwhile unparks it (a second loss cuts the shrink short).
     pub(crate) shrinking: AtomicBool,
-    /// A nonblocking creation is still polled by the thread that made it
-    /// ([`Shared::wait_created`]): no other thread aborts it (NCCL's abort
-    /// would wait there for the init thread); that thread answers
-    /// `Aborted` and its drop of the handle makes the abort.
+    /// A nonblocking init (no parent) is still polled by the thread that
+    /// made it ([`Shared::wait_created`]): no other thread aborts it
+    /// (NCCL's abort would wait there for the init thread); that thread
+    /// answers `Aborted` and its drop of the handle makes the abort.
     pub(crate) creating: AtomicBool,
 }
 

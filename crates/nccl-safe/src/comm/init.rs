@@ -36,6 +36,7 @@ impl Comm {
                 timeout: config.get_timeout(),
                 signal: config.get_abort_signal().cloned(),
                 park_on_loss: config.parks_on_peer_loss(),
+                parentless: true,
             },
             raw_config,
         ))
@@ -57,6 +58,7 @@ impl Comm {
             timeout,
             signal,
             park_on_loss,
+            parentless,
         } = parts;
         let stream = ctx.new_stream().map_err(cuda("new_stream"));
         let compute_capability = ctx.compute_capability().map_err(cuda("compute_capability"));
@@ -83,16 +85,17 @@ impl Comm {
             stopper: Mutex::new(None),
             unparked: AtomicBool::new(false),
             shrinking: AtomicBool::new(false),
-            creating: AtomicBool::new(!blocking),
+            creating: AtomicBool::new(!blocking && parentless),
         });
         // Enrolled before the wait, so a signal can cut a nonblocking init
         // short.
         if let Some(signal) = &signal {
             signal.enroll(Arc::downgrade(&shared) as std::sync::Weak<dyn crate::abort::Abortable>);
         }
-        // From here on, `shared`'s Drop owns the handle (and makes a due
-        // abort that no other thread makes).
-        if !blocking {
+        // From here on, `shared`'s Drop owns the handle.
+        if !blocking && parentless {
+            // An init: no other thread aborts it meanwhile (`creating`); a
+            // due abort is made by the drop.
             let created = shared.wait_created(op);
             shared.creating.store(false, Ordering::SeqCst);
             created?;
@@ -103,6 +106,10 @@ impl Comm {
             if shared.abort_due() {
                 return Err(shared.aborted(op));
             }
+        } else if !blocking {
+            // A child: NCCL's job that made it may have read its parent,
+            // which the signal aborts after it, as at any time.
+            shared.wait_ready(op)?;
         }
         let (stream, compute_capability) = (stream?, compute_capability?);
         let query = |op: &'static str,

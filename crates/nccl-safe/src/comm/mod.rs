@@ -184,6 +184,11 @@ struct Parts {
     timeout: Duration,
     signal: Option<AbortSignal>,
     park_on_loss: bool,
+    /// Made by an init (no parent): its creation is the creator's alone
+    /// to cut short ([`Shared::creating`](handle::Shared::creating)). A
+    /// child's may still read its parent inside NCCL, so the signal
+    /// aborts it before the parent, as before.
+    parentless: bool,
 }
 
 impl Parts {
@@ -200,6 +205,7 @@ impl Parts {
                 .or(parent.signal.as_ref())
                 .cloned(),
             park_on_loss: config.is_some_and(Config::parks_on_peer_loss),
+            parentless: false,
         }
     }
 }

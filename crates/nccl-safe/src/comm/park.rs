@@ -191,6 +191,7 @@ impl Shared {
             timeout: self.timeout,
             signal: None,
             park_on_loss: false,
+            parentless: false,
         };
         crate::Comm::adopt(child, parts, None, STOP).map(Some)
     }

@@ -53,15 +53,15 @@ pub(crate) fn async_status(lib: &Library, raw: ncclComm_t) -> Result<ncclResult_
 }
 
 impl Shared {
-    /// Polls a nonblocking creation (init, split, shrink) until NCCL no
-    /// longer reports `ncclInProgress`, against the communicator's
+    /// Polls a nonblocking init (a communicator with no parent) until NCCL
+    /// no longer reports `ncclInProgress`, against the communicator's
     /// deadline, like [`Shared::wait_ready`], except that it answers
     /// [`Error::Aborted`] as soon as an abort is due and never waits for
     /// the lock.
     ///
     /// Meanwhile no other thread aborts the communicator
     /// ([`Shared::creating`]): NCCL's `ncclCommAbort` of a communicator
-    /// being created first joins its init thread, which does not look at
+    /// being initialised first joins its init thread, which does not look at
     /// the abort flag while it loads NCCL's kernels (the first
     /// communicator of a process; up to 2 s with four processes loading
     /// at once on 4 H100s). The thread that asked (the liveness channel's,
