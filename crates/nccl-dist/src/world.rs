@@ -238,6 +238,16 @@ impl World {
         nccl_safe::require_cuda_driver()?;
         let resolved = Resolved::new(options)?;
         apply_encryption(options.encryption.as_ref())?;
+        // The device's context before the rendezvous, held until the world
+        // is formed. Made after it, with the communicators, its creation
+        // (up to 1.6 s in fresh processes starting together on 4 H100s)
+        // ran where no loss cuts anything short: a peer that died
+        // meanwhile was named only once it ended (fault case g). Made
+        // here, a rank whose GPU cannot be used also fails before its
+        // peers wait for it.
+        let _context = CudaContext::new(device).map_err(crate::error::cuda(
+            "World::init_with: the device's CUDA context",
+        ))?;
         let (id, liveness) = if launch.world_size == 1 {
             (UniqueId::new()?, None)
         } else {
