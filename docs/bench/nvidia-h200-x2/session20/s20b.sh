@@ -1,6 +1,6 @@
 #!/bin/bash
-# Session 20 on nvidia-h200-x2, after 5d5b016 (a parentless init cut short by its signal answers at once): the GPU
-# matrix (nccl-safe's abort test of it included), then fault case g twice at world 2. Build: `cargo xtask gpu-test
+# Session 20 on nvidia-h200-x2, after 5d5b016 and the context change (a parentless init cut short by its signal answers at once; World::init_with makes the CUDA context before the rendezvous): the GPU
+# matrix (nccl-safe's abort test of it included), then fault case g three times at world 2. Build: `cargo xtask gpu-test
 # --bundle bundle`, copy this script into bundle/, `tar cJf bundle-cx/d.tar.xz bundle`; run
 # `tar xJf bundle-cx/d.tar.xz && bash bundle/s20b.sh` with carry ["bundle-cx"] (about 420 s).
 export NCCL_NVLS_ENABLE=0
