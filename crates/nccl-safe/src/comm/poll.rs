@@ -5,9 +5,8 @@ use std::time::{Duration, Instant};
 
 use nccl_sys::{ncclComm_t, ncclResult_t};
 
-use crate::comm::handle::{Shared, State, make_current};
+use crate::Result;
 use crate::library::Library;
-use crate::{Error, Result};
 
 /// How long a wait polls without sleeping. A nonblocking group launch
 /// (NCCL hands it to a new thread) finishes in tens of microseconds, and
@@ -50,55 +49,4 @@ pub(crate) fn async_status(lib: &Library, raw: ncclComm_t) -> Result<ncclResult_
     let code = unsafe { get(raw, &mut status) };
     lib.check("ncclCommGetAsyncError", code, raw)?;
     Ok(status)
-}
-
-impl Shared {
-    /// Polls a nonblocking init (a communicator with no parent) until NCCL
-    /// no longer reports `ncclInProgress`, against the communicator's
-    /// deadline, like [`Shared::wait_ready`], except that it answers
-    /// [`Error::Aborted`] as soon as an abort is due and never waits for
-    /// the lock.
-    ///
-    /// Meanwhile no other thread aborts the communicator
-    /// ([`Shared::creating`]): NCCL's `ncclCommAbort` of a communicator
-    /// being initialised first joins its init thread, which does not look at
-    /// the abort flag while it loads NCCL's kernels (the first
-    /// communicator of a process; up to 2 s with four processes loading
-    /// at once on 4 H100s). The thread that asked (the liveness channel's,
-    /// which names no other loss meanwhile) would wait there, and this one
-    /// for the lock. The handle's drop makes the abort instead, on a
-    /// teardown thread that the signal counts
-    /// ([`crate::AbortSignal::wait_settled`] and
-    /// [`crate::AbortSignal::wait_quiet`] wait for it). Nothing the caller
-    /// owns is in NCCL's hands during a creation.
-    pub(crate) fn wait_created(&self, op: &'static str) -> Result<()> {
-        let mut failed = None;
-        let timed_out = poll_with_backoff(self.timeout, || {
-            if self.abort_due() {
-                return Err(self.aborted(op));
-            }
-            let Some(state) = self.try_lock() else {
-                return Ok(false);
-            };
-            let raw = match *state {
-                State::Live(raw) => raw,
-                State::Aborted => return Err(self.aborted(op)),
-                State::Closed => return Err(Error::Finalized { op }),
-            };
-            make_current(&self.ctx).map_err(|source| Error::Cuda { op, source })?;
-            match async_status(self.lib, raw)? {
-                ncclResult_t::ncclSuccess => Ok(true),
-                ncclResult_t::ncclInProgress => Ok(false),
-                code => {
-                    failed = Some(self.lib.check(op, code, raw));
-                    Ok(true)
-                }
-            }
-        })?;
-        match (failed, timed_out) {
-            (Some(error), _) => error,
-            (None, None) => Ok(()),
-            (None, Some(waited)) => Err(Error::Timeout { op, waited }),
-        }
-    }
 }
