@@ -39,7 +39,7 @@ pub use options::{
     TIMEOUT_ENV, WorldOptions, default_config, encryption_from_lookup, nonblocking_config,
     op_timeout_from_lookup,
 };
-use resolved::{Resolved, Shape, lost_or};
+use resolved::{Resolved, Shape, beside_a_new_context, lost_or};
 
 /// Every rank of the job: this rank's communicator over all of them, and
 /// where it sits in the launch.
@@ -225,6 +225,7 @@ impl World {
     /// that dies is named to every survivor, whose communicators are
     /// aborted ([`Error::PeerLost`]).
     pub fn init_with(launch: Launch, options: &WorldOptions) -> Result<World> {
+        const OP: &str = "World::init_with";
         let device = options.device.unwrap_or(launch.local_rank);
         let _span = tracing::debug_span!(
             "nccl.world_init",
@@ -238,37 +239,33 @@ impl World {
         nccl_safe::require_cuda_driver()?;
         let resolved = Resolved::new(options)?;
         apply_encryption(options.encryption.as_ref())?;
-        // The device's context before the rendezvous, held until the world
-        // is formed. Made after it, with the communicators, its creation
-        // (up to 1.6 s in fresh processes starting together on 4 H100s)
-        // ran where no loss cuts anything short: a peer that died
-        // meanwhile was named only once it ended (fault case g). Made
-        // here, a rank whose GPU cannot be used also fails before its
-        // peers wait for it.
-        let _context = CudaContext::new(device).map_err(crate::error::cuda(
-            "World::init_with: the device's CUDA context",
-        ))?;
-        let (id, liveness) = if launch.world_size == 1 {
-            (UniqueId::new()?, None)
-        } else {
-            match &options.method {
-                RendezvousMethod::Tcp => World::exchange_tcp(&launch, options, &resolved)?,
-                RendezvousMethod::File(path) => {
-                    // The same secret as over TCP: given, else the
-                    // environment's (a missing one is the same error).
-                    let secret = options.job_secret()?;
-                    let secret = &*secret;
-                    let id = if launch.rank == 0 {
-                        let id = UniqueId::new()?;
-                        rendezvous::publish_file(path, &id.raw(), secret)?;
-                        id
-                    } else {
-                        rendezvous::wait_file(path, secret, options.timeout)?.into()
-                    };
-                    (id, None)
+        check_devices(OP, &[device])?;
+        // The device's context is made beside the rendezvous (see
+        // `beside_a_new_context`), and held until the world is formed.
+        let (_context, exchanged) = beside_a_new_context(device, OP, || {
+            Ok(if launch.world_size == 1 {
+                (UniqueId::new()?, None)
+            } else {
+                match &options.method {
+                    RendezvousMethod::Tcp => World::exchange_tcp(&launch, options, &resolved)?,
+                    RendezvousMethod::File(path) => {
+                        // The same secret as over TCP: given, else the
+                        // environment's (a missing one is the same error).
+                        let secret = options.job_secret()?;
+                        let secret = &*secret;
+                        let id = if launch.rank == 0 {
+                            let id = UniqueId::new()?;
+                            rendezvous::publish_file(path, &id.raw(), secret)?;
+                            id
+                        } else {
+                            rendezvous::wait_file(path, secret, options.timeout)?.into()
+                        };
+                        (id, None)
+                    }
                 }
-            }
-        };
+            })
+        })?;
+        let (id, liveness) = exchanged;
         World::form(&id, launch, device, resolved, liveness, Shape::Split)
     }
 

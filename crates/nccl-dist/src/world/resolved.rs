@@ -2,9 +2,10 @@
 //! this rank's communicators are made from them (every way of forming a
 //! world ends here).
 
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use nccl_safe::cudarc::driver::CudaContext;
 use nccl_safe::{AbortCause, AbortSignal, Comm, Config, ReduceOp, UniqueId};
 
 use super::options::{DEFAULT_OP_TIMEOUT, WorldOptions, default_config, op_timeout_from_lookup};
@@ -134,7 +135,7 @@ impl Resolved {
         made.map_err(|e| {
             let e = lost_or(&self.signal, e);
             if self.signal.is_triggered() {
-                remember_failed(&self.signal);
+                remember_failed(&self.signal, self.op_timeout);
             }
             e
         })
@@ -271,20 +272,21 @@ impl Resolved {
 }
 
 /// The signals of this process's worlds whose making failed after their
-/// signal fired, while NCCL may still be aborting their communicators.
-static FAILED: Mutex<Vec<AbortSignal>> = Mutex::new(Vec::new());
+/// signal fired, with their operation timeouts, while NCCL may still be
+/// aborting their communicators.
+static FAILED: Mutex<Vec<(AbortSignal, Duration)>> = Mutex::new(Vec::new());
 
-fn failed_worlds() -> MutexGuard<'static, Vec<AbortSignal>> {
+fn failed_worlds() -> MutexGuard<'static, Vec<(AbortSignal, Duration)>> {
     FAILED.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// A world's making failed: NCCL's aborts of its communicators may still
 /// run (on the liveness hook's thread, which the survivors' error does
 /// not wait for, or on a teardown's).
-fn remember_failed(signal: &AbortSignal) {
+fn remember_failed(signal: &AbortSignal, timeout: Duration) {
     let mut failed = failed_worlds();
-    if !failed.contains(signal) {
-        failed.push(signal.clone());
+    if !failed.iter().any(|(s, _)| s == signal) {
+        failed.push((signal.clone(), timeout));
     }
 }
 
@@ -292,26 +294,65 @@ fn remember_failed(signal: &AbortSignal) {
 /// those of every world of the process whose making failed, parked ones
 /// aside ([`AbortSignal::wait_quiet`]: no abort or teardown of theirs
 /// runs): NCCL allows no calls on independent communicators of one GPU
-/// from several threads at once (see `World::give_up`). At most `timeout`
-/// plus [`nccl_safe::ABORT_ALLOWANCE`], else
-/// [`nccl_safe::Error::Timeout`]; the quiet ones are forgotten.
+/// from several threads at once (see `World::give_up`). At most the
+/// longest of `timeout` and theirs plus [`nccl_safe::ABORT_ALLOWANCE`],
+/// else [`nccl_safe::Error::Timeout`]. Each is waited for once: those that
+/// came quiet, and those that did not in time (reported by that
+/// timeout), are forgotten, so that one teardown stuck in NCCL does not
+/// hold every later world of the process.
 fn settle_failed(timeout: Duration) -> Result<()> {
     let pending = failed_worlds().clone();
     if pending.is_empty() {
         return Ok(());
     }
     let _span = tracing::debug_span!("nccl.settle_failed_worlds", worlds = pending.len()).entered();
-    let (started, until) = abort_deadline(timeout);
-    let (settled, unsettled): (Vec<_>, Vec<_>) =
-        pending.into_iter().partition(|s| s.wait_quiet(until));
-    failed_worlds().retain(|s| !settled.contains(s));
-    if unsettled.is_empty() {
+    let longest = pending.iter().map(|(_, t)| *t).fold(timeout, Duration::max);
+    let (started, until) = abort_deadline(longest);
+    // Each gets its look, even past the deadline.
+    let late = pending.iter().filter(|(s, _)| !s.wait_quiet(until)).count();
+    failed_worlds().retain(|(s, _)| !pending.iter().any(|(p, _)| p == s));
+    if late == 0 {
         return Ok(());
     }
     Err(Error::Nccl(nccl_safe::Error::Timeout {
         op: "World: NCCL's aborts of an earlier world's communicators (its making failed)",
         waited: started.elapsed(),
     }))
+}
+
+/// Runs `exchange` (a world's rendezvous) while a thread of its own makes
+/// `device`'s CUDA context, and returns both once both are done: the
+/// rendezvous's error first, then the context's (`op` names it).
+///
+/// Made after the rendezvous, with the communicators, the context's
+/// creation (up to 1.6 s in fresh processes starting together on 4 H100s)
+/// came between a peer's load of libnccl and the survivors' first NCCL
+/// call, where no loss cuts anything short: a peer that died there was
+/// named only once it ended (fault case g, 1.1–1.6 s after the death at
+/// world 4). Made beside the rendezvous, it is ready when the
+/// communicators are made; and a rank whose context fails still joins the
+/// rendezvous, so that its peers learn of the failure as a loss instead of
+/// waiting there for it.
+pub(super) fn beside_a_new_context<T>(
+    device: usize,
+    op: &'static str,
+    exchange: impl FnOnce() -> Result<T>,
+) -> Result<(Arc<CudaContext>, T)> {
+    std::thread::scope(|scope| {
+        let making = std::thread::Builder::new()
+            .name("nccl-context".into())
+            .spawn_scoped(scope, move || CudaContext::new(device));
+        let exchanged = exchange();
+        let context = match making {
+            Ok(thread) => thread
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+            // No thread to be had: made here, after the rendezvous.
+            Err(_) => CudaContext::new(device),
+        };
+        let exchanged = exchanged?;
+        Ok((context.map_err(crate::error::cuda(op))?, exchanged))
+    })
 }
 
 /// Whether a world is to recover by shrink: the option where given, else
@@ -443,7 +484,7 @@ mod tests {
             reason: "refused",
         };
         assert!(quiet.outcome::<()>(Err(refused())).is_err());
-        assert!(!failed_worlds().contains(&quiet.signal));
+        assert!(!failed_worlds().iter().any(|(s, _)| *s == quiet.signal));
 
         let lost = Resolved::new(&WorldOptions::new()).unwrap();
         lost.signal.trigger(AbortCause::PeerLost {
@@ -452,9 +493,9 @@ mod tests {
         });
         let e = lost.outcome::<()>(Err(refused())).unwrap_err();
         assert_eq!(e.lost_rank(), Some(1), "{e}");
-        assert!(failed_worlds().contains(&lost.signal));
+        assert!(failed_worlds().iter().any(|(s, _)| *s == lost.signal));
         // Nothing of it is left for NCCL (it has no communicator).
         settle_failed(Duration::from_secs(1)).unwrap();
-        assert!(!failed_worlds().contains(&lost.signal));
+        assert!(!failed_worlds().iter().any(|(s, _)| *s == lost.signal));
     }
 }

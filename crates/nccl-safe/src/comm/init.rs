@@ -96,9 +96,11 @@ impl Comm {
         if !blocking && parentless {
             // An init: no other thread aborts it meanwhile (`creating`); a
             // due abort is made by the drop.
-            let created = shared.wait_created(op);
+            // On an error `creating` stays: the drop makes a due abort,
+            // which another thread would wait for while NCCL's init
+            // thread still loads kernels.
+            shared.wait_created(op)?;
             shared.creating.store(false, Ordering::SeqCst);
-            created?;
             // A loss that came as the creation ended found it creating and
             // left its abort to this thread (the store and `set_cause`'s
             // fence order the two looks): the drop makes it.
