@@ -33,6 +33,22 @@ pub fn rows(n: usize, gpus: usize) {
         World::spawn_local(gpus + 1, |_| Ok(())),
         |e| matches!(e, Error::InvalidArgument { .. }),
     );
+    // Refused before the rendezvous (a one-rank world has none anyway).
+    let launch = nccl_dist::Launch {
+        rank: 0,
+        world_size: 1,
+        local_rank: 0,
+        local_world_size: 1,
+        master_addr: "127.0.0.1".into(),
+        master_port: 0,
+        launcher: nccl_dist::Launcher::Explicit,
+    };
+    case(
+        "World::init_with",
+        "device (does not exist)",
+        World::init_with(launch, &WorldOptions::new().device(gpus)),
+        |e| matches!(e, Error::InvalidArgument { .. }),
+    );
     let fresh = UniqueId::new().expect("UniqueId::new");
     case(
         "World::from_unique_id",
