@@ -219,8 +219,10 @@ impl World {
     }
 
     /// A process per GPU with the launch and options given: rank 0 makes the
-    /// unique id and hands it out (TCP or file), then every rank makes its
-    /// communicators. A one-rank world needs no rendezvous. Over TCP the
+    /// unique id and hands it out (TCP or file), while a thread of each
+    /// rank makes its device's CUDA context; then every rank makes its
+    /// communicators. A device that does not exist is
+    /// [`Error::InvalidArgument`] before the rendezvous. A one-rank world needs no rendezvous. Over TCP the
     /// rendezvous connections stay open as the liveness channel: a rank
     /// that dies is named to every survivor, whose communicators are
     /// aborted ([`Error::PeerLost`]).
