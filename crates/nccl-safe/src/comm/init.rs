@@ -94,11 +94,10 @@ impl Comm {
         }
         // From here on, `shared`'s Drop owns the handle.
         if !blocking && parentless {
-            // An init: no other thread aborts it meanwhile (`creating`); a
-            // due abort is made by the drop.
-            // On an error `creating` stays: the drop makes a due abort,
-            // which another thread would wait for while NCCL's init
-            // thread still loads kernels.
+            // An init: no other thread aborts it meanwhile (`creating`).
+            // On an error `creating` stays, and the drop makes a due abort
+            // (another thread's would wait while NCCL's init thread still
+            // loads kernels).
             shared.wait_created(op)?;
             shared.creating.store(false, Ordering::SeqCst);
             // A loss that came as the creation ended found it creating and
