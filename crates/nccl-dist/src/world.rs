@@ -222,10 +222,10 @@ impl World {
     /// unique id and hands it out (TCP or file), while a thread of each
     /// rank makes its device's CUDA context; then every rank makes its
     /// communicators. A device that does not exist is
-    /// [`Error::InvalidArgument`] before the rendezvous. A one-rank world needs no rendezvous. Over TCP the
-    /// rendezvous connections stay open as the liveness channel: a rank
-    /// that dies is named to every survivor, whose communicators are
-    /// aborted ([`Error::PeerLost`]).
+    /// [`Error::InvalidArgument`] before the rendezvous. A one-rank world
+    /// needs no rendezvous. Over TCP the rendezvous connections stay open
+    /// as the liveness channel: a rank that dies is named to every
+    /// survivor, whose communicators are aborted ([`Error::PeerLost`]).
     pub fn init_with(launch: Launch, options: &WorldOptions) -> Result<World> {
         const OP: &str = "World::init_with";
         let device = options.device.unwrap_or(launch.local_rank);
