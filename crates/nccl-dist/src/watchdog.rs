@@ -348,13 +348,13 @@ impl Watch {
     }
 }
 
-impl OpObserver for Watch {
-    fn issued(&self, info: &OpInfo, stream: ObservedStream<'_>) {
-        // A kept stream: into the lane, drained by the next look.
-        let call = Slot::of(info, stream.as_raw());
-        if self.lane.lock().push(call) {
-            return;
-        }
+impl Watch {
+    /// A call the lane did not take: on another stream (recorded now,
+    /// while it is live) or with the lane full. Out of line, so that
+    /// `issued`'s lane path spans as few instruction cache lines as it
+    /// can (`nccl_safe::segments`).
+    #[inline(never)]
+    fn issued_past_the_lane(&self, call: Slot, stream: ObservedStream<'_>) {
         // Another stream (recorded now, while it is live) or a full lane:
         // everything waiting goes first, then this call, under one lock.
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -371,6 +371,17 @@ impl OpObserver for Watch {
             return;
         }
         st.tracker.issued(record, stream, &self.ctx, now);
+    }
+}
+
+impl OpObserver for Watch {
+    fn issued(&self, info: &OpInfo, stream: ObservedStream<'_>) {
+        // A kept stream: into the lane, drained by the next look.
+        let call = Slot::of(info, stream.as_raw());
+        if self.lane.lock().push(call) {
+            return;
+        }
+        self.issued_past_the_lane(call, stream);
     }
 
     fn checks_before(&self) -> bool {

@@ -7,6 +7,17 @@ use crate::comm::Comm;
 use crate::dtype::NcclType;
 use crate::error::{Error, Result, Role};
 
+/// `Err(error)`, on a path the compiler is told is cold: the checks'
+/// error branches then sit out of line, after the code every valid call
+/// runs. Between two calls NCCL's enqueue evicts our code from the nearer
+/// caches, so each instruction cache line the valid path spans is fetched
+/// again on every call (`segments.rs`); fewer lines, less time.
+#[cold]
+#[inline(never)]
+pub(crate) fn cold_err<T>(error: Error) -> Result<T> {
+    Err(error)
+}
+
 /// A buffer as validation sees it: address, elements, device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Span {
@@ -30,7 +41,7 @@ impl Check {
         if span.device == self.device {
             Ok(())
         } else {
-            Err(Error::WrongDevice {
+            cold_err(Error::WrongDevice {
                 op: self.op,
                 role,
                 expected: self.device,
@@ -49,7 +60,7 @@ impl Check {
     /// with `reason` when `len` is not a multiple of the number of ranks.
     pub fn blocks(&self, len: usize, reason: &'static str) -> Result<usize> {
         if !len.is_multiple_of(self.size) {
-            return Err(Error::InvalidArgument {
+            return cold_err(Error::InvalidArgument {
                 op: self.op,
                 reason,
             });
@@ -62,7 +73,7 @@ impl Check {
         if span.len >= needed {
             Ok(())
         } else {
-            Err(Error::Length {
+            cold_err(Error::Length {
                 op: self.op,
                 role,
                 needed,
@@ -74,17 +85,17 @@ impl Check {
     /// `count * factor`, refusing overflow (of the element count and of the
     /// byte size it implies).
     pub fn times(&self, count: usize, factor: usize) -> Result<usize> {
-        count
-            .checked_mul(factor)
-            .filter(|n| {
-                n.checked_mul(self.elem_bytes)
-                    .is_some_and(|b| b <= isize::MAX as usize)
-            })
-            .ok_or(Error::Overflow {
+        match count.checked_mul(factor).filter(|n| {
+            n.checked_mul(self.elem_bytes)
+                .is_some_and(|b| b <= isize::MAX as usize)
+        }) {
+            Some(n) => Ok(n),
+            None => cold_err(Error::Overflow {
                 op: self.op,
                 count,
                 factor,
-            })
+            }),
+        }
     }
 
     /// A root or peer in `0..size`.
@@ -92,7 +103,7 @@ impl Check {
         if rank < self.size {
             Ok(())
         } else {
-            Err(Error::RankOutOfRange {
+            cold_err(Error::RankOutOfRange {
                 op: self.op,
                 what,
                 rank,
@@ -130,7 +141,7 @@ impl Check {
         {
             return Ok(());
         }
-        Err(Error::PartialAlias {
+        cold_err(Error::PartialAlias {
             op: self.op,
             send: send.ptr,
             send_bytes,

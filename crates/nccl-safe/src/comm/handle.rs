@@ -271,24 +271,54 @@ impl Shared {
         let result = match *state {
             State::Live(raw) => {
                 if self.abort_due() && !self.shrinks_parked() {
-                    let aborted = self.settle_and_stop(&mut state);
-                    drop(state);
-                    if aborted {
-                        self.after_abort();
-                    }
-                    return Err(self.aborted(op));
+                    return self.refuse_due(state, op);
                 }
                 make_current(&self.ctx).map_err(|source| Error::Cuda { op, source })?;
                 f(raw)
             }
-            State::Aborted => return Err(self.aborted(op)),
-            State::Closed => return Err(Error::Finalized { op }),
+            _ => return self.refuse_not_live(&state, op),
         };
-        if self.cause.get().is_some() && self.settle_and_stop(&mut state) {
+        if self.cause.get().is_some() {
+            self.abort_asked_during(state);
+        }
+        result
+    }
+
+    // The three paths of `with_raw_from` that no valid call on a live
+    // communicator takes, out of line and cold: the call's own code then
+    // spans fewer instruction cache lines, each fetched again after
+    // NCCL's enqueue evicted it (`segments.rs`).
+
+    /// A due abort, made now where it can be; the call is refused.
+    #[cold]
+    #[inline(never)]
+    fn refuse_due<R>(&self, mut state: MutexGuard<'_, State>, op: &'static str) -> Result<R> {
+        let aborted = self.settle_and_stop(&mut state);
+        drop(state);
+        if aborted {
+            self.after_abort();
+        }
+        Err(self.aborted(op))
+    }
+
+    /// The refusal of a call on a communicator aborted or closed.
+    #[cold]
+    #[inline(never)]
+    fn refuse_not_live<R>(&self, state: &State, op: &'static str) -> Result<R> {
+        match state {
+            State::Closed => Err(Error::Finalized { op }),
+            _ => Err(self.aborted(op)),
+        }
+    }
+
+    /// An abort asked for while the call ran: made right after it.
+    #[cold]
+    #[inline(never)]
+    fn abort_asked_during(&self, mut state: MutexGuard<'_, State>) {
+        if self.settle_and_stop(&mut state) {
             drop(state);
             self.after_abort();
         }
-        result
     }
 
     /// Whether a [`crate::Comm::shrink_parked`] runs on it, parked: its
@@ -313,6 +343,8 @@ impl Shared {
     /// communicator (another handle's, [`crate::Comm::share`]), or at once
     /// when an abort is due (the caller then answers `Aborted` without
     /// touching NCCL); after the timeout, [`Error::Timeout`].
+    #[cold]
+    #[inline(never)]
     fn after_another_group(&self, op: &'static str) -> Result<MutexGuard<'_, State>> {
         let started = std::time::Instant::now();
         let free = || !self.held_by_another_group() || self.abort_due();

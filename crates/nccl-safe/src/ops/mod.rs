@@ -36,7 +36,7 @@ use crate::group::{self, Deferred, GroupGuard, GroupHold, NestedGroup};
 use crate::observe::{ObservedStream, Pending};
 use crate::reduce_op::Reduction;
 use crate::segments::{self, Seg};
-use crate::validate::{Check, Span, check_dtype};
+use crate::validate::{Check, Span, check_dtype, cold_err};
 use crate::{Error, Result};
 
 /// Refuses what NCCL cannot run for `op` on `T`: fp8 scaled sums (Avg,
@@ -268,14 +268,14 @@ impl<'s, 'a> OnStream<'s, 'a> {
 
     fn check<T>(&self, op: &'static str) -> Result<Check> {
         if self.hold.is_none() && group::is_open() {
-            return Err(Error::InvalidArgument {
+            return cold_err(Error::InvalidArgument {
                 op,
                 reason: "a group is open on this thread: issue the call through GroupGuard::on",
             });
         }
         let stream_device = self.stream.context().ordinal();
         if stream_device != self.comm.device() {
-            return Err(Error::WrongDevice {
+            return cold_err(Error::WrongDevice {
                 op,
                 role: Role::Stream,
                 expected: self.comm.device(),
@@ -319,7 +319,6 @@ impl<'s, 'a> OnStream<'s, 'a> {
     ) -> Result<()> {
         let op = called.name;
         let shared = self.comm.shared();
-        let lib = self.comm.library();
         let stream = self.raw_stream();
         let grouped = group::is_open();
         if grouped {
@@ -343,7 +342,7 @@ impl<'s, 'a> OnStream<'s, 'a> {
                     shared.wait_ready(op)?;
                 }
             }
-            code => return shared.with_raw(op, |raw| lib.check(op, code, raw)),
+            code => return Self::failed(self.comm, op, code),
         }
         debug_assert!(
             self.hold.is_some() || !grouped,
@@ -356,6 +355,18 @@ impl<'s, 'a> OnStream<'s, 'a> {
         Self::observe(self.comm, called, self.stream, self.hold);
         segments::mark(Seg::Observe);
         Ok(())
+    }
+
+    /// The error of an enqueue NCCL refused with `code` (its text read
+    /// under the lock). Out of line and cold, so that the enqueue's own
+    /// code stays on as few instruction cache lines as it can: between two
+    /// calls NCCL's enqueue pushes it out of the nearer caches, and each
+    /// line of ours is fetched again (see `segments.rs`).
+    #[cold]
+    #[inline(never)]
+    fn failed(comm: &Comm, op: &'static str, code: ncclResult_t) -> Result<()> {
+        let lib = comm.library();
+        comm.shared().with_raw(op, |raw| lib.check(op, code, raw))
     }
 
     /// The same communicator and stream, issuing into the crate-internal
