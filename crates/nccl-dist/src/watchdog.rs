@@ -348,32 +348,6 @@ impl Watch {
     }
 }
 
-impl Watch {
-    /// A call the lane did not take: on another stream (recorded now,
-    /// while it is live) or with the lane full. Out of line, so that
-    /// `issued`'s lane path spans as few instruction cache lines as it
-    /// can (`nccl_safe::segments`).
-    #[inline(never)]
-    fn issued_past_the_lane(&self, call: Slot, stream: ObservedStream<'_>) {
-        // Another stream (recorded now, while it is live) or a full lane:
-        // everything waiting goes first, then this call, under one lock.
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let now = Instant::now();
-        let (first, at, seq) = {
-            let mut lane = self.lane.lock();
-            let (first, at) = lane.drain(&mut st.drained);
-            (first, at, lane.take_seq())
-        };
-        self.take_drained(&mut st, first, at.unwrap_or(now));
-        let record = self.record(seq, &call, st.failure.is_some(), now);
-        if st.failure.is_some() {
-            st.untracked(record);
-            return;
-        }
-        st.tracker.issued(record, stream, &self.ctx, now);
-    }
-}
-
 impl OpObserver for Watch {
     fn issued(&self, info: &OpInfo, stream: ObservedStream<'_>) {
         // A kept stream: into the lane, drained by the next look.

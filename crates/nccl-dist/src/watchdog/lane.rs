@@ -31,8 +31,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use nccl_safe::OpInfo;
 use nccl_safe::nccl_sys::{cudaStream_t, ncclDataType_t, ncclRedOp_t};
+use nccl_safe::{ObservedStream, OpInfo};
 
 /// Calls the ring holds between two drains: at 5 µs a call, 2.5 ms of a
 /// hot loop, more than the watchdog's default poll interval (2 ms).
@@ -262,6 +262,32 @@ impl Lane {
     /// Whether calls wait in the ring.
     fn waiting(&self) -> bool {
         self.drained != self.next_seq
+    }
+}
+
+impl super::Watch {
+    /// A call the lane did not take: on another stream (recorded now,
+    /// while it is live) or with the lane full. Out of line, so that
+    /// `issued`'s lane path spans as few instruction cache lines as it
+    /// can (`nccl_safe::segments`).
+    #[inline(never)]
+    pub(super) fn issued_past_the_lane(&self, call: Slot, stream: ObservedStream<'_>) {
+        // Another stream (recorded now, while it is live) or a full lane:
+        // everything waiting goes first, then this call, under one lock.
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        let (first, at, seq) = {
+            let mut lane = self.lane.lock();
+            let (first, at) = lane.drain(&mut st.drained);
+            (first, at, lane.take_seq())
+        };
+        self.take_drained(&mut st, first, at.unwrap_or(now));
+        let record = self.record(seq, &call, st.failure.is_some(), now);
+        if st.failure.is_some() {
+            st.untracked(record);
+            return;
+        }
+        st.tracker.issued(record, stream, &self.ctx, now);
     }
 }
 
