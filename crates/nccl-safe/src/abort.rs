@@ -300,7 +300,8 @@ pub(crate) fn settle_together(members: &[Arc<dyn Abortable>]) {
 struct SignalInner {
     /// Set once, when triggered: whether and why.
     cause: OnceLock<AbortCause>,
-    members: Mutex<Vec<Weak<dyn Abortable>>>,
+    /// Each member, and the flag its [`Enrolment`] sets when it goes.
+    members: Mutex<Vec<(Weak<dyn Abortable>, Arc<AtomicBool>)>>,
     /// Teardowns of members dropped while live, not yet done
     /// ([`PendingTeardown`]).
     teardowns: AtomicUsize,
@@ -308,6 +309,29 @@ struct SignalInner {
     parked_teardowns: AtomicUsize,
     /// [`AbortSignal::end_parking`] was called: no member parks any more.
     parking_ended: AtomicBool,
+}
+
+/// A member's place on its signal's roll, kept by the member and dropped
+/// with it, after its drop counted its teardown ([`PendingTeardown`]).
+///
+/// Between a member's last handle going (its `Weak` no longer upgrades)
+/// and its drop counting the teardown, the waits would see it neither
+/// live nor counted, and could answer "settled" while its teardown is only
+/// being handed over. Until its enrolment goes, a member that no longer
+/// upgrades counts as unsettled.
+pub(crate) struct Enrolment(Arc<AtomicBool>);
+
+impl Enrolment {
+    pub(crate) fn new() -> Enrolment {
+        Enrolment(Arc::new(AtomicBool::new(false)))
+    }
+}
+
+impl Drop for Enrolment {
+    fn drop(&mut self) {
+        // Release: a wait that sees it gone also sees the teardown counted.
+        self.0.store(true, Ordering::Release);
+    }
 }
 
 /// A teardown of a communicator that carried the signal and was dropped
@@ -473,7 +497,10 @@ impl AbortSignal {
             {
                 abort_members(&members, &cause);
             }
+            // Those being dropped before the count, which their drops
+            // raise before they go (`Enrolment`).
             members.iter().all(|m| m.is_settled())
+                && !self.dropping()
                 && self.inner.teardowns.load(Ordering::Acquire) == 0
         })
     }
@@ -510,6 +537,8 @@ impl AbortSignal {
     /// park, a parked one's stop), so call it holding no communicator.
     pub fn wait_quiet(&self, until: Instant) -> bool {
         wait_until(until, || {
+            // As in `wait_settled`: those being dropped before the counts.
+            let dropping = self.dropping();
             let parked = self.inner.parked_teardowns.load(Ordering::Acquire);
             let all = self.inner.teardowns.load(Ordering::Acquire);
             let members = self.live_members();
@@ -518,7 +547,8 @@ impl AbortSignal {
             for member in &members {
                 member.stop_parked();
             }
-            all.saturating_sub(parked) == 0
+            !dropping
+                && all.saturating_sub(parked) == 0
                 && members.iter().all(|m| m.is_parked() || m.is_settled())
         })
     }
@@ -530,8 +560,19 @@ impl AbortSignal {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .iter()
-            .filter_map(Weak::upgrade)
+            .filter_map(|(member, _)| member.upgrade())
             .collect()
+    }
+
+    /// Whether a member's drop is under way: it no longer upgrades, and
+    /// its enrolment has not gone yet.
+    fn dropping(&self) -> bool {
+        self.inner
+            .members
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .any(|(member, gone)| member.strong_count() == 0 && !gone.load(Ordering::Acquire))
     }
 
     /// Counts a teardown of one of its communicators until the returned
@@ -549,11 +590,12 @@ impl AbortSignal {
         }
     }
 
-    /// Adds a communicator (at its creation).
-    pub(crate) fn enroll(&self, member: Weak<dyn Abortable>) {
+    /// Adds a communicator (at its creation), which keeps `enrolment`
+    /// until its drop has counted its teardown.
+    pub(crate) fn enroll(&self, member: Weak<dyn Abortable>, enrolment: &Enrolment) {
         let mut members = self.inner.members.lock().unwrap_or_else(|p| p.into_inner());
-        members.retain(|w| w.strong_count() > 0);
-        members.push(member);
+        members.retain(|(w, gone)| w.strong_count() > 0 || !gone.load(Ordering::Acquire));
+        members.push((member, Arc::clone(&enrolment.0)));
     }
 }
 

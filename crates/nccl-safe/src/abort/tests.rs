@@ -68,10 +68,14 @@ fn every_member_learns_the_cause_before_any_abort_and_the_newest_aborts_first() 
     // makes the data one), and its abort waits for the data one.
     let control = member("control", &log, Some(Arc::clone(&data)));
     let signal = AbortSignal::new();
-    signal.enroll(Arc::downgrade(
-        &(Arc::clone(&control) as Arc<dyn Abortable>),
-    ));
-    signal.enroll(Arc::downgrade(&(Arc::clone(&data) as Arc<dyn Abortable>)));
+    signal.enroll(
+        Arc::downgrade(&(Arc::clone(&control) as Arc<dyn Abortable>)),
+        &Enrolment::new(),
+    );
+    signal.enroll(
+        Arc::downgrade(&(Arc::clone(&data) as Arc<dyn Abortable>)),
+        &Enrolment::new(),
+    );
     signal.trigger(AbortCause::Other("test".into()));
     let log = log.lock().unwrap().clone();
     assert_eq!(
@@ -92,7 +96,10 @@ fn a_member_enrolled_after_the_signal_fired_is_asked_to_abort_by_the_next_trigge
     let signal = AbortSignal::new();
     signal.trigger(AbortCause::Requested);
     let late = member("late", &log, None);
-    signal.enroll(Arc::downgrade(&(Arc::clone(&late) as Arc<dyn Abortable>)));
+    signal.enroll(
+        Arc::downgrade(&(Arc::clone(&late) as Arc<dyn Abortable>)),
+        &Enrolment::new(),
+    );
     // The communicator itself reads the signal at its next call
     // (`Shared::abort_due`); a second trigger reaches it too.
     assert!(log.lock().unwrap().is_empty());
@@ -127,12 +134,15 @@ fn wait_settled_waits_for_every_member_still_there_and_ends_at_its_deadline() {
     let slow = Arc::new(Aborting {
         done: AtomicBool::new(false),
     });
-    signal.enroll(Arc::downgrade(&(Arc::clone(&slow) as Arc<dyn Abortable>)));
+    signal.enroll(
+        Arc::downgrade(&(Arc::clone(&slow) as Arc<dyn Abortable>)),
+        &Enrolment::new(),
+    );
     // A member already dropped does not count.
     let gone: Arc<dyn Abortable> = Arc::new(Aborting {
         done: AtomicBool::new(false),
     });
-    signal.enroll(Arc::downgrade(&gone));
+    signal.enroll(Arc::downgrade(&gone), &Enrolment::new());
     drop(gone);
     let started = Instant::now();
     assert!(!signal.wait_settled(Instant::now() + Duration::from_millis(30)));
@@ -157,12 +167,40 @@ fn wait_settled_waits_for_every_member_still_there_and_ends_at_its_deadline() {
     ender.join().unwrap();
 }
 
+/// A member whose last handle went but whose drop has not yet counted its
+/// teardown (its enrolment still there) is not settled: the waits hold
+/// until the enrolment goes, then pass.
+#[test]
+fn a_member_mid_drop_is_waited_for_until_its_enrolment_goes() {
+    let signal = AbortSignal::new();
+    let enrolment = Enrolment::new();
+    let member: Arc<dyn Abortable> = Arc::new(Aborting {
+        done: AtomicBool::new(true),
+    });
+    signal.enroll(Arc::downgrade(&member), &enrolment);
+    assert!(signal.wait_settled(Instant::now() + Duration::from_secs(1)));
+    // Gone from the roll's view, its drop still under way.
+    drop(member);
+    assert!(!signal.wait_settled(Instant::now() + Duration::from_millis(20)));
+    assert!(!signal.wait_quiet(Instant::now() + Duration::from_millis(20)));
+    // The drop counts its teardown, then its enrolment goes.
+    let pending = signal.pending_teardown(false);
+    drop(enrolment);
+    assert!(!signal.wait_settled(Instant::now() + Duration::from_millis(20)));
+    drop(pending);
+    assert!(signal.wait_settled(Instant::now() + Duration::from_secs(1)));
+    assert!(signal.wait_quiet(Instant::now() + Duration::from_secs(1)));
+}
+
 #[test]
 fn wait_settled_asks_again_for_the_abort_of_a_member_still_live() {
     let log = Arc::new(Mutex::new(Vec::new()));
     let signal = AbortSignal::new();
     let m = member("m", &log, None);
-    signal.enroll(Arc::downgrade(&(Arc::clone(&m) as Arc<dyn Abortable>)));
+    signal.enroll(
+        Arc::downgrade(&(Arc::clone(&m) as Arc<dyn Abortable>)),
+        &Enrolment::new(),
+    );
     // Not triggered: nothing is asked, and a live member is waited for.
     assert!(!signal.wait_settled(Instant::now() + Duration::from_millis(10)));
     assert!(log.lock().unwrap().is_empty());
@@ -320,7 +358,10 @@ fn holdables(
         })
         .collect();
     for m in &members {
-        signal.enroll(Arc::downgrade(&(Arc::clone(m) as Arc<dyn Abortable>)));
+        signal.enroll(
+            Arc::downgrade(&(Arc::clone(m) as Arc<dyn Abortable>)),
+            &Enrolment::new(),
+        );
     }
     members
 }
@@ -390,7 +431,10 @@ fn a_lone_member_that_could_group_aborts_without_a_group() {
     let signal = AbortSignal::new();
     let _members = holdables(&signal, &["a"], Some(fake_group));
     let other = member("other", &Arc::new(Mutex::new(Vec::new())), None);
-    signal.enroll(Arc::downgrade(&(Arc::clone(&other) as Arc<dyn Abortable>)));
+    signal.enroll(
+        Arc::downgrade(&(Arc::clone(&other) as Arc<dyn Abortable>)),
+        &Enrolment::new(),
+    );
     signal.trigger(AbortCause::Requested);
     // Only one member aborts together: the one-at-a-time path.
     assert_eq!(said(), ["note a", "abort alone a"]);
@@ -434,7 +478,10 @@ impl Abortable for Parking {
 fn parked_members_are_quiet_but_not_settled_until_parking_ends() {
     let signal = AbortSignal::new();
     let parking = Arc::new(Parking::default());
-    signal.enroll(Arc::downgrade(&parking) as Weak<dyn Abortable>);
+    signal.enroll(
+        Arc::downgrade(&parking) as Weak<dyn Abortable>,
+        &Enrolment::new(),
+    );
     signal.trigger(AbortCause::PeerLost {
         rank: 1,
         detail: "gone".into(),

@@ -109,6 +109,9 @@ pub(crate) struct Shared {
     /// (NCCL's abort would wait there for the init thread); that thread
     /// answers `Aborted` and its drop of the handle makes the abort.
     pub(crate) creating: AtomicBool,
+    /// Its place on its signal's roll: dropped after `Drop::drop` counted
+    /// the teardown, so the signal's waits never miss a member mid-drop.
+    pub(crate) enrolment: crate::abort::Enrolment,
 }
 
 // SAFETY: the only non-thread-safe part is the raw `ncclComm_t`, which is

@@ -86,11 +86,13 @@ impl Comm {
             unparked: AtomicBool::new(false),
             shrinking: AtomicBool::new(false),
             creating: AtomicBool::new(!blocking && parentless),
+            enrolment: crate::abort::Enrolment::new(),
         });
         // Enrolled before the wait, so a signal can cut a nonblocking init
         // short.
         if let Some(signal) = &signal {
-            signal.enroll(Arc::downgrade(&shared) as std::sync::Weak<dyn crate::abort::Abortable>);
+            let member = Arc::downgrade(&shared) as std::sync::Weak<dyn crate::abort::Abortable>;
+            signal.enroll(member, &shared.enrolment);
         }
         // From here on, `shared`'s Drop owns the handle.
         if !blocking && parentless {
