@@ -297,11 +297,14 @@ pub(crate) fn settle_together(members: &[Arc<dyn Abortable>]) {
     }
 }
 
+/// Each member of a signal, and the flag its [`Enrolment`] sets when it
+/// goes.
+type Roll = Vec<(Weak<dyn Abortable>, Arc<AtomicBool>)>;
+
 struct SignalInner {
     /// Set once, when triggered: whether and why.
     cause: OnceLock<AbortCause>,
-    /// Each member, and the flag its [`Enrolment`] sets when it goes.
-    members: Mutex<Vec<(Weak<dyn Abortable>, Arc<AtomicBool>)>>,
+    members: Mutex<Roll>,
     /// Teardowns of members dropped while live, not yet done
     /// ([`PendingTeardown`]).
     teardowns: AtomicUsize,
