@@ -6,6 +6,7 @@
 #   each per mode; then the fault suite in threads mode.
 # matrix (about 340 s): the GPU matrix, every target and mode.
 # bench (about 560 s): every bench phase with PyTorch, then the quick sweep with what is left.
+# faults2p (about 250 s, 2 GPUs): the fault suite, processes.
 # faults4 (about 460 s, 4 GPUs): the fault suite, processes then threads.
 export NCCL_NVLS_ENABLE=0
 B=bundle; L=$OUT/all.log; R=/tmp/r; mkdir -p $R
@@ -60,6 +61,12 @@ bench)
     echo "sweep rc=$? in $((SECONDS-s)) s (limit $left)" | tee -a $L
   fi
   cd /tmp && tar czf $OUT/b.tgz b b.log s s.log 2>/dev/null; true
+  ;;
+faults2p)
+  s=$SECONDS
+  timeout 500 $B/xtask gpu-test --from-bundle $B --faults --worlds 2 --modes processes --timeout 495 --faults-report /tmp/fp.md --out /tmp/fp > /tmp/fp.log 2>&1
+  echo "faults processes rc=$? in $((SECONDS-s)) s" | tee -a $L; grep -h '^|' /tmp/fp.md | cut -d'|' -f2-7 >> $L
+  cd /tmp && tar czf $OUT/f2.tgz fp fp.md fp.log 2>/dev/null; true
   ;;
 faults4)
   s=$SECONDS
