@@ -4,7 +4,7 @@
 # run `tar xJf bundle-cx/d.tar.xz && bash bundle/s21.sh WHAT` with carry ["bundle-cx"].
 # ab (about 420 s, 2 GPUs): the step, old against new bench, interleaved, 6 runs of each per mode; a latency run of
 #   each per mode; then the fault suite in threads mode.
-# matrix (about 340 s): the GPU matrix, every target and mode.
+# matrix [SECONDS] (about 340 s): the GPU matrix, every target and mode, cut at SECONDS (default 580).
 # bench (about 560 s): every bench phase with PyTorch, then the quick sweep with what is left.
 # faults2p (about 250 s, 2 GPUs): the fault suite, processes.
 # faults4 (about 460 s, 4 GPUs): the fault suite, processes then threads.
@@ -46,7 +46,8 @@ ab)
   ;;
 matrix)
   s=$SECONDS
-  timeout 580 $B/xtask gpu-test --from-bundle $B --worlds 2 --out /tmp/m > /tmp/m.log 2>&1
+  lim=${2:-580}
+  timeout $lim $B/xtask gpu-test --from-bundle $B --worlds 2 --out /tmp/m > /tmp/m.log 2>&1
   echo "matrix rc=$? in $((SECONDS-s)) s" | tee -a $L; grep -h -i 'pass\|fail' /tmp/m.log | tail -60 | cut -c1-300 >> $L
   cd /tmp && tar czf $OUT/m.tgz m m.log 2>/dev/null; true
   ;;
