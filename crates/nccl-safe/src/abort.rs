@@ -314,26 +314,33 @@ struct SignalInner {
     parking_ended: AtomicBool,
 }
 
-/// A member's place on its signal's roll, kept by the member and dropped
-/// with it, after its drop counted its teardown ([`PendingTeardown`]).
+/// A member's place on its signal's roll, kept by the member; its drop
+/// leaves the roll once it has counted its teardown ([`PendingTeardown`]).
 ///
 /// Between a member's last handle going (its `Weak` no longer upgrades)
 /// and its drop counting the teardown, the waits would see it neither
 /// live nor counted, and could answer "settled" while its teardown is only
-/// being handed over. Until its enrolment goes, a member that no longer
-/// upgrades counts as unsettled.
+/// being handed over. Until it leaves, a member that no longer upgrades
+/// counts as unsettled.
 pub(crate) struct Enrolment(Arc<AtomicBool>);
 
 impl Enrolment {
     pub(crate) fn new() -> Enrolment {
         Enrolment(Arc::new(AtomicBool::new(false)))
     }
+
+    /// The member's drop has counted its teardown (or had none): the
+    /// waits go by the count from here. Release: a wait that sees it gone
+    /// also sees the count.
+    pub(crate) fn leave(&self) {
+        self.0.store(true, Ordering::Release);
+    }
 }
 
 impl Drop for Enrolment {
+    /// A drop that ended before `leave` (a panic) leaves here.
     fn drop(&mut self) {
-        // Release: a wait that sees it gone also sees the teardown counted.
-        self.0.store(true, Ordering::Release);
+        self.leave();
     }
 }
 
@@ -492,7 +499,9 @@ impl AbortSignal {
     /// ```
     pub fn wait_settled(&self, until: Instant) -> bool {
         wait_until(until, || {
-            let members = self.live_members();
+            // The members first (held for the look, so none of them starts
+            // its drop), then the count (see `SignalInner::teardowns`).
+            let (members, dropping) = self.look();
             // The trigger's own attempt may have found a lock taken (by a
             // thread that then let go without aborting).
             if let Some(cause) = self.cause()
@@ -500,10 +509,8 @@ impl AbortSignal {
             {
                 abort_members(&members, &cause);
             }
-            // Those being dropped before the count, which their drops
-            // raise before they go (`Enrolment`).
             members.iter().all(|m| m.is_settled())
-                && !self.dropping()
+                && !dropping
                 && self.inner.teardowns.load(Ordering::Acquire) == 0
         })
     }
@@ -540,11 +547,11 @@ impl AbortSignal {
     /// park, a parked one's stop), so call it holding no communicator.
     pub fn wait_quiet(&self, until: Instant) -> bool {
         wait_until(until, || {
-            // As in `wait_settled`: those being dropped before the counts.
-            let dropping = self.dropping();
+            // As in `wait_settled`: the members, then the counts (the
+            // parked one first, so it never exceeds the whole).
+            let (members, dropping) = self.look();
             let parked = self.inner.parked_teardowns.load(Ordering::Acquire);
             let all = self.inner.teardowns.load(Ordering::Acquire);
-            let members = self.live_members();
             // What a thread let go of undone (a due abort, a parked one's
             // stop) is done here: the caller holds no communicator.
             for member in &members {
@@ -567,15 +574,21 @@ impl AbortSignal {
             .collect()
     }
 
-    /// Whether a member's drop is under way: it no longer upgrades, and
-    /// its enrolment has not gone yet.
-    fn dropping(&self) -> bool {
-        self.inner
-            .members
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .any(|(member, gone)| member.strong_count() == 0 && !gone.load(Ordering::Acquire))
+    /// The members that still exist (held, so none starts its drop while
+    /// the caller looks), and whether the drop of another is under way: it
+    /// no longer upgrades, and its drop has not counted its teardown yet
+    /// ([`Enrolment`]). One pass under the roll's lock.
+    fn look(&self) -> (Vec<Arc<dyn Abortable>>, bool) {
+        let roll = self.inner.members.lock().unwrap_or_else(|p| p.into_inner());
+        let mut dropping = false;
+        let mut live = Vec::with_capacity(roll.len());
+        for (member, gone) in roll.iter() {
+            match member.upgrade() {
+                Some(m) => live.push(m),
+                None => dropping |= !gone.load(Ordering::Acquire),
+            }
+        }
+        (live, dropping)
     }
 
     /// Counts a teardown of one of its communicators until the returned

@@ -183,13 +183,17 @@ fn a_member_mid_drop_is_waited_for_until_its_enrolment_goes() {
     drop(member);
     assert!(!signal.wait_settled(Instant::now() + Duration::from_millis(20)));
     assert!(!signal.wait_quiet(Instant::now() + Duration::from_millis(20)));
-    // The drop counts its teardown, then its enrolment goes.
-    let pending = signal.pending_teardown(false);
-    drop(enrolment);
+    // The drop counts its teardown (a parked one's), then leaves the roll
+    // while the teardown still runs: the quiet wait passes (it does not
+    // wait for parked teardowns), the settled one waits for the count.
+    let pending = signal.pending_teardown(true);
+    enrolment.leave();
+    assert!(signal.wait_quiet(Instant::now() + Duration::from_secs(1)));
     assert!(!signal.wait_settled(Instant::now() + Duration::from_millis(20)));
     drop(pending);
     assert!(signal.wait_settled(Instant::now() + Duration::from_secs(1)));
-    assert!(signal.wait_quiet(Instant::now() + Duration::from_secs(1)));
+    drop(enrolment);
+    assert!(signal.wait_settled(Instant::now() + Duration::from_secs(1)));
 }
 
 #[test]

@@ -109,7 +109,7 @@ pub(crate) struct Shared {
     /// (NCCL's abort would wait there for the init thread); that thread
     /// answers `Aborted` and its drop of the handle makes the abort.
     pub(crate) creating: AtomicBool,
-    /// Its place on its signal's roll: dropped after `Drop::drop` counted
+    /// Its place on its signal's roll, left once `Drop::drop` has counted
     /// the teardown, so the signal's waits never miss a member mid-drop.
     pub(crate) enrolment: crate::abort::Enrolment,
 }
@@ -274,12 +274,12 @@ impl Shared {
         let result = match *state {
             State::Live(raw) => {
                 if self.abort_due() && !self.shrinks_parked() {
-                    return self.refuse_due(state, op);
+                    return Err(self.refuse_due(state, op));
                 }
                 make_current(&self.ctx).map_err(|source| Error::Cuda { op, source })?;
                 f(raw)
             }
-            _ => return self.refuse_not_live(&state, op),
+            State::Aborted | State::Closed => return Err(self.refuse_not_live(&state, op)),
         };
         if self.cause.get().is_some() {
             self.abort_asked_during(state);
@@ -295,22 +295,22 @@ impl Shared {
     /// A due abort, made now where it can be; the call is refused.
     #[cold]
     #[inline(never)]
-    fn refuse_due<R>(&self, mut state: MutexGuard<'_, State>, op: &'static str) -> Result<R> {
+    fn refuse_due(&self, mut state: MutexGuard<'_, State>, op: &'static str) -> Error {
         let aborted = self.settle_and_stop(&mut state);
         drop(state);
         if aborted {
             self.after_abort();
         }
-        Err(self.aborted(op))
+        self.aborted(op)
     }
 
     /// The refusal of a call on a communicator aborted or closed.
     #[cold]
     #[inline(never)]
-    fn refuse_not_live<R>(&self, state: &State, op: &'static str) -> Result<R> {
+    fn refuse_not_live(&self, state: &State, op: &'static str) -> Error {
         match state {
-            State::Closed => Err(Error::Finalized { op }),
-            _ => Err(self.aborted(op)),
+            State::Closed => Error::Finalized { op },
+            State::Aborted | State::Live(_) => self.aborted(op),
         }
     }
 
@@ -613,7 +613,10 @@ impl Drop for Shared {
             self.state.get_mut().unwrap_or_else(|p| p.into_inner()),
             State::Closed,
         );
-        let State::Live(raw) = state else { return };
+        let State::Live(raw) = state else {
+            self.enrolment.leave();
+            return;
+        };
         let member = Member {
             raw,
             lib: self.lib,
@@ -636,6 +639,10 @@ impl Drop for Shared {
                 .as_ref()
                 .map(|s| s.pending_teardown(self.is_parked())),
         };
+        // Counted: the signal's waits go by the count from here (a parked
+        // one's teardown is not waited for by `wait_quiet`, though this
+        // thread may wait for it below).
+        self.enrolment.leave();
         let clique = self.clique.clone();
         // A stop's one-rank communicator goes after this one (on the same
         // thread where this one's teardown is its own; in a clique, once
