@@ -7,6 +7,8 @@
 # matrix [SECONDS] (about 340 s): the GPU matrix, every target and mode, cut at SECONDS (default 580).
 # bench (about 560 s): every bench phase with PyTorch, then the quick sweep with what is left.
 # faults2p (about 250 s, 2 GPUs): the fault suite, processes.
+# final [SECONDS] (2 GPUs): the recover phase, fault cases a, n, g (processes) and h, s1 (threads), then nccl-safe's
+#   abort tests with what is left of SECONDS (default 300).
 # faults4 (about 460 s, 4 GPUs): the fault suite, processes then threads.
 export NCCL_NVLS_ENABLE=0
 B=bundle; L=$OUT/all.log; R=/tmp/r; mkdir -p $R
@@ -68,6 +70,24 @@ faults2p)
   timeout 500 $B/xtask gpu-test --from-bundle $B --faults --worlds 2 --modes processes --timeout 495 --faults-report /tmp/fp.md --out /tmp/fp > /tmp/fp.log 2>&1
   echo "faults processes rc=$? in $((SECONDS-s)) s" | tee -a $L; grep -h '^|' /tmp/fp.md | cut -d'|' -f2-7 >> $L
   cd /tmp && tar czf $OUT/f2.tgz fp fp.md fp.log 2>/dev/null; true
+  ;;
+final)
+  s=$SECONDS
+  timeout 150 $B/xtask bench --from-bundle $B --phases recover --quick --timeout 145 --out /tmp/rc > /tmp/rc.log 2>&1
+  echo "recover rc=$? in $((SECONDS-s)) s" | tee -a $L; grep "recover" /tmp/rc/report.md | grep "^| \`" >> $L
+  s=$SECONDS
+  timeout 90 $B/xtask gpu-test --from-bundle $B --faults --worlds 2 --modes processes --filter a_sigkill,n_recover,g_kill --timeout 85 --faults-report /tmp/fq.md --out /tmp/fq > /tmp/fq.log 2>&1
+  echo "faults processes a,n,g rc=$? in $((SECONDS-s)) s" | tee -a $L; grep -h '^| 2' /tmp/fq.md | cut -d'|' -f3,7,10,13 | cut -c1-300 >> $L
+  s=$SECONDS
+  timeout 60 $B/xtask gpu-test --from-bundle $B --faults --worlds 2 --modes threads --filter h_thread,s1_silent --timeout 55 --faults-report /tmp/fh.md --out /tmp/fh > /tmp/fh.log 2>&1
+  echo "faults threads h,s1 rc=$? in $((SECONDS-s)) s" | tee -a $L; grep -h '^| 2' /tmp/fh.md | cut -d'|' -f3,7,10,13 | cut -c1-300 >> $L
+  left=$((${2:-300}-SECONDS))
+  if [ $left -gt 30 ]; then
+    s=$SECONDS
+    timeout $left $B/xtask gpu-test --from-bundle $B --worlds 2 --targets nccl-safe-abort --out /tmp/ma > /tmp/ma.log 2>&1
+    echo "matrix nccl-safe-abort rc=$? in $((SECONDS-s)) s (limit $left)" | tee -a $L; grep -h -i 'pass\|fail' /tmp/ma.log | tail -40 | cut -c1-300 >> $L
+  fi
+  cd /tmp && tar czf $OUT/final.tgz rc rc.log fq fq.md fq.log fh fh.md fh.log ma ma.log 2>/dev/null; true
   ;;
 faults4)
   s=$SECONDS
