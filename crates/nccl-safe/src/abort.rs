@@ -606,8 +606,8 @@ impl AbortSignal {
         }
     }
 
-    /// Adds a communicator (at its creation), which keeps `enrolment`
-    /// until its drop has counted its teardown.
+    /// Adds a communicator (at its creation); it stays on the roll until
+    /// its drop has counted its teardown (`Enrolment::leave`).
     pub(crate) fn enroll(&self, member: Weak<dyn Abortable>, enrolment: &Enrolment) {
         let mut members = self.inner.members.lock().unwrap_or_else(|p| p.into_inner());
         members.retain(|(w, gone)| w.strong_count() > 0 || !gone.load(Ordering::Acquire));

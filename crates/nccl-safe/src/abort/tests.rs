@@ -168,8 +168,8 @@ fn wait_settled_waits_for_every_member_still_there_and_ends_at_its_deadline() {
 }
 
 /// A member whose last handle went but whose drop has not yet counted its
-/// teardown (its enrolment still there) is not settled: the waits hold
-/// until the enrolment goes, then pass.
+/// teardown (still on the roll) is not settled: the waits hold until it
+/// leaves the roll, then go by the count.
 #[test]
 fn a_member_mid_drop_is_waited_for_until_its_enrolment_goes() {
     let signal = AbortSignal::new();
