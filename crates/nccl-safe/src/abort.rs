@@ -565,13 +565,7 @@ impl AbortSignal {
 
     /// The communicators that carry it and still exist.
     fn live_members(&self) -> Vec<Arc<dyn Abortable>> {
-        self.inner
-            .members
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .filter_map(|(member, _)| member.upgrade())
-            .collect()
+        self.look().0
     }
 
     /// The members that still exist (held, so none starts its drop while
