@@ -7,7 +7,7 @@
 //! ever dropped without a word.
 
 use std::collections::BTreeMap;
-use std::ffi::{CString, c_int};
+use std::ffi::{CString, c_char, c_int};
 use std::time::Duration;
 
 use nccl_sys::{Version, ncclConfig_t};
@@ -348,8 +348,8 @@ impl Config {
                     reason: "a name contains a nul byte",
                 })
         };
-        let net_name = c_string(&self.net_name)?;
-        let comm_name = c_string(&self.comm_name)?;
+        let net_name = c_string(&self.net_name)?.map(HeldCStr::new);
+        let comm_name = c_string(&self.comm_name)?.map(HeldCStr::new);
         if let Some(name) = &net_name {
             check("netName")?;
             raw.netName = name.as_ptr();
@@ -367,12 +367,41 @@ impl Config {
 }
 
 /// An `ncclConfig_t` and the strings its pointers point into; the strings
-/// are heap allocations, so moving this value keeps the pointers valid.
+/// are heap allocations held by raw pointer ([`HeldCStr`]), so moving this
+/// value keeps the pointers valid.
 #[derive(Debug)]
 pub(crate) struct RawConfig {
     pub(crate) raw: ncclConfig_t,
-    _net_name: Option<CString>,
-    _comm_name: Option<CString>,
+    _net_name: Option<HeldCStr>,
+    _comm_name: Option<HeldCStr>,
+}
+
+/// A C string that pointers handed to NCCL point into, held as the raw
+/// pointer `CString::into_raw` gives. A `CString` (a `Box` inside) claims
+/// unique access to its bytes each time it moves, which under Rust's
+/// aliasing rules invalidates every pointer taken from it before the move
+/// (Miri's Stacked Borrows reported it on `RawConfig`); a raw pointer
+/// claims nothing, so the config may move between `to_raw` and NCCL's read.
+#[derive(Debug)]
+struct HeldCStr(*mut c_char);
+
+impl HeldCStr {
+    fn new(s: CString) -> HeldCStr {
+        HeldCStr(s.into_raw())
+    }
+
+    fn as_ptr(&self) -> *const c_char {
+        self.0
+    }
+}
+
+impl Drop for HeldCStr {
+    fn drop(&mut self) {
+        // SAFETY: made by `CString::into_raw` in `HeldCStr::new` and taken
+        // back once, here; the config whose pointers point into it goes
+        // with it (it is a field of that `RawConfig`).
+        drop(unsafe { CString::from_raw(self.0) });
+    }
 }
 
 #[cfg(test)]
