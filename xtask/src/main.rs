@@ -14,6 +14,7 @@
 //! cargo xtask gpu-test         the GPU test matrix (see gpu_test.rs)
 //! cargo xtask launch -n N ...  a process per rank, like torchrun (see launch.rs)
 //! cargo xtask fuzz             every cargo-fuzz target for 60 s (see fuzz.rs)
+//! cargo xtask miri             the library crates' unit tests under Miri (see miri.rs)
 //! cargo xtask bench            the benchmark in every launch mode, report and plot (see bench.rs)
 //! ```
 //!
@@ -32,6 +33,7 @@ mod gpu_py;
 mod gpu_test;
 mod hosts;
 mod launch;
+mod miri;
 mod pins;
 mod publish;
 mod py;
@@ -117,6 +119,13 @@ const COMMANDS: &[(&str, &str)] = &[
                     print a table of executions (needs nightly and cargo-fuzz)",
     ),
     (
+        "miri",
+        "miri [--crates a,b]
+                    the library crates' unit tests under Miri (undefined behaviour in unsafe
+                    code); tests that need libnccl, CUDA or sockets are skipped by name
+                    (needs nightly with its miri component)",
+    ),
+    (
         "bench",
         "bench [--gpus N] [--quick] [--phases sweep,latency,graph,events,setup,step,async,recover,small]
            [--out DIR] [--python PATH] [--timeout SECS]
@@ -185,6 +194,7 @@ fn main() -> ExitCode {
         ["gpu-test", rest @ ..] => gpu_test::run(rest),
         ["launch", rest @ ..] => launch::run(rest),
         ["fuzz", rest @ ..] => fuzz::run(rest),
+        ["miri", rest @ ..] => miri::run(rest),
         ["bench", rest @ ..] => bench::run(rest),
         ["help" | "--help" | "-h"] | [] => {
             let _ = writeln!(std::io::stdout(), "{}", usage());
