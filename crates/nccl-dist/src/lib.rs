@@ -88,9 +88,9 @@ pub use nccl_safe;
 /// An environment lookup over fixed pairs, for the unit tests of the
 /// `from_lookup` functions.
 #[cfg(test)]
-pub(crate) fn test_env(
-    pairs: &'static [(&'static str, &'static str)],
-) -> impl Fn(&str) -> Option<String> {
+pub(crate) fn test_env<'a>(
+    pairs: &'a [(&'a str, &'a str)],
+) -> impl Fn(&str) -> Option<String> + 'a {
     move |k| {
         pairs
             .iter()

@@ -164,9 +164,8 @@ mod tests {
         // Found by the launch_env fuzzer: a tiny positive value used to
         // become a zero timeout.
         for bad in ["1e-10", "0", "-1", "nan", "inf", "soon"] {
-            let pairs: &'static [(&'static str, &'static str)] =
-                Box::leak(vec![("NCCL_RS_WATCHDOG_TIMEOUT", bad)].into_boxed_slice());
-            assert!(WatchdogOptions::from_lookup(env(pairs)).is_err(), "{bad}");
+            let pairs = [("NCCL_RS_WATCHDOG_TIMEOUT", bad)];
+            assert!(WatchdogOptions::from_lookup(env(&pairs)).is_err(), "{bad}");
         }
         assert!(WatchdogOptions::from_lookup(env(&[("NCCL_RS_FLIGHT_RECORDER", "0")])).is_err());
         assert!(WatchdogOptions::from_lookup(env(&[("NCCL_RS_WATCHDOG", "perhaps")])).is_err());
@@ -195,9 +194,11 @@ mod tests {
         for bad in [
             "0.05", "0", "-2", "1000.5", "60000", "nan", "inf", "often", "",
         ] {
-            let pairs: &'static [(&'static str, &'static str)] =
-                Box::leak(vec![("NCCL_RS_WATCHDOG_POLL_MS", bad)].into_boxed_slice());
-            assert!(WatchdogOptions::from_lookup(env(pairs)).is_err(), "{bad:?}");
+            let pairs = [("NCCL_RS_WATCHDOG_POLL_MS", bad)];
+            assert!(
+                WatchdogOptions::from_lookup(env(&pairs)).is_err(),
+                "{bad:?}"
+            );
         }
     }
 }
