@@ -76,8 +76,9 @@ fn all_targets(dir: &Path) -> Result<Vec<String>> {
 }
 
 /// `cargo +nightly`, through the rustup proxy on the PATH (not `$CARGO`,
-/// which is the toolchain running xtask), from the workspace root.
-fn nightly_cargo() -> Command {
+/// which is the toolchain running xtask), from the workspace root (also
+/// `miri.rs`'s).
+pub(crate) fn nightly_cargo() -> Command {
     let mut cmd = Command::new("cargo");
     cmd.arg("+nightly")
         .current_dir(workspace_root())

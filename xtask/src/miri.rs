@@ -18,14 +18,15 @@
 //! `target/miri/summary.md`; any failure fails the command, after every
 //! crate has run.
 //!
-//! Needs the nightly toolchain with its `miri` component
-//! (`rustup +nightly component add miri`).
+//! Needs the nightly toolchain with its `miri` and `rust-src` components
+//! (`rustup +nightly component add miri rust-src`).
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Instant;
 
 use crate::flags::{self, Flag, Trailing, value};
+use crate::fuzz::nightly_cargo;
 use crate::{Result, workspace_root};
 
 /// A crate's unit tests under Miri, and the tests it cannot run.
@@ -104,19 +105,6 @@ fn parse(args: &[&str]) -> Result<Options> {
     })
 }
 
-/// `cargo +nightly`, through the rustup proxy on the PATH (not `$CARGO`,
-/// which is the toolchain running xtask), from the workspace root.
-fn nightly_cargo() -> Command {
-    let mut cmd = Command::new("cargo");
-    cmd.arg("+nightly")
-        .current_dir(workspace_root())
-        .env_remove("RUSTUP_TOOLCHAIN")
-        .env_remove("CARGO")
-        .env_remove("RUSTC")
-        .env_remove("RUSTDOC");
-    cmd
-}
-
 /// Fails with how to install it when `cargo +nightly miri` is missing.
 fn check_tools() -> Result<()> {
     let ran = nightly_cargo()
@@ -130,8 +118,8 @@ fn check_tools() -> Result<()> {
     }
     Err(
         "`cargo +nightly miri` does not run: install the nightly toolchain and its Miri \
-         with `rustup toolchain install nightly --component miri` (or \
-         `rustup +nightly component add miri` where nightly is there)"
+         with `rustup toolchain install nightly --component miri,rust-src` (or \
+         `rustup +nightly component add miri rust-src` where nightly is there)"
             .into(),
     )
 }
