@@ -60,10 +60,13 @@
 //!   (`python/examples/torch_small.py`): `small_allreduce_over_torch_symm_max`.
 //! - `recover`: a thread per GPU, the last rank lost on purpose (its
 //!   thread panics), `World::recover` and the first all-reduce on the new
-//!   world, timed from the loss known (3 reps; the summary's
-//!   `recover_ms`, by shrink, the default); then the same giving the old
-//!   world up (`recover-threads-give-up`, `recover_without_shrink_ms`).
-//!   Needs 2 GPUs.
+//!   world, timed from the loss known (3 reps, by shrink, the default);
+//!   then the same giving the old world up (`recover-threads-give-up`,
+//!   `recover_without_shrink_ms`); then a process per GPU, three
+//!   launches, the last rank's process killing itself with SIGKILL
+//!   (`recover-processes-N`; the launch must end with that rank killed
+//!   and every other one passed). The summary's `recover_ms` is the
+//!   slower mode's. Needs 2 GPUs.
 //!
 //! The raw and safe layers run on blocking communicators without a
 //! watchdog (as in nccl-tests); the dist layer and the step's mesh on the
@@ -303,6 +306,15 @@ fn jobs(o: &Options) -> Vec<Job> {
             mode: "threads",
             args: w("--recover --recover-give-up --setup-reps 3"),
         });
+        // A process per GPU: the last rank's process kills itself, so a
+        // launch is one rep (three, as the threads' reps).
+        for i in 0..3 {
+            jobs.push(Job {
+                name: format!("{LOST_LAST}{i}"),
+                mode: "processes",
+                args: w("--recover --recover-by-shrink --setup-reps 1"),
+            });
+        }
     }
     // The small phase again with a process per GPU, as PyTorch's side runs
     // (its rows beside the threads'; the summary keys stay the threads').
@@ -314,6 +326,23 @@ fn jobs(o: &Options) -> Vec<Job> {
         });
     }
     jobs
+}
+
+/// The jobs whose last rank kills its process on purpose (the recover
+/// phase with a process per GPU), `PREFIX` + the launch's number.
+const LOST_LAST: &str = "recover-processes-";
+
+/// Whether a launch of `job` ended as it should: every rank exited with
+/// success, except in a [`LOST_LAST`] job, whose last rank must have been
+/// killed by a signal (SIGKILL, its own) and the others succeeded.
+fn launch_ok(job: &str, statuses: &[std::process::ExitStatus]) -> bool {
+    use std::os::unix::process::ExitStatusExt;
+    match statuses.split_last() {
+        Some((last, others)) if job.starts_with(LOST_LAST) => {
+            last.signal() == Some(9) && others.iter().all(std::process::ExitStatus::success)
+        }
+        _ => statuses.iter().all(std::process::ExitStatus::success),
+    }
 }
 
 fn bench_binary(o: &Options) -> Result<PathBuf> {
@@ -371,7 +400,10 @@ pub fn run(args: &[&str]) -> Result<()> {
             continue;
         }
         let ok = if job.mode == "processes" {
-            matches!(launch_ranks(&bin, &args, n, left)?, Ended::Exited(s) if s.iter().all(|s| s.success()))
+            match launch_ranks(&bin, &args, n, left)? {
+                Ended::Exited(s) => launch_ok(&job.name, &s),
+                Ended::TimedOut => false,
+            }
         } else {
             args.extend(["--gpus".into(), n.to_string()]);
             let log = o.out.join(format!("{}.log", job.name));
@@ -561,3 +593,28 @@ mod excess;
 mod json;
 mod report;
 mod summary;
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::ExitStatus;
+
+    use super::*;
+
+    #[test]
+    fn only_a_recover_launch_may_lose_its_last_rank() {
+        let ok = ExitStatus::from_raw(0);
+        let failed = ExitStatus::from_raw(3 << 8);
+        let killed = ExitStatus::from_raw(9);
+        let job = format!("{LOST_LAST}0");
+        assert!(launch_ok(&job, &[ok, killed]));
+        assert!(launch_ok("setup-processes", &[ok, ok]));
+        // Anywhere else a killed rank fails the job.
+        assert!(!launch_ok("setup-processes", &[ok, killed]));
+        // The recover launch: only the last may go, by a signal.
+        assert!(!launch_ok(&job, &[killed, ok]));
+        assert!(!launch_ok(&job, &[ok, ok]));
+        assert!(!launch_ok(&job, &[ok, failed]));
+        assert!(!launch_ok(&job, &[failed, killed]));
+    }
+}

@@ -71,8 +71,9 @@ What to run:
                                    on symmetric buffers (SymmetricBuffer), checked;
                                    threads mode
   --recover                        time World::recover after a lost rank (the last
-                                   thread panics on purpose) and the first
-                                   all_reduce on the new world; threads mode
+                                   thread panics on purpose; in processes mode the
+                                   last process kills itself, one rep a launch)
+                                   and the first all_reduce on the new world
   --recover-by-shrink              with --recover: the world recovers by shrink
                                    (WorldOptions::recover_by_shrink(true))
   --recover-give-up                with --recover: the world gives the old one up

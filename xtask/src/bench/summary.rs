@@ -126,10 +126,13 @@ pub const TARGET_MODES: &[&str] = &["threads", "processes"];
 /// - `small_wrong`: the small phase's wrong elements over every size,
 ///   type and way (bit-exact expected), PyTorch's rows (`--python`)
 ///   included.
-/// - `recover_ms`: from the recover phase (a thread per GPU, the last
-///   rank lost on purpose), the median over reps of the slowest
-///   survivor's time from the loss known to the first all-reduce done on
-///   the world `World::recover` made.
+/// - `recover_ms`: from the recover phase (the last rank lost on
+///   purpose), the median over reps of the slowest survivor's time from
+///   the loss known to the first all-reduce done on the world
+///   `World::recover` made; the slower of the modes that ran: a thread
+///   per GPU (job `recover-threads`, its reps) and a process per GPU
+///   (jobs `recover-processes-N`, a rep a launch). Each mode's own is
+///   `recover_ms_threads` and `recover_ms_processes` (not targets).
 /// - `recover_give_up_ms` (not a target): the median over reps of the
 ///   slowest survivor's span `nccl.recover_give_up`, the wait until
 ///   NCCL's aborts of the old world's communicators are done: from the
@@ -457,7 +460,9 @@ pub fn summary(docs: &BTreeMap<String, Value>) -> (Value, Vec<Target>) {
     });
     // The median over the recover phase's reps of one figure of the
     // slowest survivor's, and how many reps gave it.
-    let recover_doc = docs.get("recover-threads");
+    let recover_ran = docs
+        .keys()
+        .any(|k| k == "recover-threads" || k.starts_with("recover-processes-"));
     let over_reps = |job: &str, value: &dyn Fn(&Value) -> Option<f64>| {
         let reps = docs.get(job).and_then(|d| d["recover"].as_array())?;
         let all: Vec<f64> = reps.iter().filter_map(value).collect();
@@ -467,8 +472,29 @@ pub fn summary(docs: &BTreeMap<String, Value>) -> (Value, Vec<Target>) {
     // From a loss known to the first all-reduce done on the recovered
     // world (a rep without it counts, as a NaN).
     let first_done = |r: &Value| Some(f(r, "recover_and_first_all_reduce_ms"));
-    let recover = over_reps("recover-threads", &first_done)
+    let recover_threads = over_reps("recover-threads", &first_done)
         .map(|(ms, reps)| (ms, format!("recover-threads, median of {reps} reps")));
+    // A process per GPU: one rep a launch (`recover-processes-0`, `-1`,
+    // ...), its rows together.
+    let process_reps: Vec<f64> = docs
+        .iter()
+        .filter(|(name, _)| name.starts_with("recover-processes-"))
+        .flat_map(|(_, d)| d["recover"].as_array().into_iter().flatten())
+        .filter_map(first_done)
+        .collect();
+    let launches = process_reps.len();
+    let recover_processes = upper_median(process_reps).map(|ms| {
+        (
+            ms,
+            format!("recover-processes, median of {launches} launches"),
+        )
+    });
+    // The target's figure: the slower mode's.
+    let recover = worst(
+        [recover_threads.clone(), recover_processes.clone()]
+            .into_iter()
+            .flatten(),
+    );
     // The same with recovery by shrink asked for (while it was opt-in),
     // and without it (since it is the default): not the target's key.
     let recover_by_shrink = over_reps("recover-threads-shrink", &first_done).map(|(ms, _)| ms);
@@ -524,7 +550,7 @@ pub fn summary(docs: &BTreeMap<String, Value>) -> (Value, Vec<Target>) {
         Target::ceiling("small_wrong", small_wrong, 0.0, "", "small"),
         Target::ceiling(
             "recover_ms",
-            measured(recover, recover_doc.is_some()),
+            measured(recover, recover_ran),
             150.0,
             "ms",
             "recover",
@@ -633,6 +659,12 @@ pub fn summary(docs: &BTreeMap<String, Value>) -> (Value, Vec<Target>) {
     if let Some((ratio, at)) = &step_medians {
         flat.insert("default_step_over_raw_medians".into(), json!(ratio));
         flat.insert("default_step_over_raw_medians_at".into(), json!(at));
+    }
+    if let Some((ms, _)) = &recover_threads {
+        flat.insert("recover_ms_threads".into(), json!(ms));
+    }
+    if let Some((ms, _)) = &recover_processes {
+        flat.insert("recover_ms_processes".into(), json!(ms));
     }
     if let Some(ms) = recover_by_shrink {
         flat.insert("recover_by_shrink_ms".into(), json!(ms));

@@ -15,18 +15,13 @@ use crate::launch::{Launch, Launcher};
 use crate::liveness::Liveness;
 use crate::rendezvous;
 
-/// How long a survivor waits for the channel to settle (the losses known
-/// to it to stop changing) before it counts the survivors.
-const SETTLE: Duration = Duration::from_millis(300);
-
-/// [`SETTLE`] among threads of one process: they share one channel, so
-/// every survivor sees a loss the moment it is reported; this only lets
-/// losses that happen together (threads failing at once) all arrive.
-const SETTLE_IN_PROCESS: Duration = Duration::from_millis(20);
+mod settle;
+pub(crate) use settle::Survivors;
+use settle::settled;
 
 /// How long a rank that knows of no loss waits for one before it says
 /// that nothing was lost (the channel names a dead rank within 2 s).
-const FIRST_LOSS: Duration = Duration::from_secs(2);
+pub(super) const FIRST_LOSS: Duration = Duration::from_secs(2);
 
 /// What a world given up for a new one keeps until the new one is made:
 /// its channel membership (its goodbye must not read as a loss to anyone)
@@ -305,34 +300,6 @@ impl Shrinking {
     }
 }
 
-/// Who takes part in a recovery, as this rank sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Survivors {
-    /// The old ranks that live, in order; the new rank of each is its
-    /// place here.
-    pub(crate) ranks: Vec<usize>,
-    /// This rank's new rank.
-    pub(crate) me: usize,
-}
-
-impl Survivors {
-    /// The survivors among `world` ranks, `lost` telling which are gone;
-    /// `None` when nothing was lost or `rank` itself is.
-    pub(crate) fn of(world: usize, rank: usize, lost: impl Fn(usize) -> bool) -> Option<Survivors> {
-        let ranks: Vec<usize> = (0..world).filter(|&r| !lost(r)).collect();
-        if ranks.len() == world {
-            return None;
-        }
-        let me = ranks.iter().position(|&r| r == rank)?;
-        Some(Survivors { ranks, me })
-    }
-
-    /// The lowest live rank: it serves the new rendezvous.
-    pub(crate) fn leader(&self) -> usize {
-        self.ranks[0]
-    }
-}
-
 impl World {
     /// After a peer was lost ([`Error::PeerLost`]): a new world over the
     /// survivors, this world's communicators given up (the watchdog has
@@ -366,7 +333,11 @@ impl World {
     /// timeout by 10 s is [`nccl_safe::Error::Timeout`].
     ///
     /// Each survivor counts the survivors from the losses its liveness
-    /// channel knows, once they stopped changing for a moment; ranks that
+    /// channel knows, once they stopped changing for a moment: 50 ms where
+    /// every loss was seen as it happened (a killed process, a reported
+    /// exit, ranks a connection gate found missing), a heartbeat more
+    /// where one was found by silence or rank 0 (the channel's hub) was
+    /// lost, 20 ms among threads of one process; ranks that
     /// count differently (a second rank died during the recovery) are
     /// refused by the rendezvous with a typed error, within the options'
     /// rendezvous timeout. A world without a liveness channel (liveness
@@ -718,69 +689,5 @@ fn bind(host: &str, port: u16) -> std::io::Result<TcpListener> {
     match at {
         Some(listener) => Ok(listener),
         None => TcpListener::bind((Ipv4Addr::UNSPECIFIED, port)),
-    }
-}
-
-/// The survivors once the losses this rank knows have not changed for
-/// [`SETTLE`] ([`SETTLE_IN_PROCESS`] among threads of one process; at
-/// most `within`). Where this rank knows of no loss it
-/// waits at most [`FIRST_LOSS`] for one (a caller that saw NCCL fail a
-/// moment before the channel named the dead rank), then gives up: `Err`
-/// names which of "nothing lost" and "this rank itself counts as lost"
-/// it is.
-fn settled(
-    liveness: &Liveness,
-    world: usize,
-    rank: usize,
-    within: Duration,
-) -> std::result::Result<Survivors, &'static str> {
-    let settle = if liveness.rank().is_none() {
-        SETTLE_IN_PROCESS
-    } else {
-        SETTLE
-    };
-    let step = (settle / 4).min(Duration::from_millis(20));
-    let started = Instant::now();
-    let until = started + within;
-    let count = || Survivors::of(world, rank, |r| liveness.is_lost(r));
-    let mut seen = count();
-    let mut stable_since = Instant::now();
-    while Instant::now() < until {
-        if seen.is_none() && started.elapsed() >= FIRST_LOSS {
-            break;
-        }
-        std::thread::sleep(step);
-        let now = count();
-        if now != seen {
-            seen = now;
-            stable_since = Instant::now();
-        } else if seen.is_some() && stable_since.elapsed() >= settle {
-            break;
-        }
-    }
-    match seen {
-        Some(survivors) => Ok(survivors),
-        None if liveness.is_lost(rank) => {
-            Err("this rank itself counts as lost: the others went on without it")
-        }
-        None => Err("no rank of this world was lost"),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn survivors_are_renumbered_in_order_and_the_lowest_leads() {
-        let s = Survivors::of(4, 3, |r| r == 1).unwrap();
-        assert_eq!(s.ranks, vec![0, 2, 3]);
-        assert_eq!(s.me, 2);
-        assert_eq!(s.leader(), 0);
-        let s = Survivors::of(4, 2, |r| r == 0).unwrap();
-        assert_eq!((s.leader(), s.me), (1, 1));
-        // Nothing lost, or this rank itself lost: no recovery.
-        assert!(Survivors::of(4, 2, |_| false).is_none());
-        assert!(Survivors::of(4, 2, |r| r == 2).is_none());
     }
 }

@@ -90,6 +90,13 @@ impl Liveness {
         self.shared().world
     }
 
+    /// How often this channel's ends send a heartbeat: the spread of the
+    /// moments at which ranks that stopped together are found silent
+    /// (each is found a silence limit after its own last frame).
+    pub fn heartbeat(&self) -> std::time::Duration {
+        self.shared().heartbeat
+    }
+
     /// Where `rank` listens for a takeover, from the roster: the address
     /// the other ranks reach its host by (`None` before the roster came,
     /// or for a rank without one).
@@ -257,6 +264,7 @@ pub(crate) fn start_member(
 #[cfg(test)]
 mod tests {
     use std::sync::Mutex;
+    use std::time::Duration;
 
     use super::*;
     use crate::liveness::LossCause;
@@ -305,5 +313,17 @@ mod tests {
         });
         assert_eq!(*lock(&seen), vec![2, 3]);
         assert_eq!(*lock(&late), vec![2, 3]);
+    }
+
+    #[test]
+    fn the_heartbeat_is_the_channels_own() {
+        let every = Duration::from_millis(40);
+        let hub = start_hub(2, &LivenessOptions::new().heartbeat(every)).expect("hub");
+        assert_eq!(hub.heartbeat(), every);
+        hub.leave();
+        assert_eq!(
+            Liveness::in_process(2).heartbeat(),
+            LivenessOptions::new().heartbeat_interval()
+        );
     }
 }
