@@ -1,0 +1,55 @@
+#!/bin/bash
+# Session 23. Build: `cargo xtask gpu-test --bundle bundle` (HEAD's code; it carries the release-lto bench); copy
+# this script into bundle/, `tar cJf bundle-cx/d.tar.xz bundle`; run `tar xJf bundle-cx/d.tar.xz && bash
+# bundle/s23.sh WHAT...` with carry ["bundle-cx"]. Several WHATs run one after the other, each bounded so that
+# the call ends within 600 s.
+# recover (about 60 s, 2 GPUs): the bench's recover phase only (threads by shrink, threads giving up, three
+#   launches with a process per GPU).
+# faults MODE [LIMIT] (processes about 260 s, threads about 145 s): the fault suite in one mode.
+# matrix (about 320 s): the GPU matrix, every target and mode, cut at MATRIX_LIMIT (default 580).
+# bench (about 560 s): every bench phase with PyTorch, then the quick sweep with what is left.
+export NCCL_NVLS_ENABLE=0
+B=bundle; MATRIX_LIMIT=${MATRIX_LIMIT:-580}; L=$OUT/all.log
+nvidia-smi --query-gpu=name --format=csv,noheader | tee -a $L
+faults() { # mode limit
+  local mode=$1 cap=$2 s=$SECONDS tag=${1:0:1}
+  local left=$((592-SECONDS)); [ $left -gt $cap ] && left=$cap
+  timeout $left $B/xtask gpu-test --from-bundle $B --faults --worlds 2 --modes $mode --timeout $((left-5)) \
+    --faults-report /tmp/f$tag.md --out /tmp/f$tag > /tmp/f$tag.log 2>&1
+  echo "faults $mode rc=$? in $((SECONDS-s)) s" | tee -a $L; grep -h '^|' /tmp/f$tag.md | cut -d'|' -f2-7 >> $L
+  grep -h -o 'rebuilt_ms: [0-9; ]*' /tmp/f$tag.md | tr '\n' ' ' >> $L; echo >> $L
+  (cd /tmp && tar czf $OUT/f$tag.tgz f$tag f$tag.md f$tag.log 2>/dev/null); true
+}
+while [ $# -gt 0 ]; do
+what=$1; shift
+case "$what" in
+recover)
+  s=$SECONDS
+  timeout 200 $B/xtask bench --from-bundle $B --phases recover --timeout 195 --out /tmp/rc > /tmp/rc.log 2>&1
+  echo "recover rc=$? in $((SECONDS-s)) s" | tee -a $L; grep "recover" /tmp/rc/report.md | grep "^|" >> $L
+  (cd /tmp && tar czf $OUT/rc.tgz rc rc.log 2>/dev/null); true
+  ;;
+faults)
+  mode=$1; shift; cap=500; [ $mode = threads ] && cap=300
+  faults $mode $cap
+  ;;
+matrix)
+  s=$SECONDS
+  timeout $MATRIX_LIMIT $B/xtask gpu-test --from-bundle $B --worlds 2 --out /tmp/m > /tmp/m.log 2>&1
+  echo "matrix rc=$? in $((SECONDS-s)) s" | tee -a $L; grep -h -i 'pass\|fail' /tmp/m.log | tail -60 | cut -c1-300 >> $L
+  (cd /tmp && tar czf $OUT/m.tgz m m.log 2>/dev/null); true
+  ;;
+bench)
+  s=$SECONDS
+  timeout 460 $B/xtask bench --from-bundle $B --phases setup,step,graph,recover,async,latency,small --quick --python python3 --timeout 455 --out /tmp/b > /tmp/b.log 2>&1
+  echo "bench rc=$? in $((SECONDS-s)) s" | tee -a $L; grep "^| \`" /tmp/b/report.md >> $L
+  left=$((585-SECONDS))
+  if [ $left -gt 60 ]; then
+    s=$SECONDS
+    timeout $left $B/xtask bench --from-bundle $B --phases sweep --quick --timeout $((left-5)) --out /tmp/s > /tmp/s.log 2>&1
+    echo "sweep rc=$? in $((SECONDS-s)) s (limit $left)" | tee -a $L
+  fi
+  (cd /tmp && tar czf $OUT/b.tgz b b.log s s.log 2>/dev/null); true
+  ;;
+esac
+done
