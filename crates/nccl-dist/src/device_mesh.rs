@@ -26,6 +26,7 @@
 //! ```
 
 use std::mem::ManuallyDrop;
+use std::sync::Weak;
 
 use nccl_safe::{Comm, Config};
 
@@ -33,7 +34,7 @@ use crate::error::{Error, Result};
 use crate::mesh::{MeshError, MeshShape};
 use crate::placement::{Placement, nvlink_ranks, ranks_on_one_host};
 use crate::watchdog::{inherit, inherit_ranks};
-use crate::world::World;
+use crate::world::{Keeper, World};
 
 /// [`DeviceMesh::from_world`]'s error, with the world it was given
 /// ([`FromWorldError::into_world`]). `Send` and `Sync`, as boxed errors
@@ -104,6 +105,11 @@ pub struct DeviceMesh {
     /// The world, for a mesh that owns it ([`DeviceMesh::from_world`]).
     /// Dropped after the mesh's own communicators.
     world: Option<World>,
+    /// Where the world keeps this mesh's own communicators past a loss
+    /// (`world/on_loss.rs`), and the configuration a flattened group is
+    /// split with (the world's for its children: they park with it).
+    keeper: Weak<Keeper>,
+    child_config: Option<Config>,
 }
 
 impl Drop for DeviceMesh {
@@ -119,6 +125,14 @@ impl Drop for DeviceMesh {
                 .into_iter()
                 .chain(groups.into_iter().filter_map(|g| g.comm)),
         );
+    }
+}
+
+/// Has the world keep `comm` (a mesh's own) past a loss, where it keeps
+/// its meshes' (see `world/on_loss.rs`).
+fn watch(keeper: &Weak<Keeper>, comm: &Comm) {
+    if let Some(k) = keeper.upgrade() {
+        k.watch(comm);
     }
 }
 
@@ -292,11 +306,14 @@ impl DeviceMesh {
         let parent = world.split_parent();
         let config = world.child_config();
         let one_rank_config = one_rank(config);
+        let keeper = world.keeper();
         let split = |color: u32, key: i32, config: &Config| -> Result<Comm> {
-            parent
+            let comm = parent
                 .split(Some(color), key, Some(config))
                 .map_err(|e| world.explain(e))?
-                .ok_or_else(split_missing)
+                .ok_or_else(split_missing)?;
+            watch(&keeper, &comm);
+            Ok(comm)
         };
         // In the world's order the whole mesh is the world's communicator:
         // kept (`from_world`) or shared (a second handle, with the world's
@@ -337,6 +354,8 @@ impl DeviceMesh {
             whole: ManuallyDrop::new(own_whole),
             groups,
             world: None,
+            keeper,
+            child_config: Some(config.clone()),
         })
     }
 
@@ -429,6 +448,8 @@ impl DeviceMesh {
                 whole: ManuallyDrop::new(Some(whole)),
                 groups,
                 world: None,
+                keeper: Weak::new(),
+                child_config: None,
             })
             .collect())
     }
@@ -552,8 +573,9 @@ impl DeviceMesh {
     pub fn flatten(&mut self, axes: &[&str], name: &str) -> Result<&Comm> {
         self.check_flatten(axes, name)?;
         let (c, k) = self.shape.split_for(self.position, axes)?;
-        let comm = self.comm().split(Some(c), k, None)?;
+        let comm = self.comm().split(Some(c), k, self.child_config.as_ref())?;
         let comm = comm.ok_or_else(split_missing)?;
+        watch(&self.keeper, &comm);
         self.push_group(axes, name, comm)
     }
 

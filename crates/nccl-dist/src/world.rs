@@ -30,6 +30,9 @@ use crate::watchdog::Watchdog;
 
 mod local;
 use local::{local_launch, local_team, thread_comms};
+mod on_loss;
+pub(crate) use on_loss::Keeper;
+use on_loss::{Kept, abort_on_loss};
 mod options;
 mod recover;
 mod resolved;
@@ -48,6 +51,8 @@ pub struct World {
     /// First, so it drops first: the goodbye (or the loss report) goes out
     /// before the communicators are torn down.
     presence: Presence,
+    /// Its meshes' communicators kept past a loss, torn down before its own.
+    kept: Kept,
     comm: Comm,
     /// The nonblocking communicator the blocking one was split from: the
     /// parent of meshes, so that their creation can be cut short too.
@@ -112,44 +117,6 @@ impl Drop for Presence {
             liveness.leave();
         }
     }
-}
-
-/// On a loss: every watched communicator fails with it (naming the
-/// operation it was at), and the signal aborts every communicator of the
-/// job, those still being made included. Never waits.
-///
-/// `parks` (the world's communicators park on a loss,
-/// [`WorldOptions::recover_by_shrink`]): the signal goes first, so that its
-/// one NCCL group sets every abort flag before any wait for kernels (a
-/// parked world's are stopped only there, and the watchdog's aborts one at
-/// a time could wait behind them); the watchdog then records the loss on
-/// communicators already aborted or parked.
-pub(super) fn abort_on_loss(
-    liveness: &Liveness,
-    watchdog: Option<Watchdog>,
-    signal: AbortSignal,
-    parks: bool,
-) {
-    // The hooks abort communicators: an exit waits for those the channel
-    // runs on a thread of its own.
-    liveness.hold_exit_with(Arc::new(|limit| Box::new(nccl_safe::ExitHold::new(limit))));
-    liveness.on_loss(Arc::new(move |loss: &PeerLoss| {
-        let trigger = || {
-            signal.trigger(AbortCause::PeerLost {
-                rank: loss.rank,
-                detail: loss.to_string(),
-            })
-        };
-        if parks {
-            trigger();
-        }
-        if let Some(w) = &watchdog {
-            w.peer_lost(loss);
-        }
-        if !parks {
-            trigger();
-        }
-    }));
 }
 
 /// Tells `spawn_local` that a rank's thread ended, and how, even when it
@@ -384,11 +351,16 @@ impl World {
         if shape == Shape::Split {
             resolved.connect(&[&comm])?;
         }
+        let kept = Kept::on(
+            liveness.as_ref(),
+            resolved.parks_for(shape, launch.world_size),
+        );
         Ok(World {
             presence: Presence {
                 rank: launch.rank,
                 liveness,
             },
+            kept,
             comm,
             control,
             child_config,
@@ -480,6 +452,7 @@ impl World {
                     rank,
                     liveness: None,
                 },
+                kept: Kept::default(),
                 comm,
                 control: None,
                 child_config: config.clone().park_on_peer_loss(false),
@@ -618,6 +591,10 @@ impl World {
                                     rank,
                                     liveness: liveness.clone(),
                                 },
+                                kept: Kept::on(
+                                    liveness.as_ref(),
+                                    resolved.parks_for(Shape::Split, n),
+                                ),
                                 comm,
                                 control,
                                 child_config,

@@ -81,6 +81,12 @@ pub(crate) trait Abortable: Send + Sync {
     fn is_parked(&self) -> bool {
         false
     }
+    /// Whether it is parked and no thread is at it: its kernels' stop done
+    /// (or not due) and its lock free, so that no NCCL call on it runs.
+    /// Never waits.
+    fn is_parked_idle(&self) -> bool {
+        self.is_parked()
+    }
     /// Parks it no more: the next abort asked for happens.
     fn unpark(&self) {}
     /// Whether it would be held to stop its kernels in the group (it parks
@@ -536,7 +542,8 @@ impl AbortSignal {
     }
 
     /// As [`AbortSignal::wait_settled`], but a parked member counts as
-    /// settled, and so does the teardown of a parked member dropped since
+    /// settled once no thread is at it (its kernels' stop, which calls
+    /// NCCL, done), and so does the teardown of a parked member dropped since
     /// (its abort runs on a thread of its own): NCCL is done with every
     /// member that is not parked. Returns whether that came in time. For
     /// survivors about to shrink their parked communicators, who must not
@@ -559,7 +566,7 @@ impl AbortSignal {
             }
             !dropping
                 && all.saturating_sub(parked) == 0
-                && members.iter().all(|m| m.is_parked() || m.is_settled())
+                && members.iter().all(|m| m.is_parked_idle() || m.is_settled())
         })
     }
 

@@ -78,8 +78,8 @@ pub use capture::{
     capture, capture_group,
 };
 pub use comm::{
-    ABORT_ALLOWANCE, AbortHandle, Comm, CommStatus, ExitHold, WeakAbortHandle, drop_together,
-    require_cuda_driver, require_gpus,
+    ABORT_ALLOWANCE, AbortHandle, Comm, CommStatus, ExitHold, KeptComm, WeakAbortHandle,
+    drop_together, require_cuda_driver, require_gpus,
 };
 pub use completion::Completion;
 pub use config::{Config, DEFAULT_TIMEOUT, SYMMETRIC_MIN_CTAS};

@@ -196,6 +196,59 @@ fn drop_of_a_blocking_comm_with_unfinished_work_is_bounded() {
     })());
 }
 
+/// A communicator kept ([`nccl_safe::WeakAbortHandle::keep`], as a world
+/// keeps its meshes' past a loss) outlives its last handle: that handle's
+/// drop tears nothing down and returns at once, even behind a stuck
+/// kernel; the keeper's drop does the teardown, bounded as a handle's, and
+/// the communicator is gone after it.
+#[test]
+#[ignore = "needs 2 GPUs: cargo xtask gpu-test"]
+fn a_kept_communicator_is_torn_down_by_its_keeper_not_its_last_handle() {
+    if world() < 2 {
+        eprintln!("needs 2 GPUs; nothing to do on one");
+        return;
+    }
+    check((|| {
+        let timeout = Duration::from_secs(3);
+        let mut comms = pair(timeout)?;
+        let mut buf = comms[0].stream().alloc_zeros::<f32>(1 << 16)?;
+        let group = GroupGuard::start()?;
+        // Only rank 0 joins: its kernel waits for rank 1 until aborted.
+        group
+            .on(&comms[0])
+            .all_reduce_in_place(&mut buf, ReduceOp::Sum)?;
+        group.end()?;
+        let rank1 = comms.pop().ok_or("two communicators")?;
+        let rank0 = comms.pop().ok_or("two communicators")?;
+        let weak = rank0.abort_handle().downgrade();
+        let kept = weak.keep().ok_or("rank 0's communicator exists")?;
+        let started = Instant::now();
+        drop(rank0);
+        let handle_drop = started.elapsed();
+        if !weak.is_alive() {
+            return Err("the last handle's drop tore a kept communicator down".into());
+        }
+        if handle_drop > Duration::from_secs(1) {
+            return Err(format!("the last handle's drop took {handle_drop:?}").into());
+        }
+        let started = Instant::now();
+        drop(kept);
+        let took = started.elapsed();
+        eprintln!("handle drop {handle_drop:?}, keeper's drop {took:?} (timeout {timeout:?})");
+        if weak.is_alive() || weak.keep().is_some() {
+            return Err("the keeper's drop left the communicator alive".into());
+        }
+        if took > timeout + Duration::from_secs(3) {
+            return Err(format!("the keeper's drop took {took:?}").into());
+        }
+        // The stuck kernel was aborted: the buffer's stream drains.
+        buf.stream().synchronize()?;
+        drop(buf);
+        abort_all(vec![rank1]);
+        Ok(())
+    })());
+}
+
 /// `NcclMemory`'s drop used to synchronize the whole context, so it hung
 /// behind a stuck kernel. Now it waits for its communicator's stream only,
 /// for at most the communicator's timeout, and leaks the memory when the

@@ -22,7 +22,7 @@ use nccl_safe::UniqueId;
 use super::options::WorldOptions;
 use super::recover::{Old, Survivors, not_parked};
 use super::resolved::{Resolved, Shape};
-use super::{Presence, World, abort_on_loss, watched};
+use super::{Kept, Presence, World, abort_on_loss, watched};
 use crate::error::{Error, Result};
 use crate::launch::{Launch, Launcher};
 use crate::liveness::{Liveness, LossCause, PeerLoss};
@@ -240,6 +240,10 @@ impl Team {
                 rank: me,
                 liveness: self.liveness.clone(),
             },
+            kept: Kept::on(
+                self.liveness.as_ref(),
+                self.resolved.parks_for(Shape::Split, self.survivors.len()),
+            ),
             comm,
             control,
             child_config,

@@ -51,6 +51,7 @@ impl World {
         let _span = tracing::debug_span!("nccl.recover_give_up").entered();
         let World {
             presence,
+            kept,
             comm,
             control,
             watchdog,
@@ -58,12 +59,14 @@ impl World {
             retired,
             ..
         } = self;
-        // Nothing is shrunk: the parked ones are aborted too.
+        // Nothing is shrunk: the parked ones are aborted too (the meshes'
+        // kept ones included, which then go).
         signal.end_parking();
         signal.trigger(nccl_safe::AbortCause::Other(
             "World::recover: the world was given up for the survivors' new one".into(),
         ));
         let limit = comm.timeout();
+        drop(kept);
         drop(comm);
         drop(control);
         // Those of earlier worlds carry their own signals: their drops
@@ -193,6 +196,7 @@ impl World {
         let excluded = excluded(self.launch.world_size, keep);
         let World {
             presence,
+            kept,
             comm,
             control,
             watchdog,
@@ -200,6 +204,10 @@ impl World {
             mut retired,
             ..
         } = self;
+        // The meshes' parked communicators go on being kept, by the new
+        // world (not waited for here: they are parked).
+        let meshes = kept.take();
+        drop(kept);
         let parked = control.ok_or(Error::InvalidArgument {
             op: "World::recover",
             reason: "no parked communicator to shrink".into(),
@@ -218,6 +226,7 @@ impl World {
         Ok(Shrinking {
             parked,
             excluded,
+            meshes,
             retired,
             old: GivenUp {
                 presence,
@@ -268,6 +277,9 @@ pub(super) struct Shrinking {
     pub(super) parked: Comm,
     /// The old ranks that are not in the new world.
     pub(super) excluded: Vec<usize>,
+    /// The old world's meshes' parked communicators, kept
+    /// ([`super::on_loss`]): the new world keeps them.
+    meshes: Vec<nccl_safe::KeptComm>,
     /// The parked communicators the new world keeps: the old world's own
     /// and those it kept.
     retired: Vec<Comm>,
@@ -281,6 +293,7 @@ impl Shrinking {
     pub(super) fn finish(self, world: Result<World>) -> Result<World> {
         let Shrinking {
             parked,
+            meshes,
             mut retired,
             old,
             ..
@@ -293,6 +306,7 @@ impl Shrinking {
                 return Err(error);
             }
         };
+        world.kept.adopt(meshes);
         world.retired = retired;
         let _old = tracing::debug_span!("nccl.recover_drop_old").entered();
         drop(old);

@@ -228,7 +228,9 @@ impl Resolved {
             }
             let control = Comm::init_rank(id, rank, size, device, &self.init_config())?;
             let comm = self.split_world(&control, rank)?;
-            Ok((comm, Some(control), data))
+            // Meshes' communicators park with the world's: its keeper
+            // keeps them past a loss (`super::on_loss`).
+            Ok((comm, Some(control), data.park_on_peer_loss(self.parks())))
         })();
         self.outcome(made)
     }
@@ -265,7 +267,7 @@ impl Resolved {
             }
             let control = parked.shrink_parked(excluded, &self.init_config())?;
             let comm = self.split_world(&control, rank)?;
-            Ok((comm, Some(control), data))
+            Ok((comm, Some(control), data.park_on_peer_loss(self.parks())))
         })();
         self.outcome(made)
     }

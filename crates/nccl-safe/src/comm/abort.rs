@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use crate::abort::AbortCause;
 use crate::comm::handle::{CommStatus, Shared, State};
+use crate::comm::teardown::WAITS_FOR_TEARDOWN;
 use crate::comm::{Comm, cuda, refuse_in_group};
 use nccl_sys::ncclResult_t;
 
@@ -45,6 +46,42 @@ impl WeakAbortHandle {
     /// (so the caller never ends up holding the last one and its teardown).
     pub fn is_alive(&self) -> bool {
         self.shared.strong_count() > 0
+    }
+
+    /// Keeps the communicator from its teardown, while it exists: until
+    /// the [`KeptComm`] drops, dropping its last [`Comm`] handle (a mesh's
+    /// axis, say) does not tear it down. For a communicator parked on a
+    /// loss ([`crate::Config::park_on_peer_loss`]), which only its
+    /// teardown would abort: the layer that recovers keeps it past the
+    /// recovery, so that NCCL's abort of it (up to a second) is neither
+    /// waited for on the recovery's path nor run beside the recovered
+    /// communicators' calls.
+    pub fn keep(&self) -> Option<KeptComm> {
+        self.shared.upgrade().map(|shared| KeptComm {
+            shared: Some(shared),
+        })
+    }
+}
+
+/// A communicator kept from its teardown ([`WeakAbortHandle::keep`]). It
+/// is no handle: nothing can be issued through it. Dropped last, it tears
+/// the communicator down as its last [`Comm`] would (the dropping thread
+/// waits for the teardown, bounded by the communicator's timeout).
+pub struct KeptComm {
+    shared: Option<Arc<Shared>>,
+}
+
+impl std::fmt::Debug for KeptComm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KeptComm { .. }")
+    }
+}
+
+impl Drop for KeptComm {
+    fn drop(&mut self) {
+        let _ = WAITS_FOR_TEARDOWN.try_with(|w| w.set(true));
+        drop(self.shared.take());
+        let _ = WAITS_FOR_TEARDOWN.try_with(|w| w.set(false));
     }
 }
 

@@ -703,6 +703,13 @@ impl Abortable for Shared {
             )
     }
 
+    fn is_parked_idle(&self) -> bool {
+        Shared::is_parked(self)
+            && self
+                .try_lock()
+                .is_some_and(|state| !self.stop_is_pending(&state))
+    }
+
     fn unpark(&self) {
         self.unparked.store(true, Ordering::Release);
     }

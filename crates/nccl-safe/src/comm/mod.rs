@@ -57,7 +57,7 @@ use crate::library::Library;
 use crate::observe::OpObserver;
 use crate::{Error, Feature, Result};
 
-pub use abort::{AbortHandle, WeakAbortHandle};
+pub use abort::{AbortHandle, KeptComm, WeakAbortHandle};
 pub use handle::CommStatus;
 
 /// An NCCL communicator on one GPU, with a CUDA stream for its work.

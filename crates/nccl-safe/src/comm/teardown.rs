@@ -171,7 +171,9 @@ thread_local! {
 /// Drops `comms` with their teardowns running at the same time, and
 /// waits for all of them at most the longest of their timeouts plus a
 /// second (a teardown still running then goes on in the background, as
-/// one [`Comm`](crate::Comm)'s drop does).
+/// one [`Comm`](crate::Comm)'s drop does). They are
+/// [`Comm`](crate::Comm)s or [`KeptComm`](crate::KeptComm)s (anything
+/// else is simply dropped).
 ///
 /// A dropped communicator's teardown finalizes it and then frees it with
 /// `ncclCommAbort`, whose proxy thread may take up to half a second to
@@ -187,7 +189,7 @@ thread_local! {
 /// # Ok(())
 /// # }
 /// ```
-pub fn drop_together(comms: impl IntoIterator<Item = crate::Comm>) {
+pub fn drop_together<C>(comms: impl IntoIterator<Item = C>) {
     let together = Together {
         outer: TOGETHER
             .try_with(|t| t.borrow_mut().replace(Vec::new()))
