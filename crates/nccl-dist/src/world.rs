@@ -32,7 +32,7 @@ mod local;
 use local::{local_launch, local_team, thread_comms};
 mod on_loss;
 pub(crate) use on_loss::Keeper;
-use on_loss::{Kept, abort_on_loss};
+use on_loss::{Keepers, Kept, abort_on_loss};
 mod options;
 mod recover;
 mod resolved;
@@ -332,16 +332,14 @@ impl World {
         make: impl FnOnce(&Resolved) -> Result<(Comm, Option<Comm>, Config)>,
     ) -> Result<World> {
         let watchdog = resolved.start_watchdog()?;
+        let parks = resolved.parks_for(shape, launch.world_size);
+        // Before the abort hook: keep the meshes' before the signal parks.
+        let keepers = Keepers::first_on(liveness.as_ref(), parks);
         if let Some(l) = &liveness {
             if let Some(w) = &watchdog {
                 w.exchange_over(l);
             }
-            abort_on_loss(
-                l,
-                watchdog.clone(),
-                resolved.signal.clone(),
-                resolved.parks_for(shape, launch.world_size),
-            );
+            abort_on_loss(l, watchdog.clone(), resolved.signal.clone(), parks);
         }
         // Ranks in other languages (an outside id) make no gates.
         let gated = matches!(shape, Shape::Split);
@@ -351,10 +349,7 @@ impl World {
         if shape == Shape::Split {
             resolved.connect(&[&comm])?;
         }
-        let kept = Kept::on(
-            liveness.as_ref(),
-            resolved.parks_for(shape, launch.world_size),
-        );
+        let kept = keepers.kept();
         Ok(World {
             presence: Presence {
                 rank: launch.rank,
@@ -559,10 +554,10 @@ impl World {
         let resolved = Resolved::new(options)?;
         apply_encryption(options.encryption.as_ref())?;
         let id = UniqueId::new().map_err(Error::from)?;
-        let (watchdog, liveness) = local_team(&resolved, n)?;
+        let (watchdog, liveness, keepers) = local_team(&resolved, n)?;
         let board = Arc::new(local::Board::default());
         let (id, f, watchdog, liveness, resolved) = (&id, &f, &watchdog, &liveness, &resolved);
-        let board = &board;
+        let (board, keepers) = (&board, &keepers);
         // Each rank says when it ends, and whether well, so the first to
         // fail (an error or a panic) aborts the others at once, whatever
         // order they end in: a rank waiting in a collective for a rank that
@@ -591,10 +586,7 @@ impl World {
                                     rank,
                                     liveness: liveness.clone(),
                                 },
-                                kept: Kept::on(
-                                    liveness.as_ref(),
-                                    resolved.parks_for(Shape::Split, n),
-                                ),
+                                kept: keepers.kept(),
                                 comm,
                                 control,
                                 child_config,

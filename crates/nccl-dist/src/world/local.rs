@@ -22,7 +22,7 @@ use nccl_safe::UniqueId;
 use super::options::WorldOptions;
 use super::recover::{Old, Survivors, not_parked};
 use super::resolved::{Resolved, Shape};
-use super::{Kept, Presence, World, abort_on_loss, watched};
+use super::{Keepers, Presence, World, abort_on_loss, watched};
 use crate::error::{Error, Result};
 use crate::launch::{Launch, Launcher};
 use crate::liveness::{Liveness, LossCause, PeerLoss};
@@ -62,6 +62,8 @@ struct Team {
     resolved: Resolved,
     watchdog: Option<Watchdog>,
     liveness: Option<Liveness>,
+    /// Where the new worlds keep their meshes' communicators on a loss.
+    keepers: Keepers,
     /// The board of the new world, for its own recovery.
     next: Arc<Board>,
 }
@@ -240,10 +242,7 @@ impl Team {
                 rank: me,
                 liveness: self.liveness.clone(),
             },
-            kept: Kept::on(
-                self.liveness.as_ref(),
-                self.resolved.parks_for(Shape::Split, self.survivors.len()),
-            ),
+            kept: self.keepers.kept(),
             comm,
             control,
             child_config,
@@ -259,13 +258,14 @@ impl Team {
         let resolved = Resolved::new(options)?;
         // `ncclGetUniqueId` starts a bootstrap root: only for new ones.
         let id = if shrink { None } else { Some(UniqueId::new()?) };
-        let (watchdog, liveness) = local_team(&resolved, survivors.len())?;
+        let (watchdog, liveness, keepers) = local_team(&resolved, survivors.len())?;
         Ok(Arc::new(Team {
             survivors,
             id,
             resolved,
             watchdog,
             liveness,
+            keepers,
             next: Arc::default(),
         }))
     }
@@ -273,25 +273,23 @@ impl Team {
 
 /// What the threads of an in-process world of `n` ranks share: the
 /// watchdog, and (liveness on, more than one rank) the in-process
-/// channel, which gates their calls and aborts them all on a loss.
+/// channel, which gates their calls and aborts them all on a loss, with
+/// the keepers of their meshes' communicators hooked before that abort.
 pub(super) fn local_team(
     resolved: &Resolved,
     n: usize,
-) -> Result<(Option<Watchdog>, Option<Liveness>)> {
+) -> Result<(Option<Watchdog>, Option<Liveness>, Keepers)> {
     let watchdog = resolved.start_watchdog()?;
     let liveness = (resolved.liveness.is_enabled() && n > 1).then(|| Liveness::in_process(n));
+    let parks = resolved.parks_for(Shape::Split, n);
+    let keepers = Keepers::first_on(liveness.as_ref(), parks);
     if let Some(l) = &liveness {
         if let Some(w) = &watchdog {
             w.gate_over(l);
         }
-        abort_on_loss(
-            l,
-            watchdog.clone(),
-            resolved.signal.clone(),
-            resolved.parks_for(Shape::Split, n),
-        );
+        abort_on_loss(l, watchdog.clone(), resolved.signal.clone(), parks);
     }
-    Ok((watchdog, liveness))
+    Ok((watchdog, liveness, keepers))
 }
 
 /// This rank's communicators in a world of threads of one process (made

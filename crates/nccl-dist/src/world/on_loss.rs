@@ -132,65 +132,103 @@ impl Keeper {
     }
 }
 
-/// A world's [`Keeper`], where its communicators park on a loss and a
-/// liveness channel names losses; its drop tears down what it kept, on the
-/// dropping thread, before the world's own communicators go (a field
-/// before them).
+/// The keepers of the worlds on one liveness channel (a process's world,
+/// or the worlds of one process's threads), hooked onto the channel
+/// before [`abort_on_loss`]: on a loss they keep their meshes'
+/// communicators before the signal parks them. The trigger holds every
+/// member for a moment; a mesh dropped meanwhile, not yet kept, would
+/// otherwise be torn down on the channel's thread when the trigger lets
+/// go, beside the survivors' recovery on the same GPU.
+#[derive(Clone, Default)]
+pub(super) struct Keepers(Option<Arc<Mutex<Vec<Weak<Keeper>>>>>);
+
+impl Keepers {
+    /// Hooks the keepers onto `liveness` where the worlds' communicators
+    /// `parks`; none otherwise. Call before [`abort_on_loss`].
+    pub(super) fn first_on(liveness: Option<&Liveness>, parks: bool) -> Keepers {
+        let Some(liveness) = liveness.filter(|_| parks) else {
+            return Keepers(None);
+        };
+        let list: Arc<Mutex<Vec<Weak<Keeper>>>> = Arc::default();
+        let hooked = Arc::clone(&list);
+        liveness.on_loss(Arc::new(move |_: &PeerLoss| {
+            let keepers: Vec<Arc<Keeper>> = hooked
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .filter_map(Weak::upgrade)
+                .collect();
+            for k in keepers {
+                k.keep_all();
+            }
+        }));
+        Keepers(Some(list))
+    }
+
+    /// A new world's [`Kept`], filled by a loss on this channel (where
+    /// there are keepers).
+    pub(super) fn kept(&self) -> Kept {
+        let keeper = Arc::new(Keeper::default());
+        if let Some(list) = &self.0 {
+            let mut list = list.lock().unwrap_or_else(|p| p.into_inner());
+            list.retain(|w| w.strong_count() > 0);
+            list.push(Arc::downgrade(&keeper));
+        }
+        Kept {
+            keeper,
+            hooked: self.0.is_some(),
+        }
+    }
+}
+
+/// A world's [`Keeper`]: filled by a loss where the world's communicators
+/// park and a liveness channel names losses ([`Keepers`]), and holding
+/// what an older world kept in any case (a recovered world of one rank
+/// has no channel). Its drop tears down what it kept, on the dropping
+/// thread, before the world's own communicators go (a field before them).
 #[derive(Default)]
-pub(super) struct Kept(Option<Arc<Keeper>>);
+pub(super) struct Kept {
+    keeper: Arc<Keeper>,
+    /// A loss fills it: meshes register with it.
+    hooked: bool,
+}
 
 impl std::fmt::Debug for Kept {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.is_some() {
-            "Kept(on)"
-        } else {
-            "Kept(off)"
-        })
+        f.debug_struct("Kept")
+            .field("hooked", &self.hooked)
+            .finish()
     }
 }
 
 impl Kept {
-    /// A keeper that a loss named on `liveness` fills, where `parks`; none
-    /// otherwise. The channel's hook holds it weakly: once the world is
-    /// gone a loss keeps nothing.
-    pub(super) fn on(liveness: Option<&Liveness>, parks: bool) -> Kept {
-        let Some(liveness) = liveness.filter(|_| parks) else {
-            return Kept(None);
-        };
-        let keeper = Arc::new(Keeper::default());
-        let weak = Arc::downgrade(&keeper);
-        liveness.on_loss(Arc::new(move |_: &PeerLoss| {
-            if let Some(k) = weak.upgrade() {
-                k.keep_all();
-            }
-        }));
-        Kept(Some(keeper))
-    }
-
-    /// Where a mesh of this world watches its communicators.
+    /// Where a mesh of this world watches its communicators (a dangling
+    /// reference where no loss fills this keeper).
     pub(super) fn weak(&self) -> Weak<Keeper> {
-        self.0.as_ref().map_or_else(Weak::new, Arc::downgrade)
+        if self.hooked {
+            Arc::downgrade(&self.keeper)
+        } else {
+            Weak::new()
+        }
     }
 
-    /// What this world kept, handed over to the world recovered from it.
+    /// What this world kept, handed over to the world recovered from it:
+    /// first whatever it watches and still exists (idempotent: the hook
+    /// may not have run yet when the signal already fired).
     pub(super) fn take(&self) -> Vec<KeptComm> {
-        self.0.as_ref().map(|k| k.take()).unwrap_or_default()
+        self.keeper.keep_all();
+        self.keeper.take()
     }
 
     /// Takes over what an old world kept (torn down with this world).
     pub(super) fn adopt(&self, kept: Vec<KeptComm>) {
-        match &self.0 {
-            Some(k) => k.adopt(kept),
-            None => nccl_safe::drop_together(kept),
-        }
+        self.keeper.adopt(kept);
     }
 }
 
 impl Drop for Kept {
     fn drop(&mut self) {
-        if let Some(k) = self.0.take() {
-            nccl_safe::drop_together(k.close());
-        }
+        nccl_safe::drop_together(self.keeper.close());
     }
 }
 
@@ -218,10 +256,22 @@ mod tests {
     #[test]
     fn a_keeper_lives_with_its_world_and_only_where_it_parks() {
         let live = Liveness::in_process(3);
-        // No keeper where the world parks not, or no channel names losses.
-        assert!(Kept::on(Some(&live), false).weak().upgrade().is_none());
-        assert!(Kept::on(None, true).weak().upgrade().is_none());
-        let kept = Kept::on(Some(&live), true);
+        // No keeper to register with where the world parks not, or no
+        // channel names losses.
+        let off = Keepers::first_on(Some(&live), false).kept();
+        assert!(off.weak().upgrade().is_none());
+        assert!(
+            Keepers::first_on(None, true)
+                .kept()
+                .weak()
+                .upgrade()
+                .is_none()
+        );
+        // Adopted ones are held all the same (none here).
+        off.adopt(Vec::new());
+        assert!(off.take().is_empty());
+        let keepers = Keepers::first_on(Some(&live), true);
+        let kept = keepers.kept();
         let weak = kept.weak();
         assert!(weak.upgrade().is_some());
         // A loss with nothing watched keeps nothing.
@@ -233,5 +283,15 @@ mod tests {
         assert!(weak.upgrade().is_none());
         live.report(loss(2));
         assert_eq!(live.losses().len(), 2);
+        // The channel's list forgets dropped worlds' keepers.
+        let again = keepers.kept();
+        assert_eq!(
+            keepers
+                .0
+                .as_ref()
+                .map(|l| l.lock().unwrap_or_else(|p| p.into_inner()).len()),
+            Some(1)
+        );
+        drop(again);
     }
 }

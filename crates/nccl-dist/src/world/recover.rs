@@ -303,6 +303,10 @@ impl Shrinking {
             Ok(world) => world,
             Err(error) => {
                 old.presence.gone(&error);
+                // The meshes' communicators first: they are children of
+                // the retired ones.
+                nccl_safe::drop_together(meshes);
+                drop(retired);
                 return Err(error);
             }
         };

@@ -50,8 +50,9 @@ impl Survivors {
 /// How long the losses in `losses` (as a rank of a world of `world`
 /// knows them) must stay unchanged before the survivors are counted:
 /// [`SETTLE_IN_PROCESS`] among threads of one process, [`SETTLE`] where
-/// every loss was seen the moment it happened, and a `heartbeat` more
-/// where one was found by silence or a hub was lost. Ranks that stop
+/// every loss was seen the moment it happened, and a `heartbeat` more (at
+/// least [`LATE_AT_LEAST`]) where one was found by silence or a hub was
+/// lost. Ranks that stop
 /// together (a host that loses power) are each found a silence limit after
 /// their own last heartbeat, so up to a heartbeat apart; and after a hub's
 /// loss the members find the next hub, which tells each the losses it
@@ -76,11 +77,19 @@ fn settle_window(
         .iter()
         .any(|l| matches!(l.cause, LossCause::Silent { .. }));
     if hub_lost || by_silence {
-        SETTLE.saturating_add(heartbeat)
+        SETTLE.saturating_add(heartbeat.max(LATE_AT_LEAST))
     } else {
         SETTLE
     }
 }
+
+/// The least that [`settle_window`] adds where a loss was found late: the
+/// default heartbeat, so that a shorter heartbeat never settles sooner
+/// than the fixed 300 ms every recovery waited before session 23 (after a
+/// hub's loss a member that cannot reach the next hub finds it lost only
+/// after a second: such a recovery may still count differently, and is
+/// refused by the rendezvous).
+const LATE_AT_LEAST: Duration = Duration::from_millis(250);
 
 /// The survivors once the losses this rank knows have not changed for
 /// their [`settle_window`] (at most `within`). Where this rank knows of
@@ -196,9 +205,15 @@ mod tests {
         );
         // Rank 1 lost while rank 0 lives: not a hub.
         assert_eq!(settle_window(&[closed(1)], 4, false, beat), SETTLE);
-        // The heartbeat is the channel's own.
+        // The heartbeat is the channel's own, never less than the default.
         let slow = Duration::from_secs(1);
         assert_eq!(settle_window(&[silent(1)], 4, false, slow), SETTLE + slow);
+        let quick = Duration::from_millis(20);
+        assert_eq!(
+            settle_window(&[silent(1)], 4, false, quick),
+            SETTLE + LATE_AT_LEAST
+        );
+        assert_eq!(settle_window(&[closed(1)], 4, false, quick), SETTLE);
     }
 
     #[test]
