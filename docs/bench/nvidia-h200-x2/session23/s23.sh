@@ -10,6 +10,8 @@
 # matrix (about 320 s): the GPU matrix, every target and mode, cut at MATRIX_LIMIT (default 580; call 3 reached it:
 #   a new test ran into its 300 s limit).
 # rest (about 60 s): the matrix's runs that call 3 did not reach, and the one it failed (its test since fixed).
+# Calls: 1 `recover faults processes` (75728b6); 2 `faults processes faults threads` (10c8a4c); 3 `matrix` (10c8a4c, cut
+#   at 580 s); 4 `recover some processes s2_,f1_,f2_,a_sigkill,n_recover some threads s2_,h_thread rest` (the final code).
 # bench (about 560 s): every bench phase with PyTorch, then the quick sweep with what is left.
 export NCCL_NVLS_ENABLE=0
 B=bundle; MATRIX_LIMIT=${MATRIX_LIMIT:-580}; L=$OUT/all.log
