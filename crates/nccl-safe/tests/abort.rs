@@ -9,7 +9,7 @@
 
 use std::time::{Duration, Instant};
 
-use nccl_safe::cudarc::driver::CudaContext;
+use nccl_safe::cudarc::driver::{CudaContext, CudaSlice};
 use nccl_safe::{
     AbortCause, AbortSignal, Comm, Config, Error, GroupGuard, NcclMemory, ReduceOp, UniqueId, group,
 };
@@ -39,6 +39,18 @@ fn pair(timeout: Duration) -> TestResult<Vec<Comm>> {
         c.stream().synchronize()?;
     }
     Ok(comms)
+}
+
+/// An all-reduce that only `comm` (rank 0 of a [`pair`]) joins: its
+/// kernel waits for the other rank until aborted. Gives its buffer.
+fn stuck_all_reduce(comm: &Comm) -> TestResult<CudaSlice<f32>> {
+    let mut buf = comm.stream().alloc_zeros::<f32>(1 << 16)?;
+    let group = GroupGuard::start()?;
+    group
+        .on(comm)
+        .all_reduce_in_place(&mut buf, ReduceOp::Sum)?;
+    group.end()?;
+    Ok(buf)
 }
 
 /// Aborts every communicator (the end of each test: a kernel is stuck).
@@ -176,12 +188,7 @@ fn drop_of_a_blocking_comm_with_unfinished_work_is_bounded() {
     check((|| {
         let timeout = Duration::from_secs(3);
         let comms = pair(timeout)?;
-        let mut buf = comms[0].stream().alloc_zeros::<f32>(1 << 16)?;
-        let group = GroupGuard::start()?;
-        group
-            .on(&comms[0])
-            .all_reduce_in_place(&mut buf, ReduceOp::Sum)?;
-        group.end()?;
+        let buf = stuck_all_reduce(&comms[0])?;
         let started = Instant::now();
         drop(comms);
         let took = started.elapsed();
@@ -213,13 +220,7 @@ fn a_kept_communicator_is_torn_down_by_its_keeper_not_its_last_handle() {
     check((|| {
         let timeout = Duration::from_secs(3);
         let mut comms = pair(timeout)?;
-        let mut buf = comms[0].stream().alloc_zeros::<f32>(1 << 16)?;
-        let group = GroupGuard::start()?;
-        // Only rank 0 joins: its kernel waits for rank 1 until aborted.
-        group
-            .on(&comms[0])
-            .all_reduce_in_place(&mut buf, ReduceOp::Sum)?;
-        group.end()?;
+        let buf = stuck_all_reduce(&comms[0])?;
         let rank1 = comms.pop().ok_or("two communicators")?;
         let rank0 = comms.pop().ok_or("two communicators")?;
         let weak = rank0.abort_handle().downgrade();
