@@ -7,11 +7,13 @@
 #   launches with a process per GPU).
 # faults MODE (processes about 260 s, threads about 145 s): the fault suite in one mode.
 # some MODE CASES: the fault cases of one mode whose names contain any of CASES (comma-separated).
+# WORLDS=4 (environment): the fault suite's world size (default 2).
 # matrix (about 320 s): the GPU matrix, every target and mode, cut at MATRIX_LIMIT (default 580; call 3 reached it:
 #   a new test ran into its 300 s limit).
 # rest (about 60 s): the matrix's runs that call 3 did not reach, and the one it failed (its test since fixed).
 # Calls: 1 `recover faults processes` (75728b6); 2 `faults processes faults threads` (10c8a4c); 3 `matrix` (10c8a4c, cut
-#   at 580 s); 4 `recover some processes s2_,f1_,f2_,a_sigkill,n_recover some threads s2_,h_thread rest` (the final code).
+#   at 580 s); 4 `recover some processes s2_,f1_,f2_,a_sigkill,n_recover some threads s2_,h_thread rest` (the final code);
+#   5 (kind nvidia-h100-x4) `WORLDS=4 s23.sh some processes m_mesh,s2_,a_sigkill some threads s2_`.
 # bench (about 560 s): every bench phase with PyTorch, then the quick sweep with what is left.
 export NCCL_NVLS_ENABLE=0
 B=bundle; MATRIX_LIMIT=${MATRIX_LIMIT:-580}; L=$OUT/all.log
@@ -19,7 +21,7 @@ nvidia-smi --query-gpu=name --format=csv,noheader | tee -a $L
 faults() { # mode limit [filter]
   local mode=$1 cap=$2 s=$SECONDS tag=${1:0:1}${3:+x}
   local left=$((592-SECONDS)); [ $left -gt $cap ] && left=$cap
-  timeout $left $B/xtask gpu-test --from-bundle $B --faults --worlds 2 --modes $mode --timeout $((left-5)) \
+  timeout $left $B/xtask gpu-test --from-bundle $B --faults --worlds ${WORLDS:-2} --modes $mode --timeout $((left-5)) \
     ${3:+--filter $3} --faults-report /tmp/f$tag.md --out /tmp/f$tag > /tmp/f$tag.log 2>&1
   echo "faults $mode rc=$? in $((SECONDS-s)) s" | tee -a $L; grep -h '^|' /tmp/f$tag.md | cut -d'|' -f2-7 >> $L
   grep -h -o 'rebuilt_ms: [0-9; ]*' /tmp/f$tag.md | tr '\n' ' ' >> $L; echo >> $L
