@@ -47,7 +47,7 @@ const NOTHING_TO_REFUSE: &[(&str, &str)] = &[
     ),
     ("AbortHandle::is_aborted downgrade", "accessor"),
     (
-        "WeakAbortHandle::upgrade is_alive",
+        "WeakAbortHandle::upgrade is_alive keep",
         "None / false once the communicator is gone, not an error",
     ),
     (
