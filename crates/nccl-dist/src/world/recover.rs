@@ -353,12 +353,12 @@ impl World {
     /// Each survivor counts the survivors from the losses its liveness
     /// channel knows, once they stopped changing for a moment: 50 ms where
     /// every loss was seen as it happened (a killed process, a reported
-    /// exit, ranks a connection gate found missing), a heartbeat more
-    /// where one was found by silence or rank 0 (the channel's hub) was
-    /// lost, 20 ms among threads of one process; ranks that
-    /// count differently (a second rank died during the recovery) are
-    /// refused by the rendezvous with a typed error, within the options'
-    /// rendezvous timeout. A world without a liveness channel (liveness
+    /// exit, ranks a connection gate found missing), a heartbeat more (at
+    /// least 250 ms) where one was found by silence or rank 0 (the
+    /// channel's hub) was lost, 20 ms among threads of one process. Ranks
+    /// that count differently (a second rank died during the recovery, or
+    /// two died more than that apart) are refused by the rendezvous with a
+    /// typed error, within the options' rendezvous timeout. A world without a liveness channel (liveness
     /// off, a file rendezvous, [`World::from_unique_id`]) is
     /// [`Error::InvalidArgument`] before anything happens. In a world with
     /// a thread per GPU ([`World::spawn_local`]) the survivors are threads
