@@ -460,9 +460,14 @@ pub fn summary(docs: &BTreeMap<String, Value>) -> (Value, Vec<Target>) {
     });
     // The median over the recover phase's reps of one figure of the
     // slowest survivor's, and how many reps gave it.
-    let recover_ran = docs
-        .keys()
-        .any(|k| k == "recover-threads" || k.starts_with("recover-processes-"));
+    // A process per GPU: one rep a launch (`recover-processes-0`, `-1`,
+    // ...).
+    let process_docs: Vec<&Value> = docs
+        .iter()
+        .filter(|(name, _)| name.starts_with(super::LOST_LAST))
+        .map(|(_, d)| d)
+        .collect();
+    let recover_ran = docs.contains_key("recover-threads") || !process_docs.is_empty();
     let over_reps = |job: &str, value: &dyn Fn(&Value) -> Option<f64>| {
         let reps = docs.get(job).and_then(|d| d["recover"].as_array())?;
         let all: Vec<f64> = reps.iter().filter_map(value).collect();
@@ -474,12 +479,10 @@ pub fn summary(docs: &BTreeMap<String, Value>) -> (Value, Vec<Target>) {
     let first_done = |r: &Value| Some(f(r, "recover_and_first_all_reduce_ms"));
     let recover_threads = over_reps("recover-threads", &first_done)
         .map(|(ms, reps)| (ms, format!("recover-threads, median of {reps} reps")));
-    // A process per GPU: one rep a launch (`recover-processes-0`, `-1`,
-    // ...), its rows together.
-    let process_reps: Vec<f64> = docs
+    // The launches' rows together.
+    let process_reps: Vec<f64> = process_docs
         .iter()
-        .filter(|(name, _)| name.starts_with("recover-processes-"))
-        .flat_map(|(_, d)| d["recover"].as_array().into_iter().flatten())
+        .flat_map(|d| d["recover"].as_array().into_iter().flatten())
         .filter_map(first_done)
         .collect();
     let launches = process_reps.len();

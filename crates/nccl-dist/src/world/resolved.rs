@@ -118,10 +118,10 @@ impl Resolved {
             .max_ctas(CONTROL_MAX_CTAS)
     }
 
-    /// The configuration of the world's blocking communicator: it parks
-    /// with the one it is split from (parking stops its kernels at once,
-    /// [`Config::park_on_peer_loss`]), and is kept until the recovered
-    /// world drops.
+    /// The configuration of the world's blocking communicator, and of its
+    /// meshes' communicators: it parks with the one it is split from
+    /// (parking stops its kernels at once, [`Config::park_on_peer_loss`]),
+    /// and is kept until the recovered world drops.
     fn world_config(&self) -> Config {
         self.data_config().park_on_peer_loss(self.parks())
     }
@@ -228,9 +228,10 @@ impl Resolved {
             }
             let control = Comm::init_rank(id, rank, size, device, &self.init_config())?;
             let comm = self.split_world(&control, rank)?;
-            // Meshes' communicators park with the world's: its keeper
-            // keeps them past a loss (`super::on_loss`).
-            Ok((comm, Some(control), data.park_on_peer_loss(self.parks())))
+            // Meshes' communicators take the world's configuration and
+            // park with it: its keeper keeps them past a loss
+            // (`super::on_loss`).
+            Ok((comm, Some(control), self.world_config()))
         })();
         self.outcome(made)
     }
@@ -267,7 +268,7 @@ impl Resolved {
             }
             let control = parked.shrink_parked(excluded, &self.init_config())?;
             let comm = self.split_world(&control, rank)?;
-            Ok((comm, Some(control), data.park_on_peer_loss(self.parks())))
+            Ok((comm, Some(control), self.world_config()))
         })();
         self.outcome(made)
     }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use crate::abort::AbortCause;
 use crate::comm::handle::{CommStatus, Shared, State};
-use crate::comm::teardown::WAITS_FOR_TEARDOWN;
+use crate::comm::teardown::drop_waited;
 use crate::comm::{Comm, cuda, refuse_in_group};
 use nccl_sys::ncclResult_t;
 
@@ -79,9 +79,9 @@ impl std::fmt::Debug for KeptComm {
 
 impl Drop for KeptComm {
     fn drop(&mut self) {
-        let _ = WAITS_FOR_TEARDOWN.try_with(|w| w.set(true));
-        drop(self.shared.take());
-        let _ = WAITS_FOR_TEARDOWN.try_with(|w| w.set(false));
+        if let Some(shared) = self.shared.take() {
+            drop_waited(shared);
+        }
     }
 }
 

@@ -51,7 +51,7 @@ use nccl_sys::ncclComm_t;
 use crate::abort::{AbortCause, AbortSignal};
 use crate::capabilities::{Capabilities, FP8_REDUCTION_MIN_CC};
 use crate::comm::handle::{Shared, State};
-use crate::comm::teardown::WAITS_FOR_TEARDOWN;
+use crate::comm::teardown::drop_waited;
 use crate::config::Config;
 use crate::library::Library;
 use crate::observe::OpObserver;
@@ -169,10 +169,10 @@ impl Drop for Comm {
                     .unwrap_or_else(|p| p.into_inner()) = Some(observer);
             }
         }
-        let _ = WAITS_FOR_TEARDOWN.try_with(|w| w.set(true));
-        // SAFETY: dropped exactly once, here; `self` is not used after.
-        unsafe { std::mem::ManuallyDrop::drop(&mut self.shared) };
-        let _ = WAITS_FOR_TEARDOWN.try_with(|w| w.set(false));
+        // SAFETY: taken exactly once, here; `self.shared` is not used
+        // after.
+        let shared = unsafe { std::mem::ManuallyDrop::take(&mut self.shared) };
+        drop_waited(shared);
     }
 }
 

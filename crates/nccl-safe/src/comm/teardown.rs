@@ -157,6 +157,15 @@ extern "C" fn wait_at_exit() {
 /// A teardown's end: set and signalled when its thread is done.
 type Done = Arc<(Mutex<bool>, std::sync::Condvar)>;
 
+/// Drops `owner` (a communicator's shared state, held by a
+/// [`crate::Comm`] handle or a [`crate::KeptComm`]) with this thread
+/// waiting (boundedly) for the teardown that dropping the last one starts.
+pub(crate) fn drop_waited<T>(owner: T) {
+    let _ = WAITS_FOR_TEARDOWN.try_with(|w| w.set(true));
+    drop(owner);
+    let _ = WAITS_FOR_TEARDOWN.try_with(|w| w.set(false));
+}
+
 thread_local! {
     /// Set while a `Comm` drops its handle: that thread waits (boundedly)
     /// for the teardown it starts.

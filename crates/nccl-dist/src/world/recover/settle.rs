@@ -20,6 +20,7 @@ const SETTLE: Duration = Duration::from_millis(50);
 /// every survivor sees a loss the moment it is reported; this only lets
 /// losses that happen together (threads failing at once) all arrive.
 const SETTLE_IN_PROCESS: Duration = Duration::from_millis(20);
+
 /// Who takes part in a recovery, as this rank sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Survivors {
@@ -47,32 +48,22 @@ impl Survivors {
         self.ranks[0]
     }
 }
-/// How long the losses in `losses` (as a rank of a world of `world`
-/// knows them) must stay unchanged before the survivors are counted:
-/// [`SETTLE_IN_PROCESS`] among threads of one process, [`SETTLE`] where
-/// every loss was seen the moment it happened, and a `heartbeat` more (at
-/// least [`LATE_AT_LEAST`]) where one was found by silence or a hub was
-/// lost. Ranks that stop
-/// together (a host that loses power) are each found a silence limit after
-/// their own last heartbeat, so up to a heartbeat apart; and after a hub's
-/// loss the members find the next hub, which tells each the losses it
-/// missed.
-fn settle_window(
-    losses: &[PeerLoss],
-    world: usize,
-    in_process: bool,
-    heartbeat: Duration,
-) -> Duration {
+
+/// How long the losses in `losses` must stay unchanged before the
+/// survivors are counted: [`SETTLE_IN_PROCESS`] among threads of one
+/// process, [`SETTLE`] where every loss was seen the moment it happened,
+/// and a `heartbeat` more (at least [`LATE_AT_LEAST`]) where one was found
+/// by silence or a hub was lost. Ranks that stop together (a host that
+/// loses power) are each found a silence limit after their own last
+/// heartbeat, so up to a heartbeat apart; and after a hub's loss the
+/// members find the next hub, which tells each the losses it missed.
+fn settle_window(losses: &[PeerLoss], in_process: bool, heartbeat: Duration) -> Duration {
     if in_process {
         return SETTLE_IN_PROCESS;
     }
-    let lost = |r: usize| losses.iter().any(|l| l.rank == r);
-    // The hub is the lowest live rank: a lost rank below every live one
-    // was a hub (rank 0, or one that took over).
-    let lowest_live = (0..world).find(|&r| !lost(r));
-    let hub_lost = losses
-        .iter()
-        .any(|l| lowest_live.is_none_or(|live| l.rank < live));
+    // The hub is the lowest live rank: a hub was lost (rank 0, and maybe
+    // ranks that took over after it) exactly when rank 0 was.
+    let hub_lost = losses.iter().any(|l| l.rank == 0);
     let by_silence = losses
         .iter()
         .any(|l| matches!(l.cause, LossCause::Silent { .. }));
@@ -113,10 +104,7 @@ pub(super) fn settled(
     let count = || {
         let losses = liveness.losses();
         let survivors = Survivors::of(world, rank, |r| losses.iter().any(|l| l.rank == r));
-        (
-            survivors,
-            settle_window(&losses, world, in_process, heartbeat),
-        )
+        (survivors, settle_window(&losses, in_process, heartbeat))
     };
     let (mut seen, mut window) = count();
     let mut stable_since = Instant::now();
@@ -168,13 +156,10 @@ mod tests {
             )
         };
         // Threads of one process share one channel.
-        assert_eq!(
-            settle_window(&[silent(0)], 4, true, beat),
-            SETTLE_IN_PROCESS
-        );
+        assert_eq!(settle_window(&[silent(0)], true, beat), SETTLE_IN_PROCESS);
         // Killed members, a member's exit and ranks a gate found missing:
         // seen at once, passed on by the live hub.
-        assert_eq!(settle_window(&[closed(3)], 4, false, beat), SETTLE);
+        assert_eq!(settle_window(&[closed(3)], false, beat), SETTLE);
         let seen_at_once = [
             closed(2),
             loss(
@@ -190,30 +175,30 @@ mod tests {
                 },
             ),
         ];
-        assert_eq!(settle_window(&seen_at_once, 4, false, beat), SETTLE);
+        assert_eq!(settle_window(&seen_at_once, false, beat), SETTLE);
         // Found by silence: others that stopped with it come up to a
         // heartbeat later.
         assert_eq!(
-            settle_window(&[closed(2), silent(3)], 4, false, beat),
+            settle_window(&[closed(2), silent(3)], false, beat),
             SETTLE + beat
         );
         // Rank 0, the hub, lost; or rank 1 after it (it had taken over).
-        assert_eq!(settle_window(&[closed(0)], 4, false, beat), SETTLE + beat);
+        assert_eq!(settle_window(&[closed(0)], false, beat), SETTLE + beat);
         assert_eq!(
-            settle_window(&[closed(0), closed(1)], 4, false, beat),
+            settle_window(&[closed(0), closed(1)], false, beat),
             SETTLE + beat
         );
         // Rank 1 lost while rank 0 lives: not a hub.
-        assert_eq!(settle_window(&[closed(1)], 4, false, beat), SETTLE);
+        assert_eq!(settle_window(&[closed(1)], false, beat), SETTLE);
         // The heartbeat is the channel's own, never less than the default.
         let slow = Duration::from_secs(1);
-        assert_eq!(settle_window(&[silent(1)], 4, false, slow), SETTLE + slow);
+        assert_eq!(settle_window(&[silent(1)], false, slow), SETTLE + slow);
         let quick = Duration::from_millis(20);
         assert_eq!(
-            settle_window(&[silent(1)], 4, false, quick),
+            settle_window(&[silent(1)], false, quick),
             SETTLE + LATE_AT_LEAST
         );
-        assert_eq!(settle_window(&[closed(1)], 4, false, quick), SETTLE);
+        assert_eq!(settle_window(&[closed(1)], false, quick), SETTLE);
     }
 
     #[test]
