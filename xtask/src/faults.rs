@@ -413,6 +413,7 @@ fn render(results: &[CaseResult], device: &str) -> String {
             "recovered",
             "rejoined",
             "rebuilt_ms",
+            "released",
             "mesh",
             "drop_ms",
             "victim_drop_ms",

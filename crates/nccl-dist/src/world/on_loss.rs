@@ -72,7 +72,10 @@ pub(crate) struct Keeper {
 #[derive(Default)]
 struct KeeperState {
     watched: Vec<WeakAbortHandle>,
+    /// This world's own, kept since its loss.
     kept: Vec<KeptComm>,
+    /// Older worlds' (those this one was recovered from), adopted.
+    adopted: Vec<KeptComm>,
     /// The world dropped: nothing is kept any more.
     closed: bool,
 }
@@ -105,9 +108,19 @@ impl Keeper {
         st.kept.extend(kept);
     }
 
-    /// The kept communicators, handed over (to a recovered world).
+    /// The kept communicators, the adopted ones first, handed over (to a
+    /// recovered world).
     fn take(&self) -> Vec<KeptComm> {
-        std::mem::take(&mut self.state().kept)
+        let mut st = self.state();
+        let mut all = std::mem::take(&mut st.adopted);
+        all.append(&mut st.kept);
+        all
+    }
+
+    /// The adopted communicators (older worlds'), given back for the
+    /// caller to drop; this world's own stay.
+    fn release_adopted(&self) -> Vec<KeptComm> {
+        std::mem::take(&mut self.state().adopted)
     }
 
     /// Takes over `kept` (an old world's); dropped here at once where this
@@ -119,7 +132,7 @@ impl Keeper {
             nccl_safe::drop_together(kept);
             return;
         }
-        st.kept.extend(kept);
+        st.adopted.extend(kept);
     }
 
     /// The world drops: keeps nothing from now on, and gives back what it
@@ -128,7 +141,9 @@ impl Keeper {
         let mut st = self.state();
         st.closed = true;
         st.watched.clear();
-        std::mem::take(&mut st.kept)
+        let mut all = std::mem::take(&mut st.adopted);
+        all.append(&mut st.kept);
+        all
     }
 }
 
@@ -224,6 +239,12 @@ impl Kept {
     pub(super) fn adopt(&self, kept: Vec<KeptComm>) {
         self.keeper.adopt(kept);
     }
+
+    /// What this world took over from older worlds, given back for the
+    /// caller to drop ([`super::World::release_retired`]).
+    pub(super) fn release_adopted(&self) -> Vec<KeptComm> {
+        self.keeper.release_adopted()
+    }
 }
 
 impl Drop for Kept {
@@ -269,6 +290,7 @@ mod tests {
         );
         // Adopted ones are held all the same (none here).
         off.adopt(Vec::new());
+        assert!(off.release_adopted().is_empty());
         assert!(off.take().is_empty());
         let keepers = Keepers::first_on(Some(&live), true);
         let kept = keepers.kept();

@@ -451,6 +451,49 @@ impl World {
             .collect()
     }
 
+    /// Tears down now, on this thread, the communicators a recovery by
+    /// shrink kept from the worlds this one was made from (their parked
+    /// world communicators and their meshes' own), which would otherwise
+    /// hold their GPU memory until this world drops, one set more with
+    /// every recovery. Returns how many it let go of (0 when none were
+    /// kept); a mesh of an old world that the caller still holds keeps its
+    /// own communicators until it drops.
+    ///
+    /// Each teardown is bounded as a [`nccl_safe::Comm`]'s drop is: the
+    /// old communicators are parked, so it takes tens of milliseconds,
+    /// which is why [`World::recover`] leaves it out of the recovery's
+    /// path. Call it where the rank issues nothing else on its GPU (the
+    /// old communicators' teardown may wait for the GPU's work, as any
+    /// drop of a communicator may), for example right after
+    /// [`World::recover`] returns, before the next collective; this
+    /// world's own communicators are not touched.
+    ///
+    /// ```no_run
+    /// use nccl_dist::nccl_safe::ReduceOp;
+    /// use nccl_dist::{Error, HostCollectives, Launch, World, WorldOptions};
+    ///
+    /// let options = WorldOptions::new();
+    /// let mut world = World::init_with(Launch::detect()?, &options)?;
+    /// let mut loss = [0.5f32];
+    /// if let Err(Error::PeerLost(_)) = world.comm().all_reduce_host(&mut loss, ReduceOp::Avg) {
+    ///     world = world.recover(&options)?;
+    ///     let released = world.release_retired();
+    ///     eprintln!("{released} old communicators torn down");
+    /// }
+    /// # Ok::<(), Error>(())
+    /// ```
+    pub fn release_retired(&mut self) -> usize {
+        let _span = tracing::debug_span!("nccl.release_retired").entered();
+        let meshes = self.kept.release_adopted();
+        let retired = std::mem::take(&mut self.retired);
+        let released = meshes.len() + retired.len();
+        // The meshes' communicators first: they are children of the
+        // retired ones, which go children before parents (their order).
+        nccl_safe::drop_together(meshes);
+        drop(retired);
+        released
+    }
+
     /// Checks that this world can recover and waits for its losses to
     /// settle: its channel and the survivors as it counts them.
     fn settle(&self, op: &'static str, options: &WorldOptions) -> Result<(Liveness, Survivors)> {

@@ -131,12 +131,31 @@ pub(crate) fn lose_the_victim(
 
 /// The survivors' `World::recover` (served by the lowest live rank), a
 /// checked all-reduce on the new world, and what it took.
+///
+/// Then the old communicators a recovery by shrink kept are released
+/// (`World::release_retired`), with the GPU memory that freed and the
+/// time it took noted, and the new world must still all-reduce right.
 pub(crate) fn recover_checked(r: &mut Rank, world: World) -> TestResult<World> {
     let started = Instant::now();
     let was = r.rank;
-    let world = world.recover(&recovery())?;
+    let mut world = world.recover(&recovery())?;
     checked_all_reduce(&world, 1 << 20)?;
     r.note("rebuilt_ms", started.elapsed().as_millis())?;
+    let ctx = world.comm().stream().context().clone();
+    let free = || ctx.mem_get_info().map(|(free, _)| free);
+    let (before, released) = (free()?, Instant::now());
+    let count = world.release_retired();
+    let took = released.elapsed();
+    let freed = free()?.saturating_sub(before);
+    checked_all_reduce(&world, 1 << 20)?;
+    r.note(
+        "released",
+        format!(
+            "{count} old communicators in {} ms, {} MiB freed",
+            took.as_millis(),
+            freed >> 20
+        ),
+    )?;
     r.note(
         "recovered",
         format!(
