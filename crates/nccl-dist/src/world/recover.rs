@@ -455,18 +455,24 @@ impl World {
     /// shrink kept from the worlds this one was made from (their parked
     /// world communicators and their meshes' own), which would otherwise
     /// hold their GPU memory until this world drops, one set more with
-    /// every recovery. Returns how many it let go of (0 when none were
-    /// kept); a mesh of an old world that the caller still holds keeps its
-    /// own communicators until it drops.
+    /// every recovery (594–882 MiB a rank on 2 and 4 H100s). Returns how
+    /// many it let go of (0 when none were kept); a mesh of an old world
+    /// that the caller still holds keeps its own communicators until it
+    /// drops.
     ///
-    /// Each teardown is bounded as a [`nccl_safe::Comm`]'s drop is: the
-    /// old communicators are parked, so it takes tens of milliseconds,
-    /// which is why [`World::recover`] leaves it out of the recovery's
-    /// path. Call it where the rank issues nothing else on its GPU (the
-    /// old communicators' teardown may wait for the GPU's work, as any
-    /// drop of a communicator may), for example right after
-    /// [`World::recover`] returns, before the next collective; this
-    /// world's own communicators are not touched.
+    /// Each teardown is bounded as a [`nccl_safe::Comm`]'s drop is, and
+    /// NCCL's takes its time: 1.1–2.4 s for the two of a world on 2 and 4
+    /// H100s, which is why [`World::recover`] leaves it out of the
+    /// recovery's path. Call it with nothing of this rank in flight on its
+    /// GPU, for example right after [`World::recover`] returns, before the
+    /// next collective; this world's own communicators are not touched.
+    ///
+    /// A world with a thread per GPU ([`World::spawn_local`]) keeps its old
+    /// communicators until it drops: this is [`Error::InvalidArgument`]
+    /// there, before anything is torn down. On 4 H100s, one thread tearing
+    /// down its old communicators while the process's other threads ran
+    /// the new world's first all-reduce left two thirds of that
+    /// all-reduce wrong on one rank and the others hung.
     ///
     /// ```no_run
     /// use nccl_dist::nccl_safe::ReduceOp;
@@ -477,12 +483,18 @@ impl World {
     /// let mut loss = [0.5f32];
     /// if let Err(Error::PeerLost(_)) = world.comm().all_reduce_host(&mut loss, ReduceOp::Avg) {
     ///     world = world.recover(&options)?;
-    ///     let released = world.release_retired();
+    ///     let released = world.release_retired()?;
     ///     eprintln!("{released} old communicators torn down");
     /// }
     /// # Ok::<(), Error>(())
     /// ```
-    pub fn release_retired(&mut self) -> usize {
+    pub fn release_retired(&mut self) -> Result<usize> {
+        if self.local.is_some() {
+            return Err(Error::InvalidArgument {
+                op: "World::release_retired",
+                reason: "a world with a thread per GPU keeps its old communicators until it drops (their teardown on one thread broke the new world's calls on the others)".into(),
+            });
+        }
         let _span = tracing::debug_span!("nccl.release_retired").entered();
         let meshes = self.kept.release_adopted();
         let retired = std::mem::take(&mut self.retired);
@@ -491,7 +503,7 @@ impl World {
         // retired ones, which go children before parents (their order).
         nccl_safe::drop_together(meshes);
         drop(retired);
-        released
+        Ok(released)
     }
 
     /// Checks that this world can recover and waits for its losses to

@@ -12,10 +12,10 @@ use std::time::{Duration, Instant};
 
 use nccl_dist::nccl_safe::ReduceOp;
 use nccl_dist::nccl_safe::cudarc::driver::CudaSlice;
-use nccl_dist::{DeviceMesh, HostCollectives, Launch, World};
+use nccl_dist::{DeviceMesh, Error, HostCollectives, Launch, World};
 
 use crate::{
-    OP_TIMEOUT, Rank, TestResult, checked_all_reduce, cuda, die, env, expect_peer_lost,
+    Mode, OP_TIMEOUT, Rank, TestResult, checked_all_reduce, cuda, die, env, expect_peer_lost,
     kernel_runs, options, run_process,
 };
 
@@ -133,29 +133,14 @@ pub(crate) fn lose_the_victim(
 /// checked all-reduce on the new world, and what it took.
 ///
 /// Then the old communicators a recovery by shrink kept are released
-/// (`World::release_retired`), with the GPU memory that freed and the
-/// time it took noted, and the new world must still all-reduce right.
+/// ([`release`]).
 pub(crate) fn recover_checked(r: &mut Rank, world: World) -> TestResult<World> {
     let started = Instant::now();
     let was = r.rank;
     let mut world = world.recover(&recovery())?;
     checked_all_reduce(&world, 1 << 20)?;
     r.note("rebuilt_ms", started.elapsed().as_millis())?;
-    let ctx = world.comm().stream().context().clone();
-    let free = || ctx.mem_get_info().map(|(free, _)| free);
-    let (before, released) = (free()?, Instant::now());
-    let count = world.release_retired();
-    let took = released.elapsed();
-    let freed = free()?.saturating_sub(before);
-    checked_all_reduce(&world, 1 << 20)?;
-    r.note(
-        "released",
-        format!(
-            "{count} old communicators in {} ms, {} MiB freed",
-            took.as_millis(),
-            freed >> 20
-        ),
-    )?;
+    release(r, &mut world)?;
     r.note(
         "recovered",
         format!(
@@ -165,6 +150,34 @@ pub(crate) fn recover_checked(r: &mut Rank, world: World) -> TestResult<World> {
         ),
     )?;
     Ok(world)
+}
+
+/// `World::release_retired` on a world `World::recover` made: with a
+/// process per GPU, the GPU memory it freed and the time it took are
+/// noted and the world must still all-reduce right; with a thread per GPU
+/// it must be refused (`InvalidArgument`) with nothing torn down.
+fn release(r: &mut Rank, world: &mut World) -> TestResult {
+    let ctx = world.comm().stream().context().clone();
+    let free = || ctx.mem_get_info().map(|(free, _)| free);
+    let (before, started) = (free()?, Instant::now());
+    let released = world.release_retired();
+    let took = started.elapsed();
+    let freed = free()?.saturating_sub(before);
+    let note = match (r.mode, released) {
+        (Mode::Processes, Ok(count)) => format!(
+            "{count} old communicators in {} ms, {} MiB freed",
+            took.as_millis(),
+            freed >> 20
+        ),
+        (Mode::Threads, Err(Error::InvalidArgument { .. })) => {
+            "refused with a thread per GPU".to_string()
+        }
+        (mode, other) => {
+            return Err(format!("World::release_retired with {mode:?}: {other:?}").into());
+        }
+    };
+    checked_all_reduce(world, 1 << 20)?;
+    r.note("released", note)
 }
 
 /// An all-reduce into `buf`, made before the loss, on `world`, made
