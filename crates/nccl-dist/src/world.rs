@@ -35,6 +35,7 @@ pub(crate) use on_loss::Keeper;
 use on_loss::{Keepers, Kept, abort_on_loss};
 mod options;
 mod recover;
+mod resident;
 mod resolved;
 use options::apply_encryption;
 pub use options::{
@@ -70,8 +71,11 @@ pub struct World {
     local: Option<Arc<local::Board>>,
     /// The parked communicators of the worlds this one was shrunk from
     /// ([`World::recover`]), children before parents: aborted when this
-    /// world drops, after its own, off the recovery's path.
+    /// world drops, after its own, off the recovery's path, or earlier at
+    /// [`World::release_retired`].
     retired: Vec<Comm>,
+    /// Its place in the count of this process's worlds.
+    resident: resident::Resident,
 }
 
 /// This rank's membership in the liveness channel. Dropped normally, it
@@ -364,6 +368,7 @@ impl World {
             signal: resolved.signal,
             local: None,
             retired: Vec::new(),
+            resident: resident::Resident::new(),
         })
     }
 
@@ -456,6 +461,7 @@ impl World {
                 signal: resolved.signal.clone(),
                 local: None,
                 retired: Vec::new(),
+                resident: resident::Resident::new(),
             })
             .collect())
     }
@@ -595,6 +601,7 @@ impl World {
                                 signal: resolved.signal.clone(),
                                 local: Some(Arc::clone(board)),
                                 retired: Vec::new(),
+                                resident: resident::Resident::new(),
                             })
                         })();
                         ended.failure = result.as_ref().err().map(|e| e.to_string());

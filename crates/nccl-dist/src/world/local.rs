@@ -251,6 +251,7 @@ impl Team {
             signal: self.resolved.signal.clone(),
             local: Some(Arc::clone(&self.next)),
             retired: Vec::new(),
+            resident: super::resident::Resident::new(),
         }
     }
 

@@ -14,8 +14,9 @@
 //! [`World::recover`](super::World::recover)) tears nothing down, the
 //! recovery waits for no abort of them, and the recovered world takes
 //! them over and tears them down when it drops, after its own calls are
-//! over, never beside them (NCCL allows no calls on independent
-//! communicators of one GPU from several threads at once).
+//! over, or at [`World::release_retired`](super::World::release_retired)
+//! on the caller's say, never beside them (NCCL allows no calls on
+//! independent communicators of one GPU from several threads at once).
 
 use std::sync::{Arc, Mutex, Weak};
 
@@ -235,7 +236,8 @@ impl Kept {
         self.keeper.take()
     }
 
-    /// Takes over what an old world kept (torn down with this world).
+    /// Takes over what an old world kept (torn down with this world, or
+    /// at [`super::World::release_retired`]).
     pub(super) fn adopt(&self, kept: Vec<KeptComm>) {
         self.keeper.adopt(kept);
     }

@@ -339,7 +339,7 @@ impl World {
     /// loss instead of aborting (their kernels stopped), and the new world
     /// is made by shrinking the parked one: no wait for NCCL's teardown
     /// (tens of ms on 2 H100s). The old communicators are kept by the new
-    /// world until it drops. Where a survivor cannot shrink (recovery by
+    /// world until it drops, or until [`World::release_retired`]. Where a survivor cannot shrink (recovery by
     /// shrink off, an older NCCL, a CUDA graph that may refer to the
     /// world, an NCCL error on it), the leader hands out a fresh id
     /// instead, and every survivor gives its old world up and makes the
@@ -451,28 +451,37 @@ impl World {
             .collect()
     }
 
-    /// Tears down now, on this thread, the communicators a recovery by
-    /// shrink kept from the worlds this one was made from (their parked
-    /// world communicators and their meshes' own), which would otherwise
-    /// hold their GPU memory until this world drops, one set more with
-    /// every recovery (594–882 MiB a rank on 2 and 4 H100s). Returns how
-    /// many it let go of (0 when none were kept); a mesh of an old world
-    /// that the caller still holds keeps its own communicators until it
-    /// drops.
+    /// Tears down now the communicators a recovery by shrink kept from the
+    /// worlds this one was made from (their parked world communicators and
+    /// their meshes' own), which would otherwise hold their GPU memory
+    /// until this world drops, one set more with every recovery (594–882
+    /// MiB a rank on 2 and 4 H100s). Returns how many handles it let go of
+    /// (0 when none were kept).
     ///
-    /// Each teardown is bounded as a [`nccl_safe::Comm`]'s drop is, and
-    /// NCCL's takes its time: 1.1–2.4 s for the two of a world on 2 and 4
-    /// H100s, which is why [`World::recover`] leaves it out of the
-    /// recovery's path. Call it with nothing of this rank in flight on its
-    /// GPU, for example right after [`World::recover`] returns, before the
-    /// next collective; this world's own communicators are not touched.
+    /// Each teardown runs as a [`nccl_safe::Comm`]'s drop does, on a
+    /// teardown thread that this call waits for, bounded by the operation
+    /// timeout and a second; one that outlasts it goes on in the
+    /// background (logged), as after a drop. NCCL's teardowns take their
+    /// time: 1.1–2.4 s for the two of a world on 2 and 4 H100s, which is
+    /// why [`World::recover`] leaves them out of the recovery's path. Call
+    /// it with nothing of this rank in flight on its GPU and outside a
+    /// group (inside one, the teardowns wait for the group's end), for
+    /// example right after [`World::recover`] returns, before the next
+    /// collective. This world's own communicators are not touched.
     ///
-    /// A world with a thread per GPU ([`World::spawn_local`]) keeps its old
-    /// communicators until it drops: this is [`Error::InvalidArgument`]
-    /// there, before anything is torn down. On 4 H100s, one thread tearing
-    /// down its old communicators while the process's other threads ran
-    /// the new world's first all-reduce left two thirds of that
-    /// all-reduce wrong on one rank and the others hung.
+    /// A mesh of an old world that the caller still holds keeps its
+    /// communicators, and its share of the old world's, until it drops:
+    /// little is freed then (10 MiB in fault case s2), and that drop
+    /// becomes the NCCL teardown, on the dropping thread.
+    ///
+    /// Only for a process that holds this one world:
+    /// [`Error::InvalidArgument`], before anything is torn down, in a world
+    /// with a thread per GPU ([`World::spawn_local`]) and wherever another
+    /// `World` lives in the process (its threads may be issuing NCCL
+    /// calls). On 4 H100s, a thread per GPU, the new world's first
+    /// all-reduce came back wrong on one survivor while two others tore
+    /// down their old communicators, and those two then timed out in their
+    /// next all-reduce (inferred from the order of events).
     ///
     /// ```no_run
     /// use nccl_dist::nccl_safe::ReduceOp;
@@ -489,10 +498,21 @@ impl World {
     /// # Ok::<(), Error>(())
     /// ```
     pub fn release_retired(&mut self) -> Result<usize> {
-        if self.local.is_some() {
+        let refused = if self.local.is_some() {
+            Some(
+                "a world with a thread per GPU keeps its old communicators until it drops (their teardown on one thread broke the new world's calls on another)",
+            )
+        } else if !self.resident.alone() {
+            Some(
+                "another World lives in this process, and its threads may be issuing NCCL calls: the old communicators stay until this world drops",
+            )
+        } else {
+            None
+        };
+        if let Some(reason) = refused {
             return Err(Error::InvalidArgument {
                 op: "World::release_retired",
-                reason: "a world with a thread per GPU keeps its old communicators until it drops (their teardown on one thread broke the new world's calls on the others)".into(),
+                reason: reason.into(),
             });
         }
         let _span = tracing::debug_span!("nccl.release_retired").entered();

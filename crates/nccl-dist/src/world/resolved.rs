@@ -121,7 +121,8 @@ impl Resolved {
     /// The configuration of the world's blocking communicator, and of its
     /// meshes' communicators: it parks with the one it is split from
     /// (parking stops its kernels at once, [`Config::park_on_peer_loss`]),
-    /// and is kept until the recovered world drops.
+    /// and is kept until the recovered world drops (or
+    /// [`World::release_retired`](super::World::release_retired)).
     fn world_config(&self) -> Config {
         self.data_config().park_on_peer_loss(self.parks())
     }

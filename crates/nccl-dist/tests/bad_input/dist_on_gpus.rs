@@ -33,6 +33,15 @@ pub fn rows(n: usize, gpus: usize) {
         World::spawn_local(gpus + 1, |_| Ok(())),
         |e| matches!(e, Error::InvalidArgument { .. }),
     );
+    // With a thread per GPU the old communicators stay until the world
+    // drops: refused before anything is torn down (a one-rank world here;
+    // `World::local`'s worlds above live beside it too).
+    case(
+        "World::release_retired",
+        "world (a thread per GPU)",
+        World::spawn_local(1, |mut w| w.release_retired()),
+        |e| matches!(e, Error::InvalidArgument { .. }),
+    );
     // Refused before the rendezvous (a one-rank world has none anyway).
     let launch = nccl_dist::Launch {
         rank: 0,

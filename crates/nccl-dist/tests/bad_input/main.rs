@@ -171,10 +171,6 @@ const NOTHING_TO_REFUSE: &[(&str, &str)] = &[
     ),
     ("Error::lost_rank", "accessor"),
     (
-        "World::release_retired",
-        "takes no input: tears down what a recovery kept, bounded as a drop",
-    ),
-    (
         "Watched::track_stream",
         "refuses a stream of another device (WrongDevice) before anything is kept; not driven here (needs a watched communicator on a GPU)",
     ),

@@ -153,9 +153,10 @@ pub(crate) fn recover_checked(r: &mut Rank, world: World) -> TestResult<World> {
 }
 
 /// `World::release_retired` on a world `World::recover` made: with a
-/// process per GPU, the GPU memory it freed and the time it took are
-/// noted and the world must still all-reduce right; with a thread per GPU
-/// it must be refused (`InvalidArgument`) with nothing torn down.
+/// process per GPU, the handles it let go of, the GPU memory that freed
+/// and the time it took are noted; with a thread per GPU it must be
+/// refused (`InvalidArgument`). Either way the world must still
+/// all-reduce right after it.
 fn release(r: &mut Rank, world: &mut World) -> TestResult {
     let ctx = world.comm().stream().context().clone();
     let free = || ctx.mem_get_info().map(|(free, _)| free);
@@ -165,7 +166,7 @@ fn release(r: &mut Rank, world: &mut World) -> TestResult {
     let freed = free()?.saturating_sub(before);
     let note = match (r.mode, released) {
         (Mode::Processes, Ok(count)) => format!(
-            "{count} old communicators in {} ms, {} MiB freed",
+            "{count} old handles in {} ms, {} MiB freed",
             took.as_millis(),
             freed >> 20
         ),
