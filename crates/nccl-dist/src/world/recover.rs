@@ -339,11 +339,11 @@ impl World {
     /// loss instead of aborting (their kernels stopped), and the new world
     /// is made by shrinking the parked one: no wait for NCCL's teardown
     /// (tens of ms on 2 H100s). The old communicators are kept by the new
-    /// world until it drops, or until [`World::release_retired`]. Where a survivor cannot shrink (recovery by
-    /// shrink off, an older NCCL, a CUDA graph that may refer to the
-    /// world, an NCCL error on it), the leader hands out a fresh id
-    /// instead, and every survivor gives its old world up and makes the
-    /// new communicator by `ncclCommInitRank`. That happens only after
+    /// world until it drops, or until [`World::release_retired`]. Where a
+    /// survivor cannot shrink (recovery by shrink off, an older NCCL, a
+    /// CUDA graph that may refer to the world, an NCCL error on it), the
+    /// leader hands out a fresh id instead, and every survivor gives its
+    /// old world up and makes the new communicator by `ncclCommInitRank`. That happens only after
     /// NCCL is done with every communicator of this world, on every
     /// thread (their aborts run on the threads that made them, and NCCL
     /// allows no calls on independent communicators of one GPU from
