@@ -343,12 +343,12 @@ impl World {
     /// survivor cannot shrink (recovery by shrink off, an older NCCL, a
     /// CUDA graph that may refer to the world, an NCCL error on it), the
     /// leader hands out a fresh id instead, and every survivor gives its
-    /// old world up and makes the new communicator by `ncclCommInitRank`. That happens only after
-    /// NCCL is done with every communicator of this world, on every
-    /// thread (their aborts run on the threads that made them, and NCCL
-    /// allows no calls on independent communicators of one GPU from
-    /// several threads at once): a teardown that outlasts the operation
-    /// timeout by 10 s is [`nccl_safe::Error::Timeout`].
+    /// old world up and makes the new communicator by `ncclCommInitRank`.
+    /// That happens only after NCCL is done with every communicator of
+    /// this world, on every thread (their aborts run on the threads that
+    /// made them, and NCCL allows no calls on independent communicators
+    /// of one GPU from several threads at once): a teardown that outlasts
+    /// the operation timeout by 10 s is [`nccl_safe::Error::Timeout`].
     ///
     /// Each survivor counts the survivors from the losses its liveness
     /// channel knows, once they stopped changing for a moment: 50 ms where
