@@ -112,10 +112,7 @@ impl Keeper {
     /// The kept communicators, the adopted ones first, handed over (to a
     /// recovered world).
     fn take(&self) -> Vec<KeptComm> {
-        let mut st = self.state();
-        let mut all = std::mem::take(&mut st.adopted);
-        all.append(&mut st.kept);
-        all
+        self.state().take_all()
     }
 
     /// The adopted communicators (older worlds'), given back for the
@@ -142,8 +139,15 @@ impl Keeper {
         let mut st = self.state();
         st.closed = true;
         st.watched.clear();
-        let mut all = std::mem::take(&mut st.adopted);
-        all.append(&mut st.kept);
+        st.take_all()
+    }
+}
+
+impl KeeperState {
+    /// Everything kept, the adopted ones first.
+    fn take_all(&mut self) -> Vec<KeptComm> {
+        let mut all = std::mem::take(&mut self.adopted);
+        all.append(&mut self.kept);
         all
     }
 }
