@@ -86,6 +86,9 @@ struct CaseResult {
     verdicts: Vec<String>,
     /// How the victim ended, in words.
     victim_end: String,
+    /// With a thread per GPU, GPU memory in use after the job returned
+    /// over before it (the job's `held`).
+    held: Option<String>,
     problems: Vec<String>,
 }
 
@@ -330,8 +333,10 @@ fn run_case(
             problems.push(format!("process {i} failed ({})", status.expect("checked")));
         }
     }
+    let mut held = None;
     if mode == Mode::Threads {
         let job = read_fields(&results.join(format!("{}.job", case.name)));
+        held = job.get("held").cloned();
         if job.get("pass").map(String::as_str) != Some("yes") {
             problems.push(format!(
                 "the job did not pass (spawn: {}){}",
@@ -357,6 +362,7 @@ fn run_case(
         ranks,
         verdicts,
         victim_end,
+        held,
         problems,
     })
 }
@@ -429,6 +435,9 @@ fn render(results: &[CaseResult], device: &str) -> String {
             if v != "-" {
                 details.push(format!("{key}: {}", cell(&v)));
             }
+        }
+        if let Some(held) = &r.held {
+            details.push(format!("held after the job: {}", cell(held)));
         }
         let time = max_of(r, "error_after_ms")
             .or_else(|| max_of(r, "drop_ms"))

@@ -37,6 +37,7 @@ mod options;
 mod recover;
 mod resident;
 mod resolved;
+mod yard;
 use options::apply_encryption;
 pub use options::{
     DEFAULT_OP_TIMEOUT, ENCRYPTION_ENV, PORT_ENV, PSK_ENV, RECOVER_BY_SHRINK_ENV, RendezvousMethod,
@@ -71,9 +72,10 @@ pub struct World {
     local: Option<Arc<local::Board>>,
     /// The parked communicators of the worlds this one was shrunk from
     /// ([`World::recover`]), children before parents: aborted when this
-    /// world drops, after its own, off the recovery's path, or earlier at
-    /// [`World::release_retired`].
-    retired: Vec<Comm>,
+    /// world drops, after its own, off the recovery's path (with a thread
+    /// per GPU: once every thread's world has dropped, `yard`), or earlier
+    /// at [`World::release_retired`].
+    retired: yard::Retired,
     /// Its place in the count of this process's worlds.
     resident: resident::Resident,
 }
@@ -367,7 +369,7 @@ impl World {
             watchdog,
             signal: resolved.signal,
             local: None,
-            retired: Vec::new(),
+            retired: keepers.retired(),
             resident: resident::Resident::new(),
         })
     }
@@ -460,7 +462,7 @@ impl World {
                 watchdog: watchdog.clone(),
                 signal: resolved.signal.clone(),
                 local: None,
-                retired: Vec::new(),
+                retired: yard::Retired::new(None),
                 resident: resident::Resident::new(),
             })
             .collect())
@@ -600,7 +602,7 @@ impl World {
                                 watchdog: watchdog.clone(),
                                 signal: resolved.signal.clone(),
                                 local: Some(Arc::clone(board)),
-                                retired: Vec::new(),
+                                retired: keepers.retired(),
                                 resident: resident::Resident::new(),
                             })
                         })();

@@ -231,9 +231,14 @@ fn the_table_lists_verdicts_and_the_slowest_error() {
         ranks: vec![a, b, BTreeMap::new()],
         verdicts: vec!["pass".into(), "pass".into(), "SIGKILL".into()],
         victim_end: "SIGKILL after enqueueing".into(),
+        held: Some("GPU 0 +12, GPU 1 +10 MiB".into()),
         problems: vec![],
     };
     let table = render(&[r], "2 x NVIDIA H200");
+    assert!(
+        table.contains("held after the job: GPU 0 +12, GPU 1 +10 MiB"),
+        "{table}"
+    );
     assert!(
         table.contains(
             "| 3 | a_sigkill_mid_all_reduce | processes | rank 2: SIGKILL after enqueueing \

@@ -250,7 +250,7 @@ impl Team {
             watchdog: self.watchdog.clone(),
             signal: self.resolved.signal.clone(),
             local: Some(Arc::clone(&self.next)),
-            retired: Vec::new(),
+            retired: self.keepers.retired(),
             resident: super::resident::Resident::new(),
         }
     }
@@ -283,7 +283,7 @@ pub(super) fn local_team(
     let watchdog = resolved.start_watchdog()?;
     let liveness = (resolved.liveness.is_enabled() && n > 1).then(|| Liveness::in_process(n));
     let parks = resolved.parks_for(Shape::Split, n);
-    let keepers = Keepers::first_on(liveness.as_ref(), parks);
+    let keepers = Keepers::first_on(liveness.as_ref(), parks).in_a_team();
     if let Some(l) = &liveness {
         if let Some(w) = &watchdog {
             w.gate_over(l);

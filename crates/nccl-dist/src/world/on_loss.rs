@@ -14,14 +14,17 @@
 //! [`World::recover`](super::World::recover)) tears nothing down, the
 //! recovery waits for no abort of them, and the recovered world takes
 //! them over and tears them down when it drops, after its own calls are
-//! over, or at [`World::release_retired`](super::World::release_retired)
-//! on the caller's say, never beside them (NCCL allows no calls on
-//! independent communicators of one GPU from several threads at once).
+//! over (with a thread per GPU: after every thread's world is gone,
+//! [`super::yard`]), or at
+//! [`World::release_retired`](super::World::release_retired) on the
+//! caller's say, never beside them (NCCL allows no calls on independent
+//! communicators of one GPU from several threads at once).
 
 use std::sync::{Arc, Mutex, Weak};
 
 use nccl_safe::{AbortCause, AbortSignal, Comm, KeptComm, WeakAbortHandle};
 
+use super::yard::{Retired, Yard};
 use crate::liveness::{Liveness, PeerLoss};
 use crate::watchdog::Watchdog;
 
@@ -160,14 +163,19 @@ impl KeeperState {
 /// otherwise be torn down on the channel's thread when the trigger lets
 /// go, beside the survivors' recovery on the same GPU.
 #[derive(Clone, Default)]
-pub(super) struct Keepers(Option<Arc<Mutex<Vec<Weak<Keeper>>>>>);
+pub(super) struct Keepers {
+    list: Option<Arc<Mutex<Vec<Weak<Keeper>>>>>,
+    /// The worlds of a team of threads leave their old communicators
+    /// here when they drop ([`super::yard`]).
+    yard: Option<Arc<Yard>>,
+}
 
 impl Keepers {
     /// Hooks the keepers onto `liveness` where the worlds' communicators
     /// `parks`; none otherwise. Call before [`abort_on_loss`].
     pub(super) fn first_on(liveness: Option<&Liveness>, parks: bool) -> Keepers {
         let Some(liveness) = liveness.filter(|_| parks) else {
-            return Keepers(None);
+            return Keepers::default();
         };
         let list: Arc<Mutex<Vec<Weak<Keeper>>>> = Arc::default();
         let hooked = Arc::clone(&list);
@@ -182,21 +190,39 @@ impl Keepers {
                 k.keep_all();
             }
         }));
-        Keepers(Some(list))
+        Keepers {
+            list: Some(list),
+            yard: None,
+        }
+    }
+
+    /// The keepers of a team of threads: its worlds leave their old
+    /// communicators in one yard, torn down once all of them are gone.
+    pub(super) fn in_a_team(self) -> Keepers {
+        Keepers {
+            yard: Some(Arc::default()),
+            ..self
+        }
+    }
+
+    /// A new world's [`Retired`]: left in the team's yard, if any.
+    pub(super) fn retired(&self) -> Retired {
+        Retired::new(self.yard.clone())
     }
 
     /// A new world's [`Kept`], filled by a loss on this channel (where
     /// there are keepers).
     pub(super) fn kept(&self) -> Kept {
         let keeper = Arc::new(Keeper::default());
-        if let Some(list) = &self.0 {
+        if let Some(list) = &self.list {
             let mut list = list.lock().unwrap_or_else(|p| p.into_inner());
             list.retain(|w| w.strong_count() > 0);
             list.push(Arc::downgrade(&keeper));
         }
         Kept {
             keeper,
-            hooked: self.0.is_some(),
+            hooked: self.list.is_some(),
+            yard: self.yard.clone(),
         }
     }
 }
@@ -205,12 +231,14 @@ impl Keepers {
 /// park and a liveness channel names losses ([`Keepers`]), and holding
 /// what an older world kept in any case (a recovered world of one rank
 /// has no channel). Its drop tears down what it kept, on the dropping
-/// thread, before the world's own communicators go (a field before them).
+/// thread, before the world's own communicators go (a field before them),
+/// or leaves it in its team's yard.
 #[derive(Default)]
 pub(super) struct Kept {
     keeper: Arc<Keeper>,
     /// A loss fills it: meshes register with it.
     hooked: bool,
+    yard: Option<Arc<Yard>>,
 }
 
 impl std::fmt::Debug for Kept {
@@ -253,9 +281,22 @@ impl Kept {
     }
 }
 
+impl Kept {
+    /// Tears down what it kept now, on this thread, a team's yard or not
+    /// (a world given up: NCCL must be done with them before the new
+    /// world's communicators are made).
+    pub(super) fn tear_down(mut self) {
+        self.yard = None;
+    }
+}
+
 impl Drop for Kept {
     fn drop(&mut self) {
-        nccl_safe::drop_together(self.keeper.close());
+        let kept = self.keeper.close();
+        match &self.yard {
+            Some(yard) => yard.leave_meshes(kept),
+            None => nccl_safe::drop_together(kept),
+        }
     }
 }
 
@@ -315,7 +356,7 @@ mod tests {
         let again = keepers.kept();
         assert_eq!(
             keepers
-                .0
+                .list
                 .as_ref()
                 .map(|l| l.lock().unwrap_or_else(|p| p.into_inner()).len()),
             Some(1)

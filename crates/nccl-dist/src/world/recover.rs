@@ -56,7 +56,7 @@ impl World {
             control,
             watchdog,
             signal,
-            retired,
+            mut retired,
             ..
         } = self;
         // Nothing is shrunk: the parked ones are aborted too (the meshes'
@@ -66,12 +66,14 @@ impl World {
             "World::recover: the world was given up for the survivors' new one".into(),
         ));
         let limit = comm.timeout();
-        drop(kept);
+        // Here and now, a team's yard or not: NCCL is to be done with
+        // them before the new world's are made.
+        kept.tear_down();
         drop(comm);
         drop(control);
         // Those of earlier worlds carry their own signals: their drops
         // wait for their aborts.
-        drop(retired);
+        drop(retired.take());
         let (started, until) = abort_deadline(limit);
         if !signal.wait_settled(until) {
             return Err(Error::Nccl(nccl_safe::Error::Timeout {
@@ -204,6 +206,7 @@ impl World {
             mut retired,
             ..
         } = self;
+        let mut retired = retired.take();
         // The meshes' parked communicators go on being kept, by the new
         // world (not waited for here: they are parked).
         let meshes = kept.take();
@@ -311,7 +314,7 @@ impl Shrinking {
             }
         };
         world.kept.adopt(meshes);
-        world.retired = retired;
+        world.retired.extend(retired);
         let _old = tracing::debug_span!("nccl.recover_drop_old").entered();
         drop(old);
         Ok(world)
@@ -339,7 +342,10 @@ impl World {
     /// loss instead of aborting (their kernels stopped), and the new world
     /// is made by shrinking the parked one: no wait for NCCL's teardown
     /// (tens of ms on 2 H100s). The old communicators are kept by the new
-    /// world until it drops, or until [`World::release_retired`]. Where a
+    /// world until it drops, or until [`World::release_retired`]; with a
+    /// thread per GPU, until every thread's world has dropped (the last
+    /// one's drop, or `spawn_local`'s return, tears them all down, so no
+    /// thread's teardown runs beside another's calls). Where a
     /// survivor cannot shrink (recovery by shrink off, an older NCCL, a
     /// CUDA graph that may refer to the world, an NCCL error on it), the
     /// leader hands out a fresh id instead, and every survivor gives its
@@ -481,7 +487,11 @@ impl World {
     /// calls). On 4 H100s, a thread per GPU, the new world's first
     /// all-reduce came back wrong on one survivor while two others tore
     /// down their old communicators, and those two then timed out in their
-    /// next all-reduce (inferred from the order of events).
+    /// next all-reduce (inferred from the order of events). A team of
+    /// threads leaves its old communicators to the end instead: each
+    /// thread's world leaves its own in the team's yard when it drops, and
+    /// the last holder (the last world, or `spawn_local` on its return)
+    /// tears them all down together.
     ///
     /// ```no_run
     /// use nccl_dist::nccl_safe::ReduceOp;
@@ -500,7 +510,7 @@ impl World {
     pub fn release_retired(&mut self) -> Result<usize> {
         let refused = if self.local.is_some() {
             Some(
-                "a world with a thread per GPU keeps its old communicators until it drops (their teardown on one thread broke the new world's calls on another)",
+                "a world with a thread per GPU keeps its old communicators until every thread's world has dropped (their teardown on one thread broke the new world's calls on another)",
             )
         } else if !self.resident.alone() {
             Some(
@@ -517,7 +527,7 @@ impl World {
         }
         let _span = tracing::debug_span!("nccl.release_retired").entered();
         let meshes = self.kept.release_adopted();
-        let retired = std::mem::take(&mut self.retired);
+        let retired = self.retired.take();
         let released = meshes.len() + retired.len();
         // The meshes' communicators first: they are children of the
         // retired ones, which go children before parents (their order).

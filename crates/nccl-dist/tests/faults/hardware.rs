@@ -148,3 +148,45 @@ pub(crate) fn host_barrier(r: &Rank, port: u16) -> TestResult {
 pub(crate) fn nccl_loaded() -> bool {
     std::fs::read_to_string("/proc/self/maps").is_ok_and(|maps| maps.contains("libnccl"))
 }
+
+/// GPU memory in use on some devices, read through contexts held from
+/// before a job to after it (so the primary contexts, and whatever is left
+/// in them, outlive the job being measured).
+pub(crate) struct Usage(Vec<std::sync::Arc<CudaContext>>);
+
+impl Usage {
+    pub(crate) fn on(devices: &[usize]) -> Result<Usage, Box<dyn std::error::Error>> {
+        let contexts = devices
+            .iter()
+            .map(|&d| CudaContext::new(d))
+            .collect::<Result<_, _>>()?;
+        Ok(Usage(contexts))
+    }
+
+    /// MiB in use on each device now (`None` where the driver did not say).
+    pub(crate) fn mib(&self) -> Vec<Option<u64>> {
+        self.0
+            .iter()
+            .map(|c| {
+                c.mem_get_info()
+                    .ok()
+                    .map(|(free, total)| ((total - free) >> 20) as u64)
+            })
+            .collect()
+    }
+
+    /// What a job left on each device, from the readings before and after
+    /// it: "GPU 0 +12, GPU 1 +10 MiB".
+    pub(crate) fn left(before: &[Option<u64>], after: &[Option<u64>]) -> String {
+        let each: Vec<String> = before
+            .iter()
+            .zip(after)
+            .enumerate()
+            .map(|(d, pair)| match pair {
+                (Some(b), Some(a)) => format!("GPU {d} {:+}", *a as i64 - *b as i64),
+                _ => format!("GPU {d} ?"),
+            })
+            .collect();
+        format!("{} MiB", each.join(", "))
+    }
+}

@@ -537,6 +537,11 @@ fn run_threads_with(
     // Each rank's verdict, kept apart from what spawn returns: a panic
     // makes it return the panic alone.
     let verdicts: Mutex<Vec<Option<Result<(), String>>>> = Mutex::new(vec![None; size]);
+    // What the team leaves on its GPUs once `spawn_local` returned (its
+    // worlds' old communicators are torn down by then, the last of them
+    // by the team's yard).
+    let usage = hardware::Usage::on(&devices).ok();
+    let before = usage.as_ref().map(hardware::Usage::mib);
     let result = World::spawn_local_with_options(&devices, options, |world| {
         let place = (world.rank(), world.size(), world.device());
         let mut r = Rank::new(case, Mode::Threads, place, &job);
@@ -546,6 +551,7 @@ fn run_threads_with(
         verdicts.lock().unwrap_or_else(|p| p.into_inner())[rank] = Some(verdict);
         Ok(())
     });
+    let after = usage.as_ref().map(hardware::Usage::mib);
     let verdicts = verdicts.into_inner().unwrap_or_else(|p| p.into_inner());
     let mut problems: Vec<String> = Vec::new();
     let panicker = if victim_panics { job.victim } else { None };
@@ -570,6 +576,9 @@ fn run_threads_with(
         }
     }
     let mut lines = vec![format!("spawn={spawn}")];
+    if let (Some(before), Some(after)) = (before, after) {
+        lines.push(format!("held={}", hardware::Usage::left(&before, &after)));
+    }
     if problems.is_empty() {
         lines.push("pass=yes".to_string());
     } else {
