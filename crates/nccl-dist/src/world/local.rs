@@ -15,13 +15,14 @@
 //! was made is not carried over.
 
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use nccl_safe::UniqueId;
 
 use super::options::WorldOptions;
 use super::recover::{Old, Survivors, not_parked};
 use super::resolved::{Resolved, Shape};
+use super::yard::{Meeting, Met};
 use super::{Keepers, Presence, World, abort_on_loss, watched};
 use crate::error::{Error, Result};
 use crate::launch::{Launch, Launcher};
@@ -36,6 +37,9 @@ const OP: &str = "World::recover";
 pub(super) struct Board {
     posted: Mutex<Option<Posted>>,
     cv: Condvar,
+    /// Where the world's threads release their old communicators
+    /// together ([`World::release_retired`]).
+    meeting: Meeting,
 }
 
 impl std::fmt::Debug for Board {
@@ -86,6 +90,54 @@ impl Board {
 }
 
 impl World {
+    /// [`World::release_retired`] for a world whose ranks are threads of
+    /// this process: collective, on the world's `board`.
+    pub(super) fn release_with_team(&mut self, board: &Board) -> Result<usize> {
+        let ranks = self.launch.world_size;
+        if self.resident.live() > ranks {
+            return Err(Error::InvalidArgument {
+                op: "World::release_retired",
+                reason: "a World of something else lives in this process beside this world's threads (its threads may be issuing NCCL calls): the old communicators stay until the worlds drop".into(),
+            });
+        }
+        let _span = tracing::debug_span!("nccl.release_retired", local = true).entered();
+        // Nothing of this rank's on the world's stream runs beside the
+        // teardown.
+        crate::synchronize(&self.comm, self.comm.stream())?;
+        let meshes = self.kept.release_adopted();
+        let retired = self.retired.take();
+        let mine = meshes.len() + retired.len();
+        let timeout = self.comm.timeout();
+        let started = Instant::now();
+        let until = started.checked_add(timeout).unwrap_or(started);
+        // The teardown's rounds (the meshes', then one per retired
+        // communicator of a rank), each bounded by the timeout and a
+        // second, as `drop_together` is.
+        let rounds = u32::try_from(retired.len() + 1).unwrap_or(u32::MAX);
+        let allowance = timeout
+            .saturating_add(Duration::from_secs(1))
+            .saturating_mul(rounds)
+            .saturating_add(Duration::from_secs(1));
+        match board
+            .meeting
+            .release(ranks, meshes, retired, until, allowance)
+        {
+            Met::Released => Ok(mine),
+            Met::Missed(meshes, retired) => {
+                self.kept.adopt(meshes);
+                self.retired.extend(retired);
+                Err(Error::Nccl(nccl_safe::Error::Timeout {
+                    op: "World::release_retired: waiting for every thread of the world to call it (its old communicators are kept)",
+                    waited: started.elapsed(),
+                }))
+            }
+            Met::Late => Err(Error::Nccl(nccl_safe::Error::Timeout {
+                op: "World::release_retired: the teardown of the world's old communicators (it goes on in the background)",
+                waited: started.elapsed(),
+            })),
+        }
+    }
+
     /// [`World::recover`] for a world whose ranks are threads of this
     /// process: `survivors` as this rank counted them.
     pub(super) fn rebuild_local(

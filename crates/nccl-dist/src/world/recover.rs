@@ -480,18 +480,18 @@ impl World {
     /// little is freed then (10 MiB in fault case s2), and that drop
     /// becomes the NCCL teardown, on the dropping thread.
     ///
-    /// Only for a process that holds this one world:
-    /// [`Error::InvalidArgument`], before anything is torn down, in a world
-    /// with a thread per GPU ([`World::spawn_local`]) and wherever another
-    /// `World` lives in the process (its threads may be issuing NCCL
-    /// calls). On 4 H100s, a thread per GPU, the new world's first
-    /// all-reduce came back wrong on one survivor while two others tore
-    /// down their old communicators, and those two then timed out in their
-    /// next all-reduce (inferred from the order of events). A team of
-    /// threads leaves its old communicators to the end instead: each
-    /// thread's world leaves its own in the team's yard when it drops, and
-    /// the last holder (the last world, or `spawn_local` on its return)
-    /// tears them all down together.
+    /// With a thread per GPU ([`World::spawn_local`]) it is collective:
+    /// every thread of the world calls it at the same point, each waits
+    /// for the world's stream, and the last to come tears down what all
+    /// of them kept while the others wait, so no thread of the world
+    /// issues beside a teardown (on 4 H100s, teardowns on two threads
+    /// beside the third's first all-reduce on the new world left that
+    /// all-reduce two-thirds wrong). A thread whose peers do not all come
+    /// within the operation timeout gets [`nccl_safe::Error::Timeout`]
+    /// with its communicators kept; never calling it, a team tears them
+    /// down once every thread's world is gone. [`Error::InvalidArgument`],
+    /// before anything is torn down, wherever a `World` of something else
+    /// lives in the process (its threads may be issuing NCCL calls).
     ///
     /// ```no_run
     /// use nccl_dist::nccl_safe::ReduceOp;
@@ -508,21 +508,13 @@ impl World {
     /// # Ok::<(), Error>(())
     /// ```
     pub fn release_retired(&mut self) -> Result<usize> {
-        let refused = if self.local.is_some() {
-            Some(
-                "a world with a thread per GPU keeps its old communicators until every thread's world has dropped (their teardown on one thread broke the new world's calls on another)",
-            )
-        } else if !self.resident.alone() {
-            Some(
-                "another World lives in this process, and its threads may be issuing NCCL calls: the old communicators stay until this world drops",
-            )
-        } else {
-            None
-        };
-        if let Some(reason) = refused {
+        if let Some(board) = self.local.clone() {
+            return self.release_with_team(&board);
+        }
+        if !self.resident.alone() {
             return Err(Error::InvalidArgument {
                 op: "World::release_retired",
-                reason: reason.into(),
+                reason: "another World lives in this process, and its threads may be issuing NCCL calls: the old communicators stay until this world drops".into(),
             });
         }
         let _span = tracing::debug_span!("nccl.release_retired").entered();

@@ -22,6 +22,11 @@ impl Resident {
     pub(super) fn alone(&self) -> bool {
         LIVE.load(Ordering::Acquire) == 1
     }
+
+    /// How many worlds live in the process, the one holding this included.
+    pub(super) fn live(&self) -> usize {
+        LIVE.load(Ordering::Acquire)
+    }
 }
 
 impl Drop for Resident {

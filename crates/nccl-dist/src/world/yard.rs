@@ -17,7 +17,8 @@
 //! world (a process per GPU) has no yard and tears its own down when it
 //! drops, as before.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use nccl_safe::{Comm, KeptComm};
 
@@ -77,24 +78,133 @@ impl<M, C> Drop for Yard<M, C> {
     fn drop(&mut self) {
         let left = self.left.get_mut().unwrap_or_else(|p| p.into_inner());
         let meshes = std::mem::take(&mut left.meshes);
-        let mut lists: Vec<_> = std::mem::take(&mut left.retired)
-            .into_iter()
-            .map(Vec::into_iter)
-            .collect();
-        if meshes.is_empty() && lists.is_empty() {
-            return;
-        }
+        let retired = std::mem::take(&mut left.retired);
         let _span = tracing::debug_span!("nccl.yard_teardown").entered();
-        // Children of the retired ones: first. Every teardown of a round
-        // at once, as the ranks' teardowns of one communicator wait for
-        // each other.
-        nccl_safe::drop_together(meshes);
+        tear_down(meshes, retired);
+    }
+}
+
+/// Tears down what the worlds of a team left: the meshes' kept
+/// communicators together (children of the retired ones), then the
+/// retired ones in rounds, every world's first together, then every
+/// world's second, and so on (children before parents). Each round's
+/// teardowns run at once, as the ranks' teardowns of one communicator
+/// wait for each other, and each round is bounded as
+/// [`nccl_safe::drop_together`] is.
+fn tear_down<M, C>(meshes: Vec<M>, retired: Vec<Vec<C>>) {
+    nccl_safe::drop_together(meshes);
+    let mut lists: Vec<_> = retired.into_iter().map(Vec::into_iter).collect();
+    loop {
+        let round: Vec<C> = lists.iter_mut().filter_map(Iterator::next).collect();
+        if round.is_empty() {
+            break;
+        }
+        nccl_safe::drop_together(round);
+    }
+}
+
+/// Where the threads of one world meet to release their old
+/// communicators together ([`super::World::release_retired`] with a
+/// thread per GPU): each leaves its own here; the last of the world's
+/// ranks to come tears everything down at once (as a yard does), while
+/// the others wait, so no thread of the team issues a call beside a
+/// teardown, and none goes on before the teardown is over.
+pub(super) struct Meeting<M = KeptComm, C = Comm> {
+    state: Mutex<Gathering<M, C>>,
+    cv: Condvar,
+}
+
+struct Gathering<M, C> {
+    /// Meetings held so far: a waiter's meeting is over once it moved on.
+    held: u64,
+    /// The last one came: the teardown runs.
+    tearing: bool,
+    /// Who is here, under a ticket of their own, with what they left.
+    here: Vec<(u64, Vec<M>, Vec<C>)>,
+    tickets: u64,
+}
+
+/// How a meeting ended for one of its ranks.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Met<M, C> {
+    /// Everything was torn down, this rank's included.
+    Released,
+    /// Not every rank came by the deadline: this rank's are given back.
+    Missed(Vec<M>, Vec<C>),
+    /// Every rank came, but the teardown outlasted its allowance: it goes
+    /// on in the background, this rank's included.
+    Late,
+}
+
+impl<M, C> Default for Meeting<M, C> {
+    fn default() -> Self {
+        Meeting {
+            state: Mutex::new(Gathering {
+                held: 0,
+                tearing: false,
+                here: Vec::new(),
+                tickets: 0,
+            }),
+            cv: Condvar::new(),
+        }
+    }
+}
+
+impl<M, C> Meeting<M, C> {
+    /// Leaves `meshes` and `retired` here until `ranks` ranks have come,
+    /// each within `until`; the last one tears down what all of them left
+    /// and waits for it, the others wait for it at most `allowance` past
+    /// `until`. A rank that comes when the others are gone waits for its
+    /// own deadline and gets its own back.
+    pub(super) fn release(
+        &self,
+        ranks: usize,
+        meshes: Vec<M>,
+        retired: Vec<C>,
+        until: Instant,
+        allowance: Duration,
+    ) -> Met<M, C> {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        // Come while a teardown runs (only a rank whose own wait ran out
+        // before can): it waits for the meeting after that one.
+        let meeting = st.held + u64::from(st.tearing);
+        let ticket = st.tickets;
+        st.tickets += 1;
+        st.here.push((ticket, meshes, retired));
+        if st.here.len() >= ranks && !st.tearing {
+            st.tearing = true;
+            let here = std::mem::take(&mut st.here);
+            drop(st);
+            let (meshes, retired): (Vec<Vec<M>>, Vec<Vec<C>>) =
+                here.into_iter().map(|(_, m, c)| (m, c)).unzip();
+            tear_down(meshes.into_iter().flatten().collect(), retired);
+            let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            st.held += 1;
+            st.tearing = false;
+            drop(st);
+            self.cv.notify_all();
+            return Met::Released;
+        }
+        let torn_by = until.checked_add(allowance).unwrap_or(until);
         loop {
-            let round: Vec<C> = lists.iter_mut().filter_map(Iterator::next).collect();
-            if round.is_empty() {
-                break;
+            if st.held > meeting {
+                return Met::Released;
             }
-            nccl_safe::drop_together(round);
+            let limit = if st.tearing { torn_by } else { until };
+            let left = limit.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                if st.tearing {
+                    return Met::Late;
+                }
+                let mine = st.here.iter().position(|(t, ..)| *t == ticket);
+                return match mine.map(|i| st.here.remove(i)) {
+                    Some((_, meshes, retired)) => Met::Missed(meshes, retired),
+                    // Taken by the last one, who has not marked the
+                    // teardown yet: cannot be, both happen under the lock.
+                    None => Met::Late,
+                };
+            }
+            st = nccl_control::wait::at_most(&self.cv, st, left);
         }
     }
 }
@@ -209,5 +319,131 @@ mod tests {
         assert_eq!(log.lock().unwrap().len(), 2);
         drop(taken);
         assert_eq!(log.lock().unwrap().len(), 3);
+    }
+
+    /// Sleeps `.1` in its drop, then records its name.
+    struct Slow(&'static str, Duration, Arc<StdMutex<Vec<&'static str>>>);
+
+    impl Drop for Slow {
+        fn drop(&mut self) {
+            std::thread::sleep(self.1);
+            self.2.lock().unwrap().push(self.0);
+        }
+    }
+
+    const LONG: Duration = Duration::from_secs(20);
+
+    #[test]
+    fn a_meeting_tears_down_once_every_rank_came_and_lets_them_all_go_after() {
+        let log = Arc::new(StdMutex::new(Vec::new()));
+        let meeting: Arc<Meeting<Mark, Mark>> = Arc::default();
+        let names = [("m0", "c0"), ("m1", "c1"), ("m2", "c2")];
+        let ranks: Vec<_> = names
+            .into_iter()
+            .map(|(m, c)| {
+                let (meeting, log) = (Arc::clone(&meeting), Arc::clone(&log));
+                std::thread::spawn(move || {
+                    let met = meeting.release(
+                        3,
+                        vec![Mark(m, Arc::clone(&log))],
+                        vec![Mark(c, Arc::clone(&log))],
+                        Instant::now() + LONG,
+                        LONG,
+                    );
+                    // Nobody leaves before everything is torn down.
+                    (matches!(met, Met::Released), log.lock().unwrap().len())
+                })
+            })
+            .collect();
+        for r in ranks {
+            assert_eq!(r.join().unwrap(), (true, 6));
+        }
+        let log = log.lock().unwrap().clone();
+        let mut meshes = log[..3].to_vec();
+        meshes.sort();
+        assert_eq!(meshes, ["m0", "m1", "m2"]);
+        // A second meeting of the same ranks works the same way.
+        let again: Vec<_> = (0..2)
+            .map(|_| {
+                let meeting = Arc::clone(&meeting);
+                std::thread::spawn(move || {
+                    matches!(
+                        meeting.release(2, Vec::new(), Vec::new(), Instant::now() + LONG, LONG),
+                        Met::Released
+                    )
+                })
+            })
+            .collect();
+        assert!(again.into_iter().all(|h| h.join().unwrap()));
+    }
+
+    #[test]
+    fn a_rank_whose_peers_do_not_come_gets_its_own_back_and_nothing_is_torn_down() {
+        let log = Arc::new(StdMutex::new(Vec::new()));
+        let meeting: Meeting<Mark, Mark> = Meeting::default();
+        let started = Instant::now();
+        let met = meeting.release(
+            2,
+            vec![Mark("m", Arc::clone(&log))],
+            vec![Mark("c", Arc::clone(&log))],
+            started + Duration::from_millis(50),
+            LONG,
+        );
+        assert!(started.elapsed() >= Duration::from_millis(50));
+        let Met::Missed(meshes, retired) = met else {
+            panic!("expected Missed");
+        };
+        assert_eq!((meshes.len(), retired.len()), (1, 1));
+        assert!(log.lock().unwrap().is_empty());
+        // The next meeting starts empty: one rank alone completes it.
+        assert!(matches!(
+            meeting.release(1, Vec::new(), Vec::new(), Instant::now() + LONG, LONG),
+            Met::Released
+        ));
+        assert!(log.lock().unwrap().is_empty());
+        drop((meshes, retired));
+        assert_eq!(log.lock().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn a_teardown_past_its_allowance_lets_the_waiters_go_and_goes_on() {
+        let log = Arc::new(StdMutex::new(Vec::new()));
+        let meeting: Arc<Meeting<Slow, Slow>> = Arc::default();
+        let started = Instant::now();
+        // Comes first; its peers must come within 500 ms, the teardown
+        // then be over 100 ms after that.
+        let waiter = {
+            let (meeting, log) = (Arc::clone(&meeting), Arc::clone(&log));
+            std::thread::spawn(move || {
+                let slow = Slow("w", Duration::from_millis(1500), log);
+                let met = meeting.release(
+                    2,
+                    Vec::new(),
+                    vec![slow],
+                    started + Duration::from_millis(500),
+                    Duration::from_millis(100),
+                );
+                (matches!(met, Met::Late), started.elapsed())
+            })
+        };
+        std::thread::sleep(Duration::from_millis(100));
+        // The last one comes in time and tears both down (3 s).
+        let met = meeting.release(
+            2,
+            Vec::new(),
+            vec![Slow("l", Duration::from_millis(1500), Arc::clone(&log))],
+            Instant::now() + LONG,
+            LONG,
+        );
+        let took = started.elapsed();
+        let (late, waited) = waiter.join().unwrap();
+        assert!(late, "the waiter left before the teardown's end");
+        assert!(
+            waited >= Duration::from_millis(600) && waited < Duration::from_millis(2500),
+            "{waited:?}"
+        );
+        assert!(matches!(met, Met::Released));
+        assert!(took >= Duration::from_millis(3000), "{took:?}");
+        assert_eq!(log.lock().unwrap().len(), 2);
     }
 }

@@ -33,12 +33,12 @@ pub fn rows(n: usize, gpus: usize) {
         World::spawn_local(gpus + 1, |_| Ok(())),
         |e| matches!(e, Error::InvalidArgument { .. }),
     );
-    // With a thread per GPU the old communicators stay until the world
-    // drops: refused before anything is torn down (a one-rank world here;
-    // `World::local`'s worlds above live beside it too).
+    // `World::local`'s worlds above live beside this thread-per-GPU
+    // world, so its threads' collective release is refused before
+    // anything is torn down.
     case(
         "World::release_retired",
-        "world (a thread per GPU)",
+        "world (another World lives beside a thread-per-GPU one)",
         World::spawn_local(1, |mut w| w.release_retired()),
         |e| matches!(e, Error::InvalidArgument { .. }),
     );
