@@ -190,17 +190,14 @@ impl<M, C> Meeting<M, C> {
             if st.held > meeting {
                 return Met::Released;
             }
-            let limit = if st.tearing { torn_by } else { until };
+            // Still here: waiting for the others, until `until`. Taken:
+            // its meeting's teardown runs, waited for until `torn_by`.
+            let mine = st.here.iter().position(|(t, ..)| *t == ticket);
+            let limit = if mine.is_some() { until } else { torn_by };
             let left = limit.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                if st.tearing {
-                    return Met::Late;
-                }
-                let mine = st.here.iter().position(|(t, ..)| *t == ticket);
                 return match mine.map(|i| st.here.remove(i)) {
                     Some((_, meshes, retired)) => Met::Missed(meshes, retired),
-                    // Taken by the last one, who has not marked the
-                    // teardown yet: cannot be, both happen under the lock.
                     None => Met::Late,
                 };
             }
@@ -445,5 +442,53 @@ mod tests {
         assert!(matches!(met, Met::Released));
         assert!(took >= Duration::from_millis(3000), "{took:?}");
         assert_eq!(log.lock().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn a_rank_that_comes_during_a_teardown_waits_for_the_next_meeting() {
+        let log = Arc::new(StdMutex::new(Vec::new()));
+        let meeting: Arc<Meeting<Slow, Slow>> = Arc::default();
+        let slow = |name| Slow(name, Duration::from_millis(800), Arc::clone(&log));
+        let first = {
+            let meeting = Arc::clone(&meeting);
+            let item = slow("a");
+            std::thread::spawn(move || {
+                matches!(
+                    meeting.release(2, Vec::new(), vec![item], Instant::now() + LONG, LONG),
+                    Met::Released
+                )
+            })
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        // The second one completes the meeting and tears down for 1.6 s.
+        let second = {
+            let meeting = Arc::clone(&meeting);
+            let item = slow("b");
+            std::thread::spawn(move || {
+                matches!(
+                    meeting.release(2, Vec::new(), vec![item], Instant::now() + LONG, LONG),
+                    Met::Released
+                )
+            })
+        };
+        std::thread::sleep(Duration::from_millis(300));
+        // A third comes meanwhile: not part of that meeting, it waits for
+        // the next one, which nobody else joins, and gets its own back.
+        let met = meeting.release(
+            2,
+            Vec::new(),
+            vec![slow("late")],
+            Instant::now() + Duration::from_millis(200),
+            LONG,
+        );
+        let Met::Missed(_, back) = met else {
+            panic!("expected Missed");
+        };
+        assert_eq!(back.len(), 1);
+        assert!(first.join().unwrap() && second.join().unwrap());
+        let mut torn = log.lock().unwrap().clone();
+        torn.sort();
+        assert_eq!(torn, ["a", "b"]);
+        drop(back);
     }
 }
