@@ -68,7 +68,8 @@ pub struct World {
     watchdog: Option<Watchdog>,
     signal: AbortSignal,
     /// A world with a thread per GPU: where its threads meet to rebuild
-    /// it after a loss ([`World::recover`]).
+    /// it after a loss ([`World::recover`]) and to release their old
+    /// communicators together ([`World::release_retired`]).
     local: Option<Arc<local::Board>>,
     /// The parked communicators of the worlds this one was shrunk from
     /// ([`World::recover`]), children before parents: aborted when this
