@@ -308,8 +308,7 @@ impl Shrinking {
                 old.presence.gone(&error);
                 // The meshes' communicators first: they are children of
                 // the retired ones.
-                nccl_safe::drop_together(meshes);
-                drop(retired);
+                super::yard::tear_down(meshes, vec![retired]);
                 return Err(error);
             }
         };
@@ -523,8 +522,7 @@ impl World {
         let released = meshes.len() + retired.len();
         // The meshes' communicators first: they are children of the
         // retired ones, which go children before parents (their order).
-        nccl_safe::drop_together(meshes);
-        drop(retired);
+        super::yard::tear_down(meshes, vec![retired]);
         Ok(released)
     }
 

@@ -84,14 +84,16 @@ impl<M, C> Drop for Yard<M, C> {
     }
 }
 
-/// Tears down what the worlds of a team left: the meshes' kept
+/// Tears down old communicators of one or more worlds (a team's, or
+/// one world's at [`super::World::release_retired`]): the meshes' kept
 /// communicators together (children of the retired ones), then the
 /// retired ones in rounds, every world's first together, then every
 /// world's second, and so on (children before parents). Each round's
 /// teardowns run at once, as the ranks' teardowns of one communicator
 /// wait for each other, and each round is bounded as
-/// [`nccl_safe::drop_together`] is.
-fn tear_down<M, C>(meshes: Vec<M>, retired: Vec<Vec<C>>) {
+/// [`nccl_safe::drop_together`] is (one with a single list drops it in
+/// its order, each waited for, as dropping the list would).
+pub(super) fn tear_down<M, C>(meshes: Vec<M>, retired: Vec<Vec<C>>) {
     nccl_safe::drop_together(meshes);
     let mut lists: Vec<_> = retired.into_iter().map(Vec::into_iter).collect();
     loop {
@@ -449,9 +451,9 @@ mod tests {
         let log = Arc::new(StdMutex::new(Vec::new()));
         let meeting: Arc<Meeting<Slow, Slow>> = Arc::default();
         let slow = |name| Slow(name, Duration::from_millis(800), Arc::clone(&log));
-        let first = {
+        // A rank of a two-rank meeting with time to spare.
+        let come = |item: Slow| {
             let meeting = Arc::clone(&meeting);
-            let item = slow("a");
             std::thread::spawn(move || {
                 matches!(
                     meeting.release(2, Vec::new(), vec![item], Instant::now() + LONG, LONG),
@@ -459,18 +461,10 @@ mod tests {
                 )
             })
         };
+        let first = come(slow("a"));
         std::thread::sleep(Duration::from_millis(50));
         // The second one completes the meeting and tears down for 1.6 s.
-        let second = {
-            let meeting = Arc::clone(&meeting);
-            let item = slow("b");
-            std::thread::spawn(move || {
-                matches!(
-                    meeting.release(2, Vec::new(), vec![item], Instant::now() + LONG, LONG),
-                    Met::Released
-                )
-            })
-        };
+        let second = come(slow("b"));
         std::thread::sleep(Duration::from_millis(300));
         // A third comes meanwhile: not part of that meeting, it waits for
         // the next one, which nobody else joins, and gets its own back.
